@@ -1,0 +1,164 @@
+"""The `fairgate` command: serve, generate, models, count-tokens, bench."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from fairgate.errors import FairgateError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="fairgate: a weighted-fair, multi-tenant gRPC front door for LLM engines.",
+)
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (print ratios measured in one run).")
+app.add_typer(bench_app, name="bench")
+
+DEFAULT_TARGET = os.environ.get("FAIRGATE_ADDRESS", "127.0.0.1:50051")
+TargetOpt = Annotated[
+    str, typer.Option("--address", "-a", help="server address (env FAIRGATE_ADDRESS)")
+]
+TenantOpt = Annotated[str | None, typer.Option(help="tenant name sent in x-fairgate-tenant")]
+
+
+@app.command()
+def serve(
+    listen: Annotated[str | None, typer.Option(help="host:port to bind [127.0.0.1:50051]")] = None,
+    time_scale: Annotated[
+        float | None, typer.Option(help="simulator time scale; 0 = no delays")
+    ] = None,
+    sim_model: Annotated[str | None, typer.Option(help="simulator model preset")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="directory with a tokenizer.json")] = None,
+    policy: Annotated[str | None, typer.Option(help="queue policy")] = None,
+    log_level: Annotated[str | None, typer.Option(help="logging level")] = None,
+) -> None:
+    """Run the server (embedded defaults: simulated RTX 4090, in-memory state)."""
+    from service.main import run
+    from service.settings import Settings
+
+    try:
+        settings = Settings.from_env(
+            listen=listen,
+            sim_time_scale=time_scale,
+            sim_model=sim_model,
+            tokenizer_path=tokenizer,
+            policy=policy,
+            log_level=log_level,
+        )
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    run(settings)
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help="prompt text")],
+    address: TargetOpt = DEFAULT_TARGET,
+    tenant: TenantOpt = None,
+    max_tokens: Annotated[int | None, typer.Option(help="tokens to generate")] = None,
+    temperature: Annotated[float | None, typer.Option()] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="stop string (repeatable)")] = None,
+    priority: Annotated[str, typer.Option(help="interactive | batch")] = "interactive",
+    model: Annotated[str, typer.Option(help="model name (default: server's)")] = "",
+    timeout: Annotated[float | None, typer.Option(help="deadline in seconds")] = None,
+) -> None:
+    """Stream a completion to the terminal, then print usage and timings."""
+    from fairgate.sync import Client
+    from fairgate.types import Delta
+
+    try:
+        with Client(address, tenant=tenant, timeout_s=timeout) as client:
+            for ev in client.generate(
+                prompt,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                seed=seed,
+                stop=stop or (),
+                priority=priority,
+                model=model,
+            ):
+                if isinstance(ev, Delta):
+                    sys.stdout.write(ev.text)
+                    sys.stdout.flush()
+                else:
+                    u, t = ev.usage, ev.timings
+                    ttft = (
+                        f"{t.time_to_first_token_s * 1e3:.1f} ms"
+                        if t.time_to_first_token_s
+                        else "-"
+                    )
+                    typer.echo(
+                        f"\n\n[{ev.finish_reason}] request {ev.request_id} model {ev.model}\n"
+                        f"usage: prompt {u.prompt_tokens}, completion {u.completion_tokens}, "
+                        f"cached {u.cached_tokens}, total {u.total_tokens}\n"
+                        f"timings: queue {t.queue_wait_s * 1e3:.1f} ms, first token {ttft}, "
+                        f"total {t.total_s * 1e3:.1f} ms"
+                        + (f"\nmessage: {ev.message}" if ev.message else ""),
+                        err=False,
+                    )
+    except FairgateError as exc:
+        _fail(exc)
+
+
+@app.command()
+def models(address: TargetOpt = DEFAULT_TARGET) -> None:
+    """List the served models."""
+    from fairgate.sync import Client
+
+    try:
+        with Client(address) as client:
+            for m in client.list_models():
+                mark = "*" if m.is_default else " "
+                typer.echo(
+                    f"{mark} {m.name}  engine={m.engine}  context={m.max_context_tokens}  "
+                    f"max_output={m.max_output_tokens}  exact_tokens={m.exact_token_counts}"
+                )
+    except FairgateError as exc:
+        _fail(exc)
+
+
+@app.command("count-tokens")
+def count_tokens(text: str, address: TargetOpt = DEFAULT_TARGET, model: str = "") -> None:
+    """Count the tokens of a text with the server's tokenizer."""
+    from fairgate.sync import Client
+
+    try:
+        with Client(address) as client:
+            n, exact = client.count_tokens(text, model=model)
+            typer.echo(f"{n} tokens ({'exact' if exact else 'approximate'})")
+    except FairgateError as exc:
+        _fail(exc)
+
+
+@bench_app.command("stream")
+def bench_stream(
+    concurrency: Annotated[str, typer.Option(help="comma-separated stream counts")] = "1,64,512",
+    tokens: Annotated[int, typer.Option(help="tokens per stream")] = 256,
+    duration: Annotated[float, typer.Option(help="seconds per measurement")] = 3.0,
+    coalesce: Annotated[bool, typer.Option(help="let fairgate coalesce ready tokens")] = True,
+) -> None:
+    """Streaming ceiling: bare grpc.aio vs fairgate on the zero-latency simulator."""
+    from fairgate.bench.stream import main as bench_main
+
+    levels = [int(x) for x in concurrency.split(",") if x.strip()]
+    asyncio.run(bench_main(levels, tokens, duration, coalesce))
+
+
+def _fail(exc: FairgateError) -> None:
+    typer.echo(f"error: {exc}", err=True)
+    for field, desc in exc.field_violations:
+        typer.echo(f"  {field}: {desc}", err=True)
+    if exc.retry_after_s is not None:
+        typer.echo(f"  retry after {exc.retry_after_s:.3f} s", err=True)
+    raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,91 @@
+"""Thin blocking client over the generated (sync) stubs, for scripts and notebooks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grpc
+
+from fairgate._convert import build_request, call_metadata, convert_model, convert_response
+from fairgate.errors import from_rpc_error
+from fairgate.types import Completion, Delta, ModelInfo, Result
+from fairgate.v1 import inference_pb2 as pb
+from fairgate.v1 import inference_pb2_grpc as pb_grpc
+
+
+class Client:
+    """Blocking twin of `AsyncClient`; same options and errors."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        tenant: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self._channel = grpc.insecure_channel(target, options=list(options))
+        self._stub = pb_grpc.InferenceServiceStub(self._channel)
+        self._metadata = call_metadata(tenant, api_key)
+        self._timeout_s = timeout_s
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def generate(
+        self, prompt: str | Sequence[int], *, timeout_s: float | None = None, **options: Any
+    ) -> Iterator[Delta | Result]:
+        call = self._stub.Generate(
+            build_request(prompt, **options),
+            metadata=self._metadata,
+            timeout=timeout_s if timeout_s is not None else self._timeout_s,
+        )
+        try:
+            for resp in call:
+                yield convert_response(resp)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        finally:
+            call.cancel()
+
+    def complete(self, prompt: str | Sequence[int], **options: Any) -> Completion:
+        parts: list[str] = []
+        ids: list[int] = []
+        result: Result | None = None
+        for ev in self.generate(prompt, **options):
+            if isinstance(ev, Delta):
+                parts.append(ev.text)
+                ids.extend(ev.token_ids)
+            else:
+                result = ev
+        if result is None:
+            raise RuntimeError("stream ended without a result")
+        return Completion(text="".join(parts), result=result, token_ids=tuple(ids))
+
+    def list_models(self) -> list[ModelInfo]:
+        try:
+            resp = self._stub.ListModels(
+                pb.ListModelsRequest(), metadata=self._metadata, timeout=self._timeout_s
+            )
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        return [convert_model(m) for m in resp.models]
+
+    def count_tokens(self, text: str, *, model: str = "") -> tuple[int, bool]:
+        try:
+            resp = self._stub.CountTokens(
+                pb.CountTokensRequest(model=model, text=text),
+                metadata=self._metadata,
+                timeout=self._timeout_s,
+            )
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        return resp.token_count, resp.exact

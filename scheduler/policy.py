@@ -1,0 +1,43 @@
+"""The one Protocol every queueing policy implements.
+
+The dispatcher never branches on a policy's name: FCFS, the weighted-fair VTC
+policy and the rate-limit baseline all sit behind this interface.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from scheduler.request import QueuedRequest
+
+
+class QueuePolicy(Protocol):
+    name: str
+
+    def push(self, req: QueuedRequest) -> None:
+        """Add a request to its queue."""
+        ...
+
+    def peek_next(self) -> QueuedRequest | None:
+        """The request the policy would admit next, without removing it."""
+        ...
+
+    def pop_next(self) -> QueuedRequest | None:
+        """Remove and return the request to admit next; charge its admission."""
+        ...
+
+    def remove(self, req: QueuedRequest) -> bool:
+        """Drop a queued request (cancel, deadline). Charges nothing."""
+        ...
+
+    def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
+        """An admitted request produced `tokens` more output tokens."""
+        ...
+
+    def on_finish(self, req: QueuedRequest) -> None:
+        """An admitted request left the engine."""
+        ...
+
+    def __len__(self) -> int:
+        """Number of queued (not admitted) requests."""
+        ...

@@ -1,0 +1,37 @@
+"""What the scheduler knows about a request: its tenant, size and class."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Priority(enum.IntEnum):
+    """Latency class. Lower value is served first within a tenant."""
+
+    INTERACTIVE = 0
+    BATCH = 1
+
+
+@dataclass(slots=True, eq=False)
+class QueuedRequest:
+    """One request waiting for (or holding) admission to the engine.
+
+    Identity semantics (eq=False): two objects are never the same request.
+    """
+
+    request_id: str
+    tenant_id: str
+    prompt_tokens: int
+    max_tokens: int
+    priority: Priority = Priority.INTERACTIVE
+    arrival_s: float = 0.0
+    # Absolute monotonic deadline; None means none.
+    deadline_s: float | None = None
+    # Set by the dispatcher: arrival order, used to break ties.
+    seq: int = field(default=0)
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV-cache tokens this request may occupy at most."""
+        return self.prompt_tokens + self.max_tokens

@@ -1,0 +1,1 @@
+"""fairgate server: grpc.aio servicers, engine adapters, wiring."""

@@ -1,0 +1,140 @@
+"""The one place that wires everything: settings → scheduler → engine → server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from fairgate.v1 import inference_pb2, inference_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from scheduler.budget import AdmissionBudget, AdmissionLimits
+from scheduler.clock import MonotonicClock
+from scheduler.dispatcher import Dispatcher
+from scheduler.policies import make_policy
+from service.engines.factory import build_engine
+from service.engines.protocol import Engine, EngineCapacity
+from service.models import ModelRegistry, ServedModel
+from service.servicer import InferenceServicer
+from service.settings import Settings
+from service.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
+
+
+def admission_limits(cap: EngineCapacity, settings: Settings) -> AdmissionLimits:
+    return AdmissionLimits(
+        max_requests=max(1, int(cap.max_running_requests * settings.running_target_fraction)),
+        max_kv_tokens=max(1, int(cap.max_total_tokens * settings.kv_target_fraction)),
+    )
+
+
+class App:
+    """A running fairgate server. `await App.start(settings)`, then `await app.stop()`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        server: grpc.aio.Server,
+        engine: Engine,
+        models: ModelRegistry,
+        health: HealthServicer,
+        port: int,
+    ) -> None:
+        self.settings = settings
+        self.server = server
+        self.engine = engine
+        self.models = models
+        self.health = health
+        self.port = port
+        self._stopped = asyncio.Event()
+
+    @property
+    def address(self) -> str:
+        host = self.settings.listen.rsplit(":", 1)[0]
+        return f"{host}:{self.port}"
+
+    @classmethod
+    async def start(cls, settings: Settings) -> App:
+        engine, model_name = build_engine(settings)
+        await engine.start()
+        cap = engine.capacity()
+        dispatcher = Dispatcher(
+            make_policy(settings.policy),
+            AdmissionBudget(admission_limits(cap, settings)),
+            MonotonicClock(),
+        )
+        model = ServedModel(
+            name=model_name,
+            engine=engine,
+            tokenizer=load_tokenizer(settings.tokenizer_path or None, cap.vocab_size),
+            dispatcher=dispatcher,
+            max_context_tokens=cap.max_context_tokens,
+            max_output_tokens=min(settings.max_output_tokens, cap.max_context_tokens - 1),
+            default_max_tokens=settings.default_max_tokens,
+            vocab_size=cap.vocab_size,
+        )
+        models = ModelRegistry([model], default=model_name)
+        server = grpc.aio.server(options=_server_options(settings))
+        inference_pb2_grpc.add_InferenceServiceServicer_to_server(
+            InferenceServicer(settings, models), server
+        )
+        health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        port = server.add_insecure_port(settings.listen)
+        if port == 0:
+            raise OSError(f"could not bind {settings.listen}")
+        await server.start()
+        await health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        app = cls(settings, server, engine, models, health, port)
+        log.info(
+            "fairgate serving %s on %s (engine=%s, policy=%s)",
+            model_name,
+            app.address,
+            engine.kind,
+            settings.policy,
+        )
+        return app
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Graceful shutdown: NOT_SERVING, stop taking RPCs, drain, close the engine."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        await self.health.enter_graceful_shutdown()
+        grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
+        await self.server.stop(grace)
+        await self.engine.aclose()
+        log.info("fairgate stopped")
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+
+def _server_options(s: Settings) -> list[tuple[str, int]]:
+    opts = [
+        ("grpc.max_receive_message_length", s.max_receive_message_bytes),
+        ("grpc.max_send_message_length", s.max_send_message_bytes),
+        ("grpc.keepalive_time_ms", int(s.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(s.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+    if s.max_concurrent_streams:
+        opts.append(("grpc.max_concurrent_streams", s.max_concurrent_streams))
+    return opts

@@ -1,0 +1,1 @@
+"""Engines behind one Protocol: the simulator and SGLang adapters."""

@@ -1,0 +1,25 @@
+"""Builds the configured engine from settings."""
+
+from __future__ import annotations
+
+from service.engines.protocol import Engine
+from service.engines.simulator.core import SimConfig
+from service.engines.simulator.engine import SimulatedEngine
+from service.engines.simulator.hardware import preset
+from service.settings import Settings
+
+
+def build_engine(settings: Settings) -> tuple[Engine, str]:
+    """Return the engine and the model name it serves."""
+    if settings.engine == "simulator":
+        cost = preset(settings.sim_gpu, settings.sim_model)
+        config = SimConfig(
+            cost=cost,
+            max_running_requests=settings.sim_max_running_requests,
+            chunked_prefill_size=settings.sim_chunked_prefill_tokens,
+            mean_output_tokens=settings.sim_mean_output_tokens or None,
+            seed=settings.sim_seed,
+        )
+        engine = SimulatedEngine(config, time_scale=settings.sim_time_scale)
+        return engine, settings.model_name or cost.model.name
+    raise ValueError(f"unknown engine {settings.engine!r}")

@@ -1,0 +1,112 @@
+"""The engine Protocol and the data that crosses it.
+
+Every engine (simulator, SGLang over HTTP, SGLang in-process) streams
+`EngineChunk`s for an `EngineRequest`, can abort a request by id, and reports
+its capacity and live load so the admission gate can size itself.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    request_id: str
+    # The prompt as token ids (always set) and as text when the client sent text.
+    prompt_token_ids: list[int]
+    max_tokens: int
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    prompt_text: str | None = None
+    # Larger is more urgent (SGLang's default convention).
+    priority: int = 0
+    # W3C trace context to pass on (traceparent, tracestate).
+    trace_headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+class FinishKind(enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(slots=True)
+class EngineChunk:
+    """New output since the previous chunk; counters are running totals."""
+
+    text: str
+    token_ids: list[int]
+    completion_tokens: int
+    prompt_tokens: int
+    cached_tokens: int = 0
+    finish: FinishKind | None = None
+    stop_matched: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCapacity:
+    max_running_requests: int
+    # KV-cache capacity in tokens (SGLang's max_total_num_tokens).
+    max_total_tokens: int
+    max_context_tokens: int
+    vocab_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    running_requests: int
+    waiting_requests: int
+    used_kv_tokens: int
+
+
+class EngineError(Exception):
+    """The engine failed a request. `retryable` if no token reached the client."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class Engine(Protocol):
+    kind: str
+
+    async def start(self) -> None: ...
+
+    def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
+        """Stream chunks; the last one has `finish` set. Raises EngineError."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request and free its resources; unknown ids are ignored."""
+        ...
+
+    def capacity(self) -> EngineCapacity: ...
+
+    async def load(self) -> EngineLoad: ...
+
+    async def aclose(self) -> None: ...

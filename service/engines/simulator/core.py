@@ -1,0 +1,240 @@
+"""The simulator's continuous-batching model, steppable and clock-free.
+
+One `step()` is one engine iteration, as in SGLang: admit waiting requests
+FCFS while KV blocks allow, run up to `chunked_prefill_size` prompt tokens of
+prefill alongside one decode token per running request, and return how long
+that iteration takes on the modelled GPU plus the tokens it produced. The
+async engine sleeps that long (times a time scale); tests may drive it with a
+fake clock instead.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from service.engines.protocol import FinishKind, SamplingOptions
+from service.engines.simulator import vocab
+from service.engines.simulator.hardware import CostModel
+from service.engines.stop import StopMatcher
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    cost: CostModel
+    max_running_requests: int = 256
+    chunked_prefill_size: int = 2048
+    # None: unbounded, like SGLang's default --max-queued-requests.
+    max_queued_requests: int | None = None
+    vocab_size: int = 32000
+    # Mean output length when EOS may end a request; None: only length/stop end it.
+    mean_output_tokens: float | None = None
+    # Part of the remaining output budget reserved at admission (SGLang's new_token_ratio).
+    new_token_ratio: float = 0.4
+    kv_capacity_tokens: int | None = None
+    seed: int = 0
+
+    @property
+    def kv_capacity(self) -> int:
+        return self.kv_capacity_tokens or self.cost.kv_capacity_tokens
+
+
+class _State(enum.Enum):
+    WAITING = 0
+    PREFILL = 1
+    DECODE = 2
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    rid: str
+    prompt_len: int
+    max_new_tokens: int
+    sampling: SamplingOptions
+    rng: random.Random
+    stop: StopMatcher
+    generated: int = 0
+    # Tokens of (prompt + generated) materialized in the KV cache.
+    in_kv: int = 0
+    state: _State = _State.WAITING
+    preemptions: int = 0
+
+    @property
+    def context_len(self) -> int:
+        return self.prompt_len + self.generated
+
+
+@dataclass(slots=True)
+class Emission:
+    rid: str
+    token_id: int
+    text: str
+    generated: int
+    finish: FinishKind | None = None
+    stop_matched: str = ""
+
+
+@dataclass(slots=True)
+class StepResult:
+    duration_s: float
+    emissions: list[Emission] = field(default_factory=list)
+    prefill_tokens: int = 0
+    decode_batch: int = 0
+
+
+class QueueFull(Exception):
+    pass
+
+
+class SimCore:
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.capacity = config.kv_capacity
+        self.max_context = min(config.cost.model.max_context_tokens, self.capacity)
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self._by_rid: dict[str, SimRequest] = {}
+        self.used_kv = 0
+        self.preemptions = 0
+        self._eos_p = 1.0 / config.mean_output_tokens if config.mean_output_tokens else 0.0
+        self._seed_rng = random.Random(config.seed)
+
+    # -- requests -----------------------------------------------------------
+    def make_request(
+        self, rid: str, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingOptions
+    ) -> SimRequest:
+        if sampling.seed is not None:
+            seed = sampling.seed
+        elif sampling.temperature == 0.0:
+            seed = hash(tuple(prompt_ids)) & 0xFFFFFFFF  # greedy: same prompt, same text
+        else:
+            seed = self._seed_rng.getrandbits(32)
+        return SimRequest(
+            rid=rid,
+            prompt_len=len(prompt_ids),
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            rng=random.Random(seed),
+            stop=StopMatcher(sampling.stop),
+        )
+
+    def add(self, req: SimRequest) -> None:
+        limit = self.config.max_queued_requests
+        if limit is not None and len(self.waiting) >= limit:
+            raise QueueFull(f"simulator queue is full ({limit} waiting)")
+        if req.rid in self._by_rid:
+            raise ValueError(f"duplicate request id {req.rid!r}")
+        self._by_rid[req.rid] = req
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> bool:
+        req = self._by_rid.pop(rid, None)
+        if req is None:
+            return False
+        if req.state is _State.WAITING:
+            self.waiting.remove(req)
+        else:
+            self.running.remove(req)
+            self.used_kv -= req.in_kv
+        return True
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    # -- one iteration ------------------------------------------------------
+    def _reserved(self, req: SimRequest) -> float:
+        remaining = req.max_new_tokens - req.generated
+        return req.context_len - req.in_kv + self.config.new_token_ratio * remaining
+
+    def _admit(self) -> None:
+        cfg = self.config
+        headroom = self.capacity - self.used_kv - sum(self._reserved(r) for r in self.running)
+        while self.waiting and len(self.running) < cfg.max_running_requests:
+            head = self.waiting[0]
+            need = self._reserved(head)
+            if need > headroom and self.running:
+                return
+            self.waiting.popleft()
+            head.state = _State.PREFILL
+            self.running.append(head)
+            headroom -= need
+
+    def _preempt_for(self, extra_tokens: int) -> None:
+        # Out of KV: retract the most recently admitted requests, as SGLang does.
+        while self.used_kv + extra_tokens > self.capacity and len(self.running) > 1:
+            victim = self.running.pop()
+            self.used_kv -= victim.in_kv
+            victim.in_kv = 0
+            victim.state = _State.WAITING
+            victim.preemptions += 1
+            self.preemptions += 1
+            self.waiting.appendleft(victim)
+
+    def step(self) -> StepResult:
+        self._admit()
+        if not self.running:
+            return StepResult(duration_s=0.0)
+        decoding = [r for r in self.running if r.state is _State.DECODE]
+        self._preempt_for(len(decoding))
+        decoding = [r for r in self.running if r.state is _State.DECODE]
+        budget = self.config.chunked_prefill_size
+        prefill_tokens = 0
+        finished_prefill: list[SimRequest] = []
+        for req in self.running:
+            if budget <= 0:
+                break
+            if req.state is not _State.PREFILL:
+                continue
+            take = min(budget, req.context_len - req.in_kv, self.capacity - self.used_kv)
+            if take <= 0:
+                break
+            req.in_kv += take
+            self.used_kv += take
+            budget -= take
+            prefill_tokens += take
+            if req.in_kv == req.context_len:
+                finished_prefill.append(req)
+        context = sum(r.in_kv for r in self.running)
+        result = StepResult(
+            duration_s=self.config.cost.step_s(prefill_tokens, len(decoding), context),
+            prefill_tokens=prefill_tokens,
+            decode_batch=len(decoding),
+        )
+        for req in finished_prefill:
+            req.state = _State.DECODE
+        # A finished prefill yields the request's next token in the same pass.
+        for req in decoding + finished_prefill:
+            result.emissions.append(self._next_token(req))
+        return result
+
+    def _next_token(self, req: SimRequest) -> Emission:
+        s = req.sampling
+        min_done = req.generated >= s.min_tokens
+        token = vocab.sample_token(req.rng)
+        if self._eos_p and not s.ignore_eos and min_done and req.rng.random() < self._eos_p:
+            token = vocab.EOS_TOKEN_ID
+        req.generated += 1
+        req.in_kv += 1
+        self.used_kv += 1
+        text, matched = req.stop.feed(vocab.piece(token))
+        em = Emission(rid=req.rid, token_id=token, text=text, generated=req.generated)
+        if token == vocab.EOS_TOKEN_ID:
+            em.finish = FinishKind.STOP
+        elif min_done and token in s.stop_token_ids:
+            em.finish, em.stop_matched = FinishKind.STOP, str(token)
+        elif matched is not None and min_done:
+            em.finish, em.stop_matched = FinishKind.STOP, matched
+        elif req.generated >= req.max_new_tokens or req.context_len >= self.max_context:
+            em.finish = FinishKind.LENGTH
+            em.text += req.stop.flush()
+        if em.finish is not None:
+            self._release(req)
+        return em
+
+    def _release(self, req: SimRequest) -> None:
+        self.running.remove(req)
+        self._by_rid.pop(req.rid, None)
+        self.used_kv -= req.in_kv

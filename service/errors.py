@@ -1,0 +1,127 @@
+"""The one place that maps domain errors to gRPC status codes.
+
+Every error leaves with google.rpc.Status details in the standard
+`grpc-status-details-bin` trailer: ErrorInfo always, plus BadRequest,
+RetryInfo or QuotaFailure where they apply.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from scheduler.errors import RequestRejected, SchedulingError
+from service.engines.protocol import EngineError
+
+ERROR_DOMAIN = "fairgate.dev"
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+class ServiceError(Exception):
+    code = grpc.StatusCode.INTERNAL
+    reason = "INTERNAL"
+
+    def __init__(self, message: str, *, metadata: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.metadata = metadata or {}
+
+
+class InvalidRequest(ServiceError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_ARGUMENT"
+
+    def __init__(self, violations: list[FieldViolation]) -> None:
+        summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
+        super().__init__(f"invalid request: {summary}")
+        self.violations = violations
+
+
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(ServiceError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "PERMISSION_DENIED"
+
+
+class Unavailable(ServiceError):
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "UNAVAILABLE"
+
+
+@dataclass(slots=True)
+class MappedStatus:
+    code: grpc.StatusCode
+    message: str
+    details: list[any_pb2.Any] = field(default_factory=list)
+
+    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+        st = status_pb2.Status(code=self.code.value[0], message=self.message, details=self.details)
+        return ((STATUS_DETAILS_KEY, st.SerializeToString()),)
+
+
+def _pack(msg: object) -> any_pb2.Any:
+    a = any_pb2.Any()
+    a.Pack(msg)  # type: ignore[arg-type]
+    return a
+
+
+def _error_info(reason: str, metadata: dict[str, str]) -> any_pb2.Any:
+    return _pack(error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata))
+
+
+def _retry_info(seconds: float) -> any_pb2.Any:
+    delay = duration_pb2.Duration()
+    # Round up: retrying earlier than this would fail again.
+    nanos = max(0, math.ceil(seconds * 1e9))
+    delay.seconds, delay.nanos = divmod(nanos, 1_000_000_000)
+    return _pack(error_details_pb2.RetryInfo(retry_delay=delay))
+
+
+def map_error(exc: Exception) -> MappedStatus:
+    if isinstance(exc, InvalidRequest):
+        bad = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=v.field, description=v.description
+                )
+                for v in exc.violations
+            ]
+        )
+        return MappedStatus(exc.code, str(exc), [_pack(bad), _error_info(exc.reason, exc.metadata)])
+    if isinstance(exc, ServiceError):
+        return MappedStatus(exc.code, str(exc), [_error_info(exc.reason, exc.metadata)])
+    if isinstance(exc, RequestRejected):
+        details = [_error_info(exc.reason, {})]
+        if exc.retry_after_s is not None:
+            details.insert(0, _retry_info(exc.retry_after_s))
+        return MappedStatus(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), details)
+    if isinstance(exc, SchedulingError):
+        return MappedStatus(
+            grpc.StatusCode.FAILED_PRECONDITION, str(exc), [_error_info(exc.reason, {})]
+        )
+    if isinstance(exc, EngineError):
+        details = [_error_info("ENGINE_ERROR", {"retryable": str(exc.retryable).lower()})]
+        if exc.retryable:
+            details.insert(0, _retry_info(1.0))
+        return MappedStatus(grpc.StatusCode.UNAVAILABLE, f"engine error: {exc}", details)
+    return MappedStatus(grpc.StatusCode.INTERNAL, "internal error", [_error_info("INTERNAL", {})])
+
+
+async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> NoReturn:
+    st = map_error(exc)
+    await context.abort(st.code, st.message, trailing_metadata=st.trailing_metadata())
+    raise AssertionError("context.abort returned")  # pragma: no cover

@@ -1,0 +1,35 @@
+"""Process entry point: run the server until SIGTERM/SIGINT, then drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from service.app import App
+from service.settings import Settings
+
+
+async def serve(settings: Settings) -> None:
+    app = await App.start(settings)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(
+        f"fairgate listening on {app.address} (model {app.models.default}, "
+        f"engine {app.engine.kind}); Ctrl-C to stop",
+        flush=True,
+    )
+    await stop.wait()
+    logging.getLogger(__name__).info(
+        "shutting down, draining for up to %ss", settings.shutdown_grace_s
+    )
+    await app.stop()
+
+
+def run(settings: Settings) -> None:
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(serve(settings))

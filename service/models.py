@@ -1,0 +1,39 @@
+"""Served models: each pairs an engine with its tokenizer, limits and dispatcher."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from scheduler.dispatcher import Dispatcher
+from service.engines.protocol import Engine
+from service.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class ServedModel:
+    name: str
+    engine: Engine
+    tokenizer: Tokenizer
+    dispatcher: Dispatcher
+    max_context_tokens: int
+    max_output_tokens: int
+    default_max_tokens: int
+    vocab_size: int
+
+
+class ModelRegistry:
+    def __init__(self, models: list[ServedModel], default: str) -> None:
+        self._models = {m.name: m for m in models}
+        if default not in self._models:
+            raise ValueError(f"default model {default!r} is not among {sorted(self._models)}")
+        self.default = default
+
+    def resolve(self, name: str) -> ServedModel | None:
+        return self._models.get(name or self.default)
+
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    def __iter__(self) -> Iterator[ServedModel]:
+        return iter(self._models.values())

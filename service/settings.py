@@ -1,0 +1,94 @@
+"""Server settings: embedded defaults, overridden by FAIRGATE_* env vars, then flags.
+
+The defaults run the whole service with no configuration at all: the
+simulated engine (RTX 4090 preset, Llama-3.1-8B in 4-bit) in real time, the
+in-memory state, FCFS dispatch, on 127.0.0.1:50051.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+ENV_PREFIX = "FAIRGATE_"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    listen: str = "127.0.0.1:50051"
+    engine: str = "simulator"
+    # Name clients use; empty means the simulator preset's model name.
+    model_name: str = ""
+    # Simulator preset.
+    sim_gpu: str = "rtx-4090"
+    sim_model: str = "llama-3.1-8b-int4"
+    sim_time_scale: float = 1.0
+    sim_seed: int = 0
+    sim_max_running_requests: int = 256
+    sim_chunked_prefill_tokens: int = 2048
+    sim_mean_output_tokens: float = 0.0
+    # Directory (or file) with a Hugging Face tokenizer.json; empty: approximate counts.
+    tokenizer_path: str = ""
+    default_max_tokens: int = 256
+    max_output_tokens: int = 8192
+    # Application limit on one request; the transport limit is set above it
+    # so oversized prompts get INVALID_ARGUMENT with details, not a bare error.
+    max_request_bytes: int = 1 << 20
+    max_receive_message_bytes: int = 4 << 20
+    max_send_message_bytes: int = 4 << 20
+    # Admission gate targets, as fractions of the engine's reported capacity.
+    kv_target_fraction: float = 0.9
+    running_target_fraction: float = 1.0
+    policy: str = "fcfs"
+    # Tenant header used until API keys exist.
+    tenant_header: str = "x-fairgate-tenant"
+    default_tenant: str = "default"
+    shutdown_grace_s: float = 30.0
+    keepalive_time_s: float = 30.0
+    keepalive_timeout_s: float = 10.0
+    max_concurrent_streams: int = 0
+    log_level: str = "INFO"
+
+    def validate(self) -> Settings:
+        problems = []
+        if self.sim_time_scale < 0:
+            problems.append("sim_time_scale must be >= 0")
+        if not 0 < self.kv_target_fraction <= 1:
+            problems.append("kv_target_fraction must be in (0, 1]")
+        if not 0 < self.running_target_fraction <= 1:
+            problems.append("running_target_fraction must be in (0, 1]")
+        if self.default_max_tokens < 1 or self.max_output_tokens < 1:
+            problems.append("default_max_tokens and max_output_tokens must be >= 1")
+        if self.max_request_bytes > self.max_receive_message_bytes:
+            problems.append("max_request_bytes must be <= max_receive_message_bytes")
+        if self.engine not in ("simulator",):
+            problems.append(f"unknown engine {self.engine!r} (available: simulator)")
+        if problems:
+            raise ValueError("invalid settings: " + "; ".join(problems))
+        return self
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _parse(f.name, f.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return dataclasses.replace(cls(), **values).validate()
+
+
+def _parse(name: str, type_: object, raw: str) -> Any:
+    try:
+        if type_ in (int, "int"):
+            return int(raw)
+        if type_ in (float, "float"):
+            return float(raw)
+        if type_ in (bool, "bool"):
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+    except ValueError as exc:
+        raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {exc}") from exc
+    return raw
