@@ -1,0 +1,43 @@
+"""Shared fixtures: a real fairgate server on a loopback port, real stubs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from fairgate import AsyncClient
+
+from service.app import App
+from service.settings import Settings
+
+StartServer = Callable[..., Awaitable[App]]
+
+
+@pytest.fixture
+async def start_server() -> AsyncIterator[StartServer]:
+    """Start servers with setting overrides; all are stopped at teardown."""
+    apps: list[App] = []
+
+    async def _start(**overrides: Any) -> App:
+        base = Settings(listen="127.0.0.1:0", sim_time_scale=0.0, shutdown_grace_s=1.0)
+        settings = dataclasses.replace(base, **overrides).validate()
+        app = await App.start(settings)
+        apps.append(app)
+        return app
+
+    yield _start
+    for app in apps:
+        await app.stop(grace_s=0.5)
+
+
+@pytest.fixture
+async def server(start_server: StartServer) -> App:
+    return await start_server()
+
+
+@pytest.fixture
+async def client(server: App) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(server.address) as c:
+        yield c

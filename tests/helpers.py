@@ -1,0 +1,36 @@
+"""Small helpers for tests: waiting on conditions and checking for leaks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from service.app import App
+from service.engines.simulator.engine import SimulatedEngine
+
+
+async def eventually(cond: Callable[[], bool], timeout_s: float = 5.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or cond}")
+        await asyncio.sleep(0.01)
+
+
+def sim(app: App) -> SimulatedEngine:
+    assert isinstance(app.engine, SimulatedEngine)
+    return app.engine
+
+
+async def assert_no_leaks(app: App) -> None:
+    """Nothing queued or in flight in the gateway, nothing held by the engine."""
+    model = app.models.resolve("")
+    assert model is not None
+    d = model.dispatcher
+    await eventually(
+        lambda: d.queued == 0 and d.in_flight == 0 and sim(app).active_requests == 0,
+        what="gateway and engine to drain",
+    )
+    assert d.budget.in_flight_kv_tokens == 0
+    assert sim(app).core.used_kv == 0

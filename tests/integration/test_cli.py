@@ -1,0 +1,42 @@
+"""The `fairgate` command against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from service.app import App
+
+FAIRGATE = [sys.executable, "-m", "fairgate.cli.main"]
+
+
+async def _run(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *FAIRGATE, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_generate_streams_and_prints_usage(server: App) -> None:
+    code, out, err = await _run(
+        "generate", "hello from the cli", "-a", server.address, "--max-tokens", "12"
+    )
+    assert code == 0, err
+    assert "[length]" in out
+    assert "completion 12" in out
+    assert "first token" in out
+
+
+async def test_generate_bad_input_exits_nonzero_with_field(server: App) -> None:
+    code, _, err = await _run("generate", "x", "-a", server.address, "--max-tokens", "0")
+    assert code == 1
+    assert "INVALID_ARGUMENT" in err and "sampling.max_tokens" in err
+
+
+async def test_models_and_count_tokens(server: App) -> None:
+    code, out, _ = await _run("models", "-a", server.address)
+    assert code == 0 and server.models.default in out
+    code, out, _ = await _run("count-tokens", "one two three", "-a", server.address)
+    assert code == 0 and out.startswith("3 tokens")
