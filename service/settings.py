@@ -29,6 +29,10 @@ class Settings:
     sim_max_running_requests: int = 256
     sim_chunked_prefill_tokens: int = 2048
     sim_mean_output_tokens: float = 0.0
+    # Override the preset's KV capacity (tokens); 0 keeps the preset's.
+    sim_kv_capacity_tokens: int = 0
+    # Send tokens that are ready together in one message (never waits for more).
+    stream_coalesce: bool = True
     # Directory (or file) with a Hugging Face tokenizer.json; empty: approximate counts.
     tokenizer_path: str = ""
     default_max_tokens: int = 256

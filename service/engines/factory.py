@@ -19,7 +19,10 @@ def build_engine(settings: Settings) -> tuple[Engine, str]:
             chunked_prefill_size=settings.sim_chunked_prefill_tokens,
             mean_output_tokens=settings.sim_mean_output_tokens or None,
             seed=settings.sim_seed,
+            kv_capacity_tokens=settings.sim_kv_capacity_tokens or None,
         )
-        engine = SimulatedEngine(config, time_scale=settings.sim_time_scale)
+        engine = SimulatedEngine(
+            config, time_scale=settings.sim_time_scale, coalesce=settings.stream_coalesce
+        )
         return engine, settings.model_name or cost.model.name
     raise ValueError(f"unknown engine {settings.engine!r}")

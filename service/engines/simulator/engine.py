@@ -62,11 +62,16 @@ class SimStats:
 class SimulatedEngine:
     kind = "simulator"
 
-    def __init__(self, config: SimConfig, *, time_scale: float = 1.0) -> None:
+    def __init__(
+        self, config: SimConfig, *, time_scale: float = 1.0, coalesce: bool = True
+    ) -> None:
         if time_scale < 0:
             raise ValueError("time_scale must be >= 0")
         self.config = config
         self.time_scale = time_scale
+        # Merge tokens that are ready together into one chunk (one gRPC message)
+        # instead of one chunk per token; never waits for more tokens.
+        self.coalesce = coalesce
         self.core = SimCore(config)
         self.stats = SimStats()
         self._channels: dict[str, _Channel] = {}
@@ -181,7 +186,16 @@ class SimulatedEngine:
                         done = True
                         self.stats.finished += 1
                         break
-                yield chunk
+                    if not self.coalesce:
+                        yield chunk
+                        chunk = EngineChunk(
+                            text="",
+                            token_ids=[],
+                            completion_tokens=em.generated,
+                            prompt_tokens=sreq.prompt_len,
+                        )
+                if chunk.token_ids or chunk.finish is not None:
+                    yield chunk
         finally:
             self._channels.pop(req.request_id, None)
             if not done and self.core.abort(req.request_id):

@@ -67,5 +67,5 @@ def test_hf_tokenizer_exact_counts(tokenizer_dir: Path) -> None:
 
 
 def test_missing_tokenizer_json_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    with pytest.raises(FileNotFoundError, match=r"tokenizer\.json"):
         HfTokenizer(tmp_path)

@@ -1,0 +1,78 @@
+"""Servers the benchmarks start in a child process (one core for the server,
+one for the load generator): a bare grpc.aio streaming server and fairgate.
+
+Run as `python -m fairgate.bench.servers MODE [KEY=VALUE ...]`; prints
+`PORT <n>` when ready and exits when stdin closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from fairgate.v1 import inference_pb2 as pb
+from fairgate.v1 import inference_pb2_grpc as pb_grpc
+
+WORD = " token"
+
+
+class BareInference(pb_grpc.InferenceServiceServicer):
+    """The ceiling: the same messages as fairgate, with no work behind them."""
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        n = request.sampling.max_tokens
+        for i in range(n):
+            yield pb.GenerateResponse(delta=pb.TokenDelta(text=WORD, index=i))
+        result = pb.GenerateResult(
+            request_id=request.request_id, finish_reason=pb.FINISH_REASON_LENGTH
+        )
+        result.usage.completion_tokens = n
+        yield pb.GenerateResponse(result=result)
+
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListModelsResponse:
+        return pb.ListModelsResponse()
+
+    async def CountTokens(
+        self, request: pb.CountTokensRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.CountTokensResponse:
+        return pb.CountTokensResponse()
+
+
+async def _serve(mode: str, overrides: dict[str, str]) -> None:
+    if mode == "bare":
+        server = grpc.aio.server()
+        pb_grpc.add_InferenceServiceServicer_to_server(BareInference(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        stop: Callable[[float], Awaitable[None]] = server.stop
+    else:
+        from service.app import App
+        from service.settings import Settings
+
+        env = {f"FAIRGATE_{k.upper()}": v for k, v in overrides.items()}
+        settings = Settings.from_env(env, listen="127.0.0.1:0", log_level="WARNING")
+        app = await App.start(settings)
+        port = app.port
+        stop = app.stop
+    print(f"PORT {port}", flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.read)
+    await stop(0)
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    overrides = dict(arg.split("=", 1) for arg in sys.argv[2:])
+    asyncio.run(_serve(mode, overrides))
+
+
+if __name__ == "__main__":
+    main()
