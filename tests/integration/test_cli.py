@@ -40,3 +40,11 @@ async def test_models_and_count_tokens(server: App) -> None:
     assert code == 0 and server.models.default in out
     code, out, _ = await _run("count-tokens", "one two three", "-a", server.address)
     assert code == 0 and out.startswith("3 tokens")
+
+
+async def test_health_command(server: App) -> None:
+    code, out, _ = await _run("health", "-a", server.address)
+    assert (code, out.strip()) == (0, "SERVING")
+    await server.stop(grace_s=0)
+    code, _, err = await _run("health", "-a", server.address, "--timeout", "1")
+    assert code == 1 and "unhealthy" in err

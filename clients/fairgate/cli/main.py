@@ -137,6 +137,29 @@ def count_tokens(text: str, address: TargetOpt = DEFAULT_TARGET, model: str = ""
         _fail(exc)
 
 
+@app.command()
+def health(
+    address: TargetOpt = DEFAULT_TARGET,
+    service: Annotated[str, typer.Option(help="service name; empty = whole server")] = "",
+    timeout: Annotated[float, typer.Option(help="seconds")] = 2.0,
+) -> None:
+    """Check the server's gRPC health (exit 0 when SERVING); for probes and scripts."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            resp = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
+        except grpc.RpcError as exc:
+            typer.echo(f"unhealthy: {exc.code().name}", err=True)
+            raise typer.Exit(1) from None
+    name = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    typer.echo(name)
+    raise typer.Exit(0 if resp.status == health_pb2.HealthCheckResponse.SERVING else 1)
+
+
 @bench_app.command("stream")
 def bench_stream(
     concurrency: Annotated[str, typer.Option(help="comma-separated stream counts")] = "1,64,512",
