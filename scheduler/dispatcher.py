@@ -1,30 +1,114 @@
 """The dispatcher: moves requests from the policy's queues into the engine.
 
-It is event-driven rather than a polling loop: every arrival, finish or
-capacity change "pumps" — admits queued requests in policy order while the
+It is event-driven rather than a polling loop: every arrival, finish, wake-up
+or capacity change "pumps" — admits queued requests in policy order while the
 budget has room. That makes it work-conserving by construction: it never
-leaves room idle while the policy's next request fits.
+leaves room idle while the policy's next eligible request fits.
+
+Quotas (`QuotaLedger`) are checked at arrival (caps, queue slots, buckets in
+reject mode), consulted before each admission (concurrency, buckets in wait
+mode) and settled exactly once when the request ends. A tenant whose head
+request may not start yet is paused in the policy (it keeps its place) and
+resumed by a timer at the time its buckets allow it, or by its next finish
+when it is at max_concurrent. Timers also expire requests that exceed their
+tenant's max_queue_wait_s or their deadline while queued.
+
+Two front doors: `admit` (async, for the service) and `submit` / `cancel`
+(callbacks, for discrete-event drivers that never sleep).
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
+import math
+from dataclasses import dataclass
+from typing import Protocol
 
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
+from scheduler.errors import DeadlineExpired, QueueTimeout, SchedulingError
 from scheduler.policy import QueuePolicy
+from scheduler.quotas import QuotaLedger, Reservation
 from scheduler.request import QueuedRequest
+from scheduler.tenants import TenantRegistry
+from scheduler.timers import AsyncioTimers, TimerHandle, Timers
+
+
+class AdmissionWaiter(Protocol):
+    """The caller of `submit`. Callbacks must not re-enter the dispatcher."""
+
+    def wanted(self) -> bool:
+        """False once the caller has gone: the request is dropped, uncharged."""
+        ...
+
+    def admitted(self) -> None: ...
+
+    def rejected(self, error: SchedulingError) -> None:
+        """Rejected while queued (queue wait or deadline exceeded)."""
+        ...
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    req: QueuedRequest
+    waiter: AdmissionWaiter
+    reservation: Reservation
+    output_tokens: int = 0
+    queued: bool = True
+
+
+class _FutureWaiter:
+    __slots__ = ("fut",)
+
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.fut = fut
+
+    def wanted(self) -> bool:
+        return not self.fut.done()
+
+    def admitted(self) -> None:
+        self.fut.set_result(None)
+
+    def rejected(self, error: SchedulingError) -> None:
+        self.fut.set_exception(error)
+
+
+# A wake-up: resume a paused tenant (str) or expire a queued request (_Entry).
+_Wakeup = tuple[float, int, str | _Entry]
 
 
 class Dispatcher:
-    def __init__(self, policy: QueuePolicy, budget: AdmissionBudget, clock: Clock) -> None:
+    def __init__(
+        self,
+        policy: QueuePolicy,
+        budget: AdmissionBudget,
+        clock: Clock,
+        *,
+        tenants: TenantRegistry | None = None,
+        timers: Timers | None = None,
+        expire_deadlines: bool = False,
+    ) -> None:
+        """`expire_deadlines`: reject a queued request with DeadlineExpired when
+        its `deadline_s` passes (off by default: the gRPC layer cancels it)."""
         self.policy = policy
         self.budget = budget
         self.clock = clock
+        self.quotas = QuotaLedger(tenants or TenantRegistry.permissive(), clock)
+        self.timers: Timers = timers or AsyncioTimers(clock)
+        self.expire_deadlines = expire_deadlines
         self._seq = itertools.count(1)
-        self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._entries: dict[int, _Entry] = {}
+        # Paused tenant -> resume time (inf: at the next finish of one of its requests).
+        self._paused_until: dict[str, float] = {}
+        self._wakeups: list[_Wakeup] = []
+        self._wakeup_seq = itertools.count()
+        self._armed: TimerHandle | None = None
+        self._armed_s = math.inf
+        self._pumping = False
         self.admitted_total = 0
+        self.expired_total = 0
 
     @property
     def queued(self) -> int:
@@ -34,59 +118,211 @@ class Dispatcher:
     def in_flight(self) -> int:
         return self.budget.in_flight_requests
 
-    async def admit(self, req: QueuedRequest) -> None:
-        """Wait until `req` is admitted. Cancelled while queued: dequeued, no charge.
+    @property
+    def paused_tenants(self) -> dict[str, float]:
+        return dict(self._paused_until)
 
-        The caller must call `finish(req)` once the request leaves the engine.
+    # -- arrival ------------------------------------------------------------
+    async def admit(self, req: QueuedRequest) -> None:
+        """Wait until `req` is admitted, or raise a SchedulingError.
+
+        Cancelled while queued: dequeued, nothing charged. The caller must call
+        `finish(req)` exactly once after this returns.
         """
-        req.seq = next(self._seq)
-        req.arrival_s = self.clock.now_s()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[id(req)] = fut
-        self.policy.push(req)
-        self.pump()
+        self.submit(req, _FutureWaiter(fut))
         try:
             await fut
         except asyncio.CancelledError:
-            if self._waiters.pop(id(req), None) is not None:
-                self.policy.remove(req)
-                self.pump()
-            elif fut.done() and not fut.cancelled():
+            admitted = fut.done() and not fut.cancelled() and fut.exception() is None
+            if not self.cancel(req) and admitted:
                 # Admitted in the same tick the caller was cancelled: the
                 # caller never saw the admission, so give the room back.
                 self.finish(req)
             raise
 
+    def submit(self, req: QueuedRequest, waiter: AdmissionWaiter) -> None:
+        """Queue `req`; `waiter` hears of its admission. Raises if refused at once."""
+        req.seq = next(self._seq)
+        req.arrival_s = self.clock.now_s()
+        res = self.quotas.open(req)
+        try:
+            self.policy.push(req)
+        except SchedulingError:
+            self.quotas.settle(res)
+            raise
+        entry = _Entry(req, waiter, res)
+        self._entries[id(req)] = entry
+        expires_s = self._expiry_s(req)
+        if expires_s is not None:
+            self._schedule(expires_s, entry)
+        self.pump()
+
+    def cancel(self, req: QueuedRequest) -> bool:
+        """Withdraw a queued request, charging nothing; False if it is not queued."""
+        entry = self._entries.get(id(req))
+        if entry is None or not entry.queued:
+            return False
+        self._drop(entry)
+        self.pump()
+        return True
+
+    def _expiry_s(self, req: QueuedRequest) -> float | None:
+        max_wait_s = self.quotas.max_queue_wait_s(req.tenant_id)
+        limits = [req.deadline_s if self.expire_deadlines else None]
+        if max_wait_s is not None:
+            limits.append(req.arrival_s + max_wait_s)
+        present = [t for t in limits if t is not None]
+        return min(present) if present else None
+
+    def _drop(self, entry: _Entry) -> None:
+        entry.queued = False
+        del self._entries[id(entry.req)]
+        self.policy.remove(entry.req)
+        self.quotas.settle(entry.reservation)
+
+    # -- admission ----------------------------------------------------------
     def pump(self) -> None:
+        """Admit queued requests in policy order while the budget has room."""
+        if self._pumping:
+            # A waiter callback re-entered; the outer loop sees the new state.
+            return
+        self._pumping = True
+        try:
+            self._admit_while_room()
+        finally:
+            self._pumping = False
+        self._arm()
+
+    def _admit_while_room(self) -> None:
         while True:
             head = self.policy.peek_next()
             if head is None:
                 return
-            fut = self._waiters.get(id(head))
-            if fut is None or fut.done():
+            entry = self._entries.get(id(head))
+            if entry is None:
+                raise AssertionError(f"policy returned unknown request {head.request_id}")
+            if not entry.waiter.wanted():
                 # Its caller was cancelled and has not run its cleanup yet.
-                self.policy.remove(head)
-                self._waiters.pop(id(head), None)
+                self._drop(entry)
+                continue
+            wait_s = self.quotas.wait_s(entry.reservation)
+            if wait_s > 0:
+                self._pause(head.tenant_id, wait_s)
                 continue
             if not self.budget.fits(head):
                 return
-            popped = self.policy.pop_next()
-            if popped is not head:
+            if self.policy.pop_next() is not head:
                 raise AssertionError("policy pop_next disagrees with peek_next")
             self.budget.reserve(head)
+            self.quotas.start(entry.reservation)
+            entry.queued = False
             self.admitted_total += 1
-            del self._waiters[id(head)]
-            fut.set_result(None)
+            entry.waiter.admitted()
 
+    def _pause(self, tenant_id: str, wait_s: float) -> None:
+        until_s = math.inf if math.isinf(wait_s) else self.clock.now_s() + wait_s
+        self.policy.pause(tenant_id)
+        self._paused_until[tenant_id] = until_s
+        if not math.isinf(until_s):
+            self._schedule(until_s, tenant_id)
+
+    def _resume(self, tenant_id: str) -> None:
+        if self._paused_until.pop(tenant_id, None) is not None:
+            self.policy.resume(tenant_id)
+
+    # -- in flight ----------------------------------------------------------
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
+        entry = self._entries.get(id(req))
+        if entry is None or entry.queued or tokens <= 0:
+            return
+        entry.output_tokens += tokens
         self.policy.on_output_tokens(req, tokens)
 
     def finish(self, req: QueuedRequest) -> None:
         """The admitted request left the engine (done, cancelled or failed)."""
+        entry = self._entries.get(id(req))
+        if entry is None or entry.queued:
+            raise AssertionError(f"finish({req.request_id!r}) for a request not in flight")
+        del self._entries[id(req)]
         self.budget.release(req)
+        self.quotas.settle(entry.reservation, entry.output_tokens)
         self.policy.on_finish(req)
+        if self._paused_until.get(req.tenant_id) == math.inf:
+            self._resume(req.tenant_id)
         self.pump()
 
+    # -- configuration ------------------------------------------------------
     def set_limits(self, limits: AdmissionLimits) -> None:
         self.budget.limits = limits
         self.pump()
+
+    def set_tenants(self, tenants: TenantRegistry) -> None:
+        """New tenant config: quotas apply to new arrivals; paused tenants are re-checked."""
+        self.quotas.set_tenants(tenants)
+        for tenant_id in list(self._paused_until):
+            self._resume(tenant_id)
+        self.pump()
+
+    # -- wake-ups -----------------------------------------------------------
+    def _schedule(self, when_s: float, what: str | _Entry) -> None:
+        heapq.heappush(self._wakeups, (when_s, next(self._wakeup_seq), what))
+
+    def _is_live(self, when_s: float, what: str | _Entry) -> bool:
+        if isinstance(what, str):
+            return self._paused_until.get(what) == when_s
+        return what.queued
+
+    def _arm(self) -> None:
+        """Keep one timer armed for the earliest live wake-up."""
+        heap = self._wakeups
+        while heap and not self._is_live(heap[0][0], heap[0][2]):
+            heapq.heappop(heap)
+        if not heap:
+            return
+        when_s = heap[0][0]
+        if self._armed is not None and self._armed_s <= when_s:
+            return  # an earlier (possibly stale) timer will re-arm when it fires
+        if self._armed is not None:
+            self._armed.cancel()
+        self._armed_s = when_s
+        self._armed = self.timers.call_at(when_s, self._on_wakeup)
+
+    def _on_wakeup(self) -> None:
+        self._armed, self._armed_s = None, math.inf
+        now_s = self.clock.now_s()
+        heap = self._wakeups
+        while heap and heap[0][0] <= now_s:
+            when_s, _, what = heapq.heappop(heap)
+            if not self._is_live(when_s, what):
+                continue
+            if isinstance(what, str):
+                self._resume(what)
+            else:
+                self._expire(what, now_s)
+        self.pump()
+
+    def _expire(self, entry: _Entry, now_s: float) -> None:
+        req = entry.req
+        waited_s = now_s - req.arrival_s
+        max_wait_s = self.quotas.max_queue_wait_s(req.tenant_id)
+        error: SchedulingError
+        if (
+            self.expire_deadlines
+            and req.deadline_s is not None
+            and (max_wait_s is None or req.deadline_s <= req.arrival_s + max_wait_s)
+        ):
+            error = DeadlineExpired(
+                f"request {req.request_id!r}: the deadline passed after {waited_s:.3f} s "
+                "in the queue"
+            )
+        else:
+            error = QueueTimeout(
+                req.tenant_id,
+                "max_queue_wait_s",
+                f"request {req.request_id!r} waited {waited_s:.3f} s in the queue; "
+                f"the limit is {max_wait_s:g} s",
+            )
+        self._drop(entry)
+        self.expired_total += 1
+        entry.waiter.rejected(error)

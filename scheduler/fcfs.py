@@ -1,13 +1,14 @@
 """First come, first served: what the engine does on its own.
 
 Requests are ordered by priority class, then arrival, so interactive traffic
-overtakes batch traffic; tenants are ignored.
+overtakes batch traffic; tenants are ignored except that a paused tenant
+(over quota, at max_concurrent) is skipped. Implemented as a merge of
+per-tenant FIFO queues keyed by their heads, which is exactly global FCFS.
 """
 
 from __future__ import annotations
 
-import heapq
-
+from scheduler.backlog import Backlog
 from scheduler.request import QueuedRequest
 
 
@@ -15,35 +16,25 @@ class FcfsPolicy:
     name = "fcfs"
 
     def __init__(self) -> None:
-        # Heap of (priority, seq, request); removed entries are skipped lazily.
-        self._heap: list[tuple[int, int, QueuedRequest]] = []
-        self._queued: set[int] = set()
+        self._backlog = Backlog(lambda _tenant, head: float(head.priority))
 
     def push(self, req: QueuedRequest) -> None:
-        heapq.heappush(self._heap, (int(req.priority), req.seq, req))
-        self._queued.add(id(req))
-
-    def _prune(self) -> None:
-        while self._heap and id(self._heap[0][2]) not in self._queued:
-            heapq.heappop(self._heap)
+        self._backlog.push(req)
 
     def peek_next(self) -> QueuedRequest | None:
-        self._prune()
-        return self._heap[0][2] if self._heap else None
+        return self._backlog.peek()
 
     def pop_next(self) -> QueuedRequest | None:
-        self._prune()
-        if not self._heap:
-            return None
-        req = heapq.heappop(self._heap)[2]
-        self._queued.discard(id(req))
-        return req
+        return self._backlog.pop()
 
     def remove(self, req: QueuedRequest) -> bool:
-        if id(req) not in self._queued:
-            return False
-        self._queued.discard(id(req))
-        return True
+        return self._backlog.remove(req)
+
+    def pause(self, tenant_id: str) -> None:
+        self._backlog.pause(tenant_id)
+
+    def resume(self, tenant_id: str) -> None:
+        self._backlog.resume(tenant_id)
 
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
         return None
@@ -52,4 +43,4 @@ class FcfsPolicy:
         return None
 
     def __len__(self) -> int:
-        return len(self._queued)
+        return len(self._backlog)

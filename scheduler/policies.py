@@ -1,21 +1,58 @@
-"""Policy registry: config names to policy factories."""
+"""Policy registry: config names to policy factories.
+
+"vtc" (weighted fair) is the default; "fcfs" and "rate-limit" are the
+baselines the benchmark compares it with.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from scheduler.clock import Clock, MonotonicClock
 from scheduler.fcfs import FcfsPolicy
 from scheduler.policy import QueuePolicy
+from scheduler.rate_limit import RateLimitPolicy
+from scheduler.tenants import TenantRegistry
+from scheduler.vtc import DEFAULT_BATCH_EVERY_N, VtcPolicy
 
-POLICIES: dict[str, Callable[[], QueuePolicy]] = {
-    "fcfs": FcfsPolicy,
+DEFAULT_POLICY = "vtc"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyOptions:
+    clock: Clock = field(default_factory=MonotonicClock)
+    # Weights for VTC; None: every tenant weighs 1.
+    tenants: TenantRegistry | None = None
+    vtc_w_in: float = 1.0
+    vtc_w_out: float = 2.0
+    batch_every_n: int | None = DEFAULT_BATCH_EVERY_N
+    # The rate-limit baseline's per-tenant limit.
+    rate_limit_per_s: float = 10.0
+    rate_limit_burst: float | None = None
+
+
+def _vtc(o: PolicyOptions) -> QueuePolicy:
+    tenants = o.tenants
+    if tenants is None:
+        return VtcPolicy(w_in=o.vtc_w_in, w_out=o.vtc_w_out, batch_every_n=o.batch_every_n)
+    return VtcPolicy(
+        tenants.weight_of, w_in=o.vtc_w_in, w_out=o.vtc_w_out, batch_every_n=o.batch_every_n
+    )
+
+
+POLICIES: dict[str, Callable[[PolicyOptions], QueuePolicy]] = {
+    "vtc": _vtc,
+    "fcfs": lambda _o: FcfsPolicy(),
+    "rate-limit": lambda o: RateLimitPolicy(o.clock, o.rate_limit_per_s, o.rate_limit_burst),
 }
 
 
-def make_policy(name: str) -> QueuePolicy:
+def make_policy(name: str = DEFAULT_POLICY, options: PolicyOptions | None = None) -> QueuePolicy:
     try:
-        return POLICIES[name]()
+        factory = POLICIES[name]
     except KeyError:
         raise ValueError(
             f"unknown policy {name!r}; available: {', '.join(sorted(POLICIES))}"
         ) from None
+    return factory(options or PolicyOptions())

@@ -15,7 +15,7 @@ class QueuePolicy(Protocol):
     name: str
 
     def push(self, req: QueuedRequest) -> None:
-        """Add a request to its queue."""
+        """Add a request to its queue; may raise RequestRejected (rate-limit baseline)."""
         ...
 
     def peek_next(self) -> QueuedRequest | None:
@@ -28,6 +28,18 @@ class QueuePolicy(Protocol):
 
     def remove(self, req: QueuedRequest) -> bool:
         """Drop a queued request (cancel, deadline). Charges nothing."""
+        ...
+
+    def pause(self, tenant_id: str) -> None:
+        """Skip this tenant's requests until `resume`; it keeps its queue and place.
+
+        The dispatcher pauses a tenant whose head request may not start yet
+        (over quota in wait mode, at max_concurrent).
+        """
+        ...
+
+    def resume(self, tenant_id: str) -> None:
+        """Make a paused tenant's requests eligible again."""
         ...
 
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:

@@ -1,0 +1,101 @@
+"""The queued requests of all tenants, and which eligible tenant goes next.
+
+Shared mechanism of the policies: one `TenantQueue` per tenant, plus a heap
+of the eligible backlogged tenants ordered by (policy key, arrival seq of the
+tenant's head request). The policy supplies the key (FCFS: the head's
+priority class; VTC: the tenant's virtual counter) and calls `refresh` when
+it changes. Paused tenants (over quota in wait mode, at max_concurrent) leave
+the heap but keep their queue; `resume` puts them back. Every operation is
+O(log n) in the number of backlogged tenants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from scheduler.keyed_heap import KeyedHeap
+from scheduler.request import QueuedRequest
+from scheduler.tenant_queue import TenantQueue
+
+KeyFn = Callable[[str, QueuedRequest], float]
+
+
+class Backlog:
+    def __init__(self, key: KeyFn, *, batch_every_n: int | None = None) -> None:
+        self._key = key
+        self._batch_every_n = batch_every_n
+        self._queues: dict[str, TenantQueue] = {}
+        self._eligible = KeyedHeap()
+        self.paused: set[str] = set()
+        self._len = 0
+
+    def queue(self, tenant_id: str) -> TenantQueue:
+        q = self._queues.get(tenant_id)
+        if q is None:
+            q = self._queues[tenant_id] = TenantQueue(self._batch_every_n)
+        return q
+
+    def queued(self, tenant_id: str) -> int:
+        q = self._queues.get(tenant_id)
+        return len(q) if q is not None else 0
+
+    def refresh(self, tenant_id: str) -> None:
+        """Re-key `tenant_id` after its head or its policy key changed."""
+        q = self._queues.get(tenant_id)
+        head = q.head() if q is not None else None
+        if head is None or tenant_id in self.paused:
+            self._eligible.discard(tenant_id)
+        else:
+            self._eligible.set(tenant_id, self._key(tenant_id, head), head.seq)
+
+    def push(self, req: QueuedRequest) -> None:
+        self.queue(req.tenant_id).push(req)
+        self._len += 1
+        self.refresh(req.tenant_id)
+
+    def remove(self, req: QueuedRequest) -> bool:
+        q = self._queues.get(req.tenant_id)
+        if q is None or not q.remove(req):
+            return False
+        self._len -= 1
+        self.refresh(req.tenant_id)
+        return True
+
+    def peek(self) -> QueuedRequest | None:
+        tenant_id = self._eligible.peek()
+        return None if tenant_id is None else self._queues[tenant_id].head()
+
+    def pop(self) -> QueuedRequest | None:
+        tenant_id = self._eligible.peek()
+        if tenant_id is None:
+            return None
+        req = self._queues[tenant_id].pop()
+        self._len -= 1
+        self.refresh(tenant_id)
+        return req
+
+    def pause(self, tenant_id: str) -> None:
+        self.paused.add(tenant_id)
+        self._eligible.discard(tenant_id)
+
+    def resume(self, tenant_id: str) -> None:
+        self.paused.discard(tenant_id)
+        self.refresh(tenant_id)
+
+    def top_tenant(self) -> str | None:
+        return self._eligible.peek()
+
+    def min_key(self) -> float | None:
+        """Smallest policy key among eligible backlogged tenants."""
+        tenant_id = self._eligible.peek()
+        if tenant_id is None:
+            return None
+        key = self._eligible.key(tenant_id)
+        return None if key is None else key[0]
+
+    @property
+    def eligible_tenants(self) -> int:
+        return len(self._eligible)
+
+    def __len__(self) -> int:
+        return self._len

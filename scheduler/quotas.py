@@ -1,0 +1,269 @@
+"""Per-tenant quota accounting: caps, queue slots, concurrency and token buckets.
+
+Life of one request's `Reservation`:
+- `open` at arrival: resolve the tenant, check caps and max_queued; a tenant in
+  "reject" mode reserves 1 request and prompt + max_tokens tokens right away
+  (or gets QuotaExceeded with the exact retry delay).
+- `wait_s` while queued: 0 when it may enter the engine now, else how long
+  until it may (inf: until one of the tenant's requests finishes).
+- `start` when admitted to the engine: takes a concurrency slot; a tenant in
+  "wait" mode reserves its buckets now (they allowed it, per `wait_s`).
+- `settle` exactly once at the end: refunds the unused part of max_tokens, or
+  everything if it never started (cancel/deadline while queued charges
+  nothing). A second settle is a no-op.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from scheduler.clock import Clock
+from scheduler.errors import QuotaExceeded, RequestTooLarge
+from scheduler.request import QueuedRequest
+from scheduler.tenants import OverQuotaMode, TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.token_bucket import TokenBucket
+
+
+@dataclass(slots=True, eq=False)
+class Reservation:
+    request_id: str
+    tenant_id: str
+    prompt_tokens: int
+    max_tokens: int
+    mode: OverQuotaMode
+    requests_taken: float = 0.0
+    tokens_taken: float = 0.0
+    started: bool = False
+    settled: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.max_tokens
+
+
+@dataclass(slots=True)
+class TenantUsage:
+    """Live counts and totals of one tenant (read them, don't write them)."""
+
+    config: TenantConfig
+    request_bucket: TokenBucket | None = None
+    token_bucket: TokenBucket | None = None
+    queued: int = 0
+    concurrent: int = 0
+    open_reservations: int = 0
+    rejected_total: int = 0
+    settled_total: int = 0
+    # What the buckets were charged net of refunds (ignores the burst cap).
+    charged_requests: float = 0.0
+    charged_tokens: float = 0.0
+    rejections: dict[str, int] = field(default_factory=dict)
+
+
+def _bucket(
+    old: TokenBucket | None, rate_per_s: float | None, burst: float | None, clock: Clock
+) -> TokenBucket | None:
+    if rate_per_s is None or burst is None:
+        return None
+    if old is None:
+        return TokenBucket(rate_per_s, burst, clock)
+    old.reconfigure(rate_per_s, burst)
+    return old
+
+
+class QuotaLedger:
+    def __init__(self, tenants: TenantRegistry, clock: Clock) -> None:
+        self.tenants = tenants
+        self.clock = clock
+        self._usage: dict[str, TenantUsage] = {}
+
+    # -- configuration ------------------------------------------------------
+    def set_tenants(self, tenants: TenantRegistry) -> None:
+        """Apply a new registry; bucket levels and live counts carry over."""
+        self.tenants = tenants
+        for tid, usage in self._usage.items():
+            cfg = tenants.get(tid)
+            if cfg is not None:
+                self._configure(usage, cfg)
+
+    def _configure(self, usage: TenantUsage, cfg: TenantConfig) -> None:
+        q = cfg.quotas
+        usage.config = cfg
+        usage.request_bucket = _bucket(
+            usage.request_bucket, q.requests_per_s, q.request_burst, self.clock
+        )
+        tokens_per_s = q.tokens_per_min / 60.0 if q.tokens_per_min is not None else None
+        usage.token_bucket = _bucket(usage.token_bucket, tokens_per_s, q.token_burst, self.clock)
+
+    def usage(self, tenant_id: str) -> TenantUsage | None:
+        return self._usage.get(tenant_id)
+
+    def _usage_of(self, cfg: TenantConfig) -> TenantUsage:
+        usage = self._usage.get(cfg.tenant_id)
+        if usage is None:
+            usage = TenantUsage(config=cfg)
+            self._configure(usage, cfg)
+            self._usage[cfg.tenant_id] = usage
+        return usage
+
+    @property
+    def open_reservations(self) -> int:
+        return sum(u.open_reservations for u in self._usage.values())
+
+    # -- arrival ------------------------------------------------------------
+    def open(self, req: QueuedRequest) -> Reservation:
+        """Admit `req` into its tenant's queue, or raise. Sets `req.tenant_id`."""
+        cfg = self.tenants.resolve(req.tenant_id, req.priority)
+        req.tenant_id = cfg.tenant_id
+        usage = self._usage_of(cfg)
+        try:
+            self._check_caps(cfg, usage, req)
+            q = cfg.quotas
+            if q.max_queued is not None and usage.queued >= q.max_queued:
+                raise QuotaExceeded(
+                    cfg.tenant_id,
+                    "max_queued",
+                    f"{usage.queued} requests already queued; the limit is {q.max_queued}",
+                )
+            res = Reservation(
+                request_id=req.request_id,
+                tenant_id=cfg.tenant_id,
+                prompt_tokens=req.prompt_tokens,
+                max_tokens=req.max_tokens,
+                mode=cfg.over_quota,
+            )
+            if res.mode == "reject":
+                self._reserve_or_reject(usage, res)
+        except (QuotaExceeded, RequestTooLarge) as exc:
+            usage.rejected_total += 1
+            usage.rejections[exc.limit] = usage.rejections.get(exc.limit, 0) + 1
+            raise
+        usage.queued += 1
+        usage.open_reservations += 1
+        return res
+
+    def _check_caps(self, cfg: TenantConfig, usage: TenantUsage, req: QueuedRequest) -> None:
+        q: TenantQuotas = cfg.quotas
+        tid = cfg.tenant_id
+        if q.max_prompt_tokens is not None and req.prompt_tokens > q.max_prompt_tokens:
+            raise RequestTooLarge(
+                tid,
+                "prompt",
+                "max_prompt_tokens",
+                f"the prompt has {req.prompt_tokens} tokens; the limit is {q.max_prompt_tokens}",
+            )
+        cap = q.output_cap_tokens(req.priority)
+        if cap is not None and req.max_tokens > cap:
+            interactive = q.max_output_tokens_interactive
+            limit = "max_output_tokens_interactive" if cap == interactive else "max_output_tokens"
+            cls = req.priority.name.lower()
+            raise RequestTooLarge(
+                tid,
+                "sampling.max_tokens",
+                limit,
+                f"max_tokens is {req.max_tokens}; the limit for {cls} requests is {cap}",
+            )
+        burst = usage.token_bucket.burst if usage.token_bucket else None
+        if burst is not None and req.kv_tokens > burst:
+            raise RequestTooLarge(
+                tid,
+                "sampling.max_tokens",
+                "tokens_burst",
+                f"prompt + max_tokens = {req.kv_tokens} tokens exceeds the tenant's token "
+                f"burst of {burst:g}; lower max_tokens or shorten the prompt",
+            )
+
+    def _bucket_waits(self, usage: TenantUsage, res: Reservation) -> tuple[str, float]:
+        """(binding limit, seconds until both buckets allow this reservation)."""
+        limit, wait_s = "", 0.0
+        if usage.request_bucket is not None:
+            w = usage.request_bucket.wait_s(1)
+            if w > wait_s:
+                limit, wait_s = "requests_per_s", w
+        if usage.token_bucket is not None:
+            w = usage.token_bucket.wait_s(res.tokens)
+            if w > wait_s:
+                limit, wait_s = "tokens_per_min", w
+        return limit, wait_s
+
+    def _take(self, usage: TenantUsage, res: Reservation) -> None:
+        # Debt allowed: callers checked `_bucket_waits` first, or must not cut a stream.
+        if usage.request_bucket is not None:
+            usage.request_bucket.take(1)
+            res.requests_taken = 1.0
+        if usage.token_bucket is not None:
+            usage.token_bucket.take(res.tokens)
+            res.tokens_taken = float(res.tokens)
+        usage.charged_requests += res.requests_taken
+        usage.charged_tokens += res.tokens_taken
+
+    def _reserve_or_reject(self, usage: TenantUsage, res: Reservation) -> None:
+        limit, wait_s = self._bucket_waits(usage, res)
+        if wait_s > 0:
+            q = usage.config.quotas
+            rate = (
+                f"{q.requests_per_s:g} requests/s"
+                if limit == "requests_per_s"
+                else f"{q.tokens_per_min:g} tokens/min"
+            )
+            raise QuotaExceeded(
+                res.tenant_id,
+                limit,
+                f"over its {limit} quota ({rate}); retry in {wait_s:.3f} s",
+                retry_after_s=wait_s,
+            )
+        self._take(usage, res)
+
+    # -- queued → engine ----------------------------------------------------
+    def wait_s(self, res: Reservation) -> float:
+        """0.0 if `res` may enter the engine now; inf: wait for a finish of its tenant."""
+        usage = self._usage[res.tenant_id]
+        cap = usage.config.quotas.max_concurrent
+        if cap is not None and usage.concurrent >= cap:
+            return math.inf
+        if res.mode == "wait" and not res.started:
+            return self._bucket_waits(usage, res)[1]
+        return 0.0
+
+    def start(self, res: Reservation) -> None:
+        if res.started or res.settled:
+            raise AssertionError(f"reservation {res.request_id} started twice or after settle")
+        usage = self._usage[res.tenant_id]
+        if res.mode == "wait":
+            self._take(usage, res)
+        res.started = True
+        usage.queued -= 1
+        usage.concurrent += 1
+
+    def max_queue_wait_s(self, tenant_id: str) -> float | None:
+        usage = self._usage.get(tenant_id)
+        return usage.config.quotas.max_queue_wait_s if usage else None
+
+    # -- end ----------------------------------------------------------------
+    def settle(self, res: Reservation, output_tokens: int = 0) -> bool:
+        """Close `res`; True the first time, a no-op (False) afterwards."""
+        if res.settled:
+            return False
+        res.settled = True
+        usage = self._usage[res.tenant_id]
+        usage.open_reservations -= 1
+        usage.settled_total += 1
+        if res.started:
+            usage.concurrent -= 1
+            # Refund what was reserved but not generated; charge any overrun as debt.
+            unused = res.max_tokens - output_tokens
+            if usage.token_bucket is not None and res.tokens_taken:
+                if unused > 0:
+                    usage.token_bucket.refund(unused)
+                elif unused < 0:
+                    usage.token_bucket.take(-unused)
+                usage.charged_tokens -= unused
+        else:
+            usage.queued -= 1
+            if usage.request_bucket is not None and res.requests_taken:
+                usage.request_bucket.refund(res.requests_taken)
+            if usage.token_bucket is not None and res.tokens_taken:
+                usage.token_bucket.refund(res.tokens_taken)
+            usage.charged_requests -= res.requests_taken
+            usage.charged_tokens -= res.tokens_taken
+        return True

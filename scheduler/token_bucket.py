@@ -1,0 +1,78 @@
+"""Token bucket: `rate_per_s` refill up to `burst`, on an injected clock.
+
+Three operations: `try_take` (all or nothing, else the exact wait), `take`
+(may go into debt: a stream already in flight is never cut), and `refund`.
+The level is computed lazily from the time of the last update, so an idle
+bucket costs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+from scheduler.clock import Clock
+
+# Relative slack so that waiting exactly `wait_s(n)` always passes despite
+# floating-point rounding of rate * elapsed.
+_EPSILON = 1e-9
+
+
+class TokenBucket:
+    def __init__(
+        self, rate_per_s: float, burst: float, clock: Clock, *, level: float | None = None
+    ) -> None:
+        if not rate_per_s > 0 or not math.isfinite(rate_per_s):
+            raise ValueError(f"rate_per_s must be a finite number > 0, got {rate_per_s}")
+        if not burst > 0 or not math.isfinite(burst):
+            raise ValueError(f"burst must be a finite number > 0, got {burst}")
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self._clock = clock
+        self._level = burst if level is None else min(level, burst)
+        self._updated_s = clock.now_s()
+
+    def level(self) -> float:
+        """Tokens available now (negative while in debt)."""
+        now_s = self._clock.now_s()
+        elapsed_s = now_s - self._updated_s
+        if elapsed_s > 0:
+            self._level = min(self.burst, self._level + elapsed_s * self.rate_per_s)
+            self._updated_s = now_s
+        return self._level
+
+    def _slack(self, n: float) -> float:
+        return _EPSILON * max(1.0, n)
+
+    def wait_s(self, n: float) -> float:
+        """Seconds until `n` could be taken (0.0 now; inf if n exceeds the burst)."""
+        if n > self.burst + self._slack(n):
+            return math.inf
+        missing = n - self.level()
+        if missing <= self._slack(n):
+            return 0.0
+        return missing / self.rate_per_s
+
+    def try_take(self, n: float) -> float:
+        """Take `n` and return 0.0, or take nothing and return the wait in seconds."""
+        wait_s = self.wait_s(n)
+        if wait_s == 0.0:
+            self._level -= n
+        return wait_s
+
+    def take(self, n: float) -> None:
+        """Take `n` even if that leaves the bucket in debt."""
+        self.level()
+        self._level -= n
+
+    def refund(self, n: float) -> None:
+        """Give back `n` (never above the burst)."""
+        self._level = min(self.burst, self.level() + n)
+
+    def reconfigure(self, rate_per_s: float, burst: float) -> None:
+        """New limits; the current level (and any debt) carries over."""
+        level = self.level()
+        if not rate_per_s > 0 or not burst > 0:
+            raise ValueError("rate_per_s and burst must be > 0")
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self._level = min(level, burst)
