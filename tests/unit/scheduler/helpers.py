@@ -1,0 +1,49 @@
+"""Request factories and a recording waiter for scheduler tests."""
+
+from __future__ import annotations
+
+import itertools
+
+from scheduler.errors import SchedulingError
+from scheduler.request import Priority, QueuedRequest
+
+_ids = itertools.count(1)
+
+
+def req(
+    tenant: str,
+    prompt: int = 10,
+    max_tokens: int = 10,
+    priority: Priority = Priority.INTERACTIVE,
+    *,
+    seq: int | None = None,
+    deadline_s: float | None = None,
+) -> QueuedRequest:
+    n = next(_ids)
+    return QueuedRequest(
+        request_id=f"r{n}",
+        tenant_id=tenant,
+        prompt_tokens=prompt,
+        max_tokens=max_tokens,
+        priority=priority,
+        deadline_s=deadline_s,
+        seq=n if seq is None else seq,
+    )
+
+
+class Waiter:
+    """Records what the dispatcher told it; `gone` simulates a cancelled caller."""
+
+    def __init__(self) -> None:
+        self.admitted_count = 0
+        self.errors: list[SchedulingError] = []
+        self.gone = False
+
+    def wanted(self) -> bool:
+        return not self.gone
+
+    def admitted(self) -> None:
+        self.admitted_count += 1
+
+    def rejected(self, error: SchedulingError) -> None:
+        self.errors.append(error)
