@@ -14,7 +14,9 @@ from grpc_reflection.v1alpha import reflection
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import MonotonicClock
 from scheduler.dispatcher import Dispatcher
-from scheduler.policies import make_policy
+from scheduler.policies import PolicyOptions, make_policy
+from scheduler.tenant_file import load_tenants
+from scheduler.tenants import TenantRegistry
 from service.engines.factory import build_engine
 from service.engines.protocol import Engine, EngineCapacity
 from service.models import ModelRegistry, ServedModel
@@ -32,6 +34,12 @@ def admission_limits(cap: EngineCapacity, settings: Settings) -> AdmissionLimits
         max_requests=max(1, int(cap.max_running_requests * settings.running_target_fraction)),
         max_kv_tokens=max(1, int(cap.max_total_tokens * settings.kv_target_fraction)),
     )
+
+
+def load_tenant_registry(settings: Settings) -> TenantRegistry:
+    if settings.tenants_file:
+        return load_tenants(settings.tenants_file)
+    return TenantRegistry.permissive(settings.default_tenant)
 
 
 class App:
@@ -64,10 +72,21 @@ class App:
         engine, model_name = build_engine(settings)
         await engine.start()
         cap = engine.capacity()
+        clock = MonotonicClock()
+        tenants = load_tenant_registry(settings)
+        options = PolicyOptions(
+            clock=clock,
+            tenants=tenants,
+            vtc_w_in=settings.vtc_w_in,
+            vtc_w_out=settings.vtc_w_out,
+            rate_limit_per_s=settings.rate_limit_per_s,
+            rate_limit_burst=settings.rate_limit_burst or None,
+        )
         dispatcher = Dispatcher(
-            make_policy(settings.policy),
+            make_policy(settings.policy, options),
             AdmissionBudget(admission_limits(cap, settings)),
-            MonotonicClock(),
+            clock,
+            tenants=tenants,
         )
         model = ServedModel(
             name=model_name,

@@ -15,7 +15,14 @@ import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 
-from scheduler.errors import RequestRejected, SchedulingError
+from scheduler.errors import (
+    DeadlineExpired,
+    QuotaExceeded,
+    RequestRejected,
+    RequestTooLarge,
+    SchedulingError,
+    TenantRefused,
+)
 from service.engines.protocol import EngineError
 
 ERROR_DOMAIN = "fairgate.dev"
@@ -104,21 +111,39 @@ def map_error(exc: Exception) -> MappedStatus:
         return MappedStatus(exc.code, str(exc), [_pack(bad), _error_info(exc.reason, exc.metadata)])
     if isinstance(exc, ServiceError):
         return MappedStatus(exc.code, str(exc), [_error_info(exc.reason, exc.metadata)])
-    if isinstance(exc, RequestRejected):
-        details = [_error_info(exc.reason, {})]
-        if exc.retry_after_s is not None:
-            details.insert(0, _retry_info(exc.retry_after_s))
-        return MappedStatus(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), details)
     if isinstance(exc, SchedulingError):
-        return MappedStatus(
-            grpc.StatusCode.FAILED_PRECONDITION, str(exc), [_error_info(exc.reason, {})]
-        )
+        return _map_scheduling(exc)
     if isinstance(exc, EngineError):
         details = [_error_info("ENGINE_ERROR", {"retryable": str(exc.retryable).lower()})]
         if exc.retryable:
             details.insert(0, _retry_info(1.0))
         return MappedStatus(grpc.StatusCode.UNAVAILABLE, f"engine error: {exc}", details)
     return MappedStatus(grpc.StatusCode.INTERNAL, "internal error", [_error_info("INTERNAL", {})])
+
+
+def _map_scheduling(exc: SchedulingError) -> MappedStatus:
+    info = _error_info(exc.reason, exc.metadata())
+    if isinstance(exc, RequestRejected):
+        details = [info]
+        if isinstance(exc, QuotaExceeded):
+            violation = error_details_pb2.QuotaFailure.Violation(
+                subject=exc.subject, description=f"{exc.limit}: {exc.description}"
+            )
+            details.insert(0, _pack(error_details_pb2.QuotaFailure(violations=[violation])))
+        if exc.retry_after_s is not None:
+            details.insert(0, _retry_info(exc.retry_after_s))
+        return MappedStatus(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), details)
+    if isinstance(exc, RequestTooLarge):
+        violation = error_details_pb2.BadRequest.FieldViolation(
+            field=exc.field, description=exc.description
+        )
+        bad = error_details_pb2.BadRequest(field_violations=[violation])
+        return MappedStatus(grpc.StatusCode.INVALID_ARGUMENT, str(exc), [_pack(bad), info])
+    if isinstance(exc, TenantRefused):
+        return MappedStatus(grpc.StatusCode.PERMISSION_DENIED, str(exc), [info])
+    if isinstance(exc, DeadlineExpired):
+        return MappedStatus(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc), [info])
+    return MappedStatus(grpc.StatusCode.FAILED_PRECONDITION, str(exc), [info])
 
 
 async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> NoReturn:

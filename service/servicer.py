@@ -18,7 +18,7 @@ from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
 from google.protobuf import duration_pb2
 
-from scheduler.errors import SchedulingError
+from scheduler.errors import RequestTooLarge, SchedulingError
 from scheduler.request import QueuedRequest
 from service import errors
 from service.engines.protocol import EngineError, EngineRequest, FinishKind
@@ -57,8 +57,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self.models = models
 
     def _tenant(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
-        # Until API keys land (admin issue), a header may name the tenant.
-        return _metadata_value(context, self.settings.tenant_header) or self.settings.default_tenant
+        # Until API keys land (admin issue), a header may name the tenant; an
+        # empty id is resolved by the tenant registry (default tenant or refusal).
+        return _metadata_value(context, self.settings.tenant_header) or ""
 
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
@@ -82,6 +83,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         dispatcher = params.model.dispatcher
         try:
             await dispatcher.admit(queued)
+        except RequestTooLarge as exc:
+            if exc.field == "prompt":
+                exc.field = request.WhichOneof("input") or "text"
+            await errors.abort(context, exc)
         except SchedulingError as exc:
             await errors.abort(context, exc)
         admitted_s = time.monotonic()

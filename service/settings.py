@@ -45,9 +45,18 @@ class Settings:
     # Admission gate targets, as fractions of the engine's reported capacity.
     kv_target_fraction: float = 0.9
     running_target_fraction: float = 1.0
-    policy: str = "fcfs"
+    # Queue policy: "vtc" (weighted fair), or the baselines "fcfs" and "rate-limit".
+    policy: str = "vtc"
+    vtc_w_in: float = 1.0
+    vtc_w_out: float = 2.0
+    # The rate-limit baseline's per-tenant requests/s (and burst; 0 = 1 s worth).
+    rate_limit_per_s: float = 10.0
+    rate_limit_burst: float = 0.0
+    # Tenants YAML (weights, quotas); empty: every tenant allowed, weight 1, no quotas.
+    tenants_file: str = ""
     # Tenant header used until API keys exist.
     tenant_header: str = "x-fairgate-tenant"
+    # Tenant for requests that name none, when no tenants file sets one.
     default_tenant: str = "default"
     shutdown_grace_s: float = 30.0
     keepalive_time_s: float = 30.0
@@ -67,6 +76,8 @@ class Settings:
             problems.append("default_max_tokens and max_output_tokens must be >= 1")
         if self.max_request_bytes > self.max_receive_message_bytes:
             problems.append("max_request_bytes must be <= max_receive_message_bytes")
+        if self.vtc_w_in <= 0 or self.vtc_w_out <= 0 or self.rate_limit_per_s <= 0:
+            problems.append("vtc_w_in, vtc_w_out and rate_limit_per_s must be > 0")
         if self.engine not in ("simulator",):
             problems.append(f"unknown engine {self.engine!r} (available: simulator)")
         if problems:

@@ -34,7 +34,10 @@ def serve(
     ] = None,
     sim_model: Annotated[str | None, typer.Option(help="simulator model preset")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="directory with a tokenizer.json")] = None,
-    policy: Annotated[str | None, typer.Option(help="queue policy")] = None,
+    policy: Annotated[
+        str | None, typer.Option(help="queue policy: vtc | fcfs | rate-limit")
+    ] = None,
+    tenants: Annotated[str | None, typer.Option(help="tenants YAML (weights, quotas)")] = None,
     log_level: Annotated[str | None, typer.Option(help="logging level")] = None,
 ) -> None:
     """Run the server (embedded defaults: simulated RTX 4090, in-memory state)."""
@@ -48,6 +51,7 @@ def serve(
             sim_model=sim_model,
             tokenizer_path=tokenizer,
             policy=policy,
+            tenants_file=tenants,
             log_level=log_level,
         )
     except ValueError as exc:
@@ -172,6 +176,31 @@ def bench_stream(
 
     levels = [int(x) for x in concurrency.split(",") if x.strip()]
     asyncio.run(bench_main(levels, tokens, duration, coalesce))
+
+
+@bench_app.command("fairness")
+def bench_fairness(
+    scenarios: Annotated[str, typer.Option(help="scenario keys among a, b, c, d")] = "abcd",
+    seconds: Annotated[float, typer.Option(help="simulated seconds per run")] = 30.0,
+    time_scale: Annotated[float, typer.Option(help="simulator time scale")] = 0.5,
+    seed: Annotated[int, typer.Option(help="arrival trace seed")] = 1,
+) -> None:
+    """Fair (VTC) vs FCFS vs per-tenant rate limits on the same arrival traces."""
+    from fairgate.bench.fairness import main as fairness_main
+
+    asyncio.run(fairness_main(scenarios, seconds, time_scale, seed))
+
+
+@bench_app.command("decision")
+def bench_decision(
+    tenants: Annotated[str, typer.Option(help="comma-separated backlogged tenant counts")] = (
+        "10,1000,10000"
+    ),
+) -> None:
+    """Cost of one scheduling decision vs the number of backlogged tenants."""
+    from fairgate.bench.decision import main as decision_main
+
+    decision_main([int(x) for x in tenants.split(",") if x.strip()])
 
 
 def _fail(exc: FairgateError) -> None:

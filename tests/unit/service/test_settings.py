@@ -15,7 +15,7 @@ def test_defaults_need_no_configuration() -> None:
 def test_env_then_overrides() -> None:
     env = {"FAIRGATE_SIM_TIME_SCALE": "0.5", "FAIRGATE_LISTEN": "0.0.0.0:1"}
     s = Settings.from_env(env, listen="127.0.0.1:2", policy=None)
-    assert s.sim_time_scale == 0.5 and s.listen == "127.0.0.1:2" and s.policy == "fcfs"
+    assert s.sim_time_scale == 0.5 and s.listen == "127.0.0.1:2" and s.policy == "vtc"
 
 
 @pytest.mark.parametrize(
