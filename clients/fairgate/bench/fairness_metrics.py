@@ -1,0 +1,111 @@
+"""Fairness metrics from what clients observed: per-tenant service over time,
+the largest weighted service gap while two tenants are both backlogged (to
+compare with the VTC bound), and Jain's index.
+
+Service is counted in weighted tokens as the VTC paper does: w_in per prompt
+token when a request is admitted (send time + the server's queue wait) and
+w_out per output token when it arrives.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestRecord:
+    tenant: str
+    sent_s: float
+    prompt_tokens: int
+    # (arrival time, output tokens in that message)
+    token_times: list[tuple[float, int]] = field(default_factory=list)
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    done_s: float | None = None
+    rejected: str = ""
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.sent_s
+
+
+def service_events(
+    records: list[RequestRecord], w_in: float, w_out: float, until_s: float
+) -> dict[str, list[tuple[float, float]]]:
+    """Per tenant, (time, weighted tokens) service increments before `until_s`, in time order."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for r in records:
+        ev = out.setdefault(r.tenant, [])
+        if r.admitted_s is not None and r.admitted_s <= until_s:
+            ev.append((r.admitted_s, w_in * r.prompt_tokens))
+        ev.extend((t, w_out * n) for t, n in r.token_times if t <= until_s)
+    for ev in out.values():
+        ev.sort()
+    return out
+
+
+def backlog_intervals(
+    records: list[RequestRecord], tenant: str, until_s: float
+) -> list[tuple[float, float]]:
+    """Union of [sent, admitted) over the tenant's requests: when it had a request waiting."""
+    spans = sorted(
+        (r.sent_s, min(r.admitted_s if r.admitted_s is not None else until_s, until_s))
+        for r in records
+        if r.tenant == tenant and not r.rejected and r.sent_s < until_s
+    )
+    merged: list[tuple[float, float]] = []
+    for start, end in spans:
+        if end <= start:
+            continue
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _intersect(
+    a: list[tuple[float, float]], b: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def max_weighted_gap(
+    events: dict[str, list[tuple[float, float]]],
+    intervals: dict[str, list[tuple[float, float]]],
+    weights: dict[str, float],
+    f: str,
+    g: str,
+    min_span_s: float = 0.0,
+) -> float:
+    """max over t1 < t2 in one common backlogged interval of
+    |(S_f(t2) - S_f(t1)) / w_f - (S_g(t2) - S_g(t1)) / w_g|."""
+    worst = 0.0
+    for lo, hi in _intersect(intervals.get(f, []), intervals.get(g, [])):
+        if hi - lo < min_span_s:
+            continue
+        merged = [(t, v / weights[f]) for t, v in events.get(f, []) if lo <= t <= hi]
+        merged += [(t, -v / weights[g]) for t, v in events.get(g, []) if lo <= t <= hi]
+        merged.sort()
+        diff = d_max = d_min = 0.0
+        for _, dv in merged:
+            diff += dv
+            d_max, d_min = max(d_max, diff), min(d_min, diff)
+        worst = max(worst, d_max - d_min)
+    return worst
+
+
+def jain_index(values: list[float]) -> float:
+    if not values or all(v == 0 for v in values):
+        return math.nan
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
