@@ -98,8 +98,11 @@ def max_weighted_gap(
         merged += [(t, -v / weights[g]) for t, v in events.get(g, []) if lo <= t <= hi]
         merged.sort()
         diff = d_max = d_min = 0.0
-        for _, dv in merged:
+        for i, (t, dv) in enumerate(merged):
             diff += dv
+            # Increments at the same instant count together.
+            if i + 1 < len(merged) and merged[i + 1][0] == t:
+                continue
             d_max, d_min = max(d_max, diff), min(d_min, diff)
         worst = max(worst, d_max - d_min)
     return worst
