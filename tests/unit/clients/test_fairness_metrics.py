@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from fairgate.bench.fairness_metrics import (
     RequestRecord,
     backlog_intervals,
@@ -44,8 +43,8 @@ def test_weighted_gap_counts_only_common_backlog_and_weights() -> None:
     recs = [recs_a, recs_b]
     ev = service_events(recs, w_in=1.0, w_out=2.0, until_s=20.0)
     iv = {t: backlog_intervals(recs, t, 20.0) for t in ("a", "b")}
-    # Equal weights: equal service, the gap is one message's worth at most.
-    assert max_weighted_gap(ev, iv, {"a": 1, "b": 1}, "a", "b") == pytest.approx(10.0)
+    # Equal weights and service arriving at the same instants: no gap.
+    assert max_weighted_gap(ev, iv, {"a": 1, "b": 1}, "a", "b") == 0.0
     # b weighs 2: it should have had twice a's service, so the gap grows to 50.
     assert max_weighted_gap(ev, iv, {"a": 1, "b": 2}, "a", "b") == pytest.approx(50.0)
     # No common backlog: no gap.
