@@ -109,6 +109,7 @@ class Dispatcher:
         self._pumping = False
         self.admitted_total = 0
         self.expired_total = 0
+        self.pauses_total = 0
 
     @property
     def queued(self) -> int:
@@ -223,6 +224,7 @@ class Dispatcher:
     def _pause(self, tenant_id: str, wait_s: float) -> None:
         until_s = math.inf if math.isinf(wait_s) else self.clock.now_s() + wait_s
         self.policy.pause(tenant_id)
+        self.pauses_total += 1
         self._paused_until[tenant_id] = until_s
         if not math.isinf(until_s):
             self._schedule(until_s, tenant_id)

@@ -1,0 +1,292 @@
+"""A discrete-event driver: dispatcher + simulator core on a fake clock, no sleeping.
+
+Arrivals, cancels and the dispatcher's wake-ups are events in time; the
+engine (SimCore) advances by whole steps, each as long as its modelled
+duration. Events that fall inside a step are handled at their own time, then
+the step's tokens are reported at its end. After every dispatcher call the
+driver checks work conservation and that every paused tenant will be woken.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from scheduler.budget import AdmissionBudget, AdmissionLimits
+from scheduler.clock import FakeClock
+from scheduler.dispatcher import Dispatcher
+from scheduler.errors import SchedulingError
+from scheduler.policy import QueuePolicy
+from scheduler.request import Priority, QueuedRequest
+from scheduler.tenants import TenantRegistry
+from scheduler.timers import ManualTimers
+from service.engines.protocol import SamplingOptions
+from service.engines.simulator.core import SimConfig, SimCore
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    at_s: float
+    tenant_id: str
+    prompt_tokens: int
+    max_tokens: int
+    priority: Priority = Priority.INTERACTIVE
+    # Client cancel this long after arrival (queued or running); None: never.
+    cancel_after_s: float | None = None
+    # The caller vanishes without calling cancel (the dispatcher finds out itself).
+    cancel_silently: bool = False
+    deadline_after_s: float | None = None
+    # The engine fails the request after this many output tokens.
+    fail_after_tokens: int | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Call:
+    arrival: Arrival
+    req: QueuedRequest
+    gone: bool = False
+    state: str = "new"  # queued, running, done, rejected, cancelled, expired
+    output_tokens: int = 0
+    error: SchedulingError | None = None
+    driver: Driver | None = None
+
+    def wanted(self) -> bool:
+        return not self.gone
+
+    def admitted(self) -> None:
+        assert self.driver is not None
+        self.driver._on_admitted(self)
+
+    def rejected(self, error: SchedulingError) -> None:
+        assert self.driver is not None
+        self.driver._on_rejected(self, error)
+
+
+@dataclass
+class FairnessMonitor:
+    """Largest spread of W_f/w_f - W_g/w_g over intervals where both are backlogged."""
+
+    weights: dict[str, float]
+    service: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    worst: float = 0.0
+    _ranges: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+
+    def update(self, backlogged: set[str]) -> None:
+        live = sorted(backlogged)
+        keep: dict[tuple[str, str], tuple[float, float]] = {}
+        for i, f in enumerate(live):
+            for g in live[i + 1 :]:
+                d = self.service[f] / self.weights[f] - self.service[g] / self.weights[g]
+                lo, hi = self._ranges.get((f, g), (d, d))
+                lo, hi = min(lo, d), max(hi, d)
+                keep[(f, g)] = (lo, hi)
+                self.worst = max(self.worst, hi - lo)
+        self._ranges = keep
+
+
+class Driver:
+    def __init__(
+        self,
+        policy: QueuePolicy,
+        limits: AdmissionLimits,
+        sim: SimConfig,
+        *,
+        tenants: TenantRegistry | None = None,
+        w_in: float = 1.0,
+        w_out: float = 2.0,
+        clock: FakeClock | None = None,
+    ) -> None:
+        self.clock = clock or FakeClock()
+        self.timers = ManualTimers(self.clock)
+        self.dispatcher = Dispatcher(
+            policy,
+            AdmissionBudget(limits),
+            self.clock,
+            tenants=tenants,
+            timers=self.timers,
+            expire_deadlines=True,
+        )
+        self.core = SimCore(sim)
+        self.w_in, self.w_out = w_in, w_out
+        reg = tenants or TenantRegistry.permissive()
+        self._weight = reg.weight_of
+        self.monitor = FairnessMonitor(weights=defaultdict(lambda: 1.0))
+        self.calls: list[_Call] = []
+        self._running: dict[str, _Call] = {}
+        self._to_start: list[_Call] = []
+        self._events: list[tuple[float, int, str, _Call | Arrival]] = []
+        self._seq = itertools.count()
+        # tenant -> priority -> queued count (the driver's own view of the backlog).
+        self.queued: dict[str, dict[Priority, int]] = defaultdict(lambda: defaultdict(int))
+        # tenant -> admissions in a row of interactive while batch waited.
+        self.batch_streak: dict[str, int] = defaultdict(int)
+        self.max_batch_streak = 0
+        self.steps = 0
+
+    # -- bookkeeping ----------------------------------------------------------
+    def backlogged(self) -> set[str]:
+        return {t for t, by in self.queued.items() if sum(by.values()) > 0}
+
+    def _dequeued(self, call: _Call) -> None:
+        self.queued[call.req.tenant_id][call.req.priority] -= 1
+        self.monitor.update(self.backlogged())
+
+    def _on_admitted(self, call: _Call) -> None:
+        tid = call.req.tenant_id
+        self.monitor.service[tid] += self.w_in * call.req.prompt_tokens
+        # Charged while still backlogged: update before dequeuing.
+        self.monitor.update(self.backlogged())
+        self._dequeued(call)
+        batch_waiting = self.queued[tid][Priority.BATCH] > 0
+        if call.req.priority is Priority.INTERACTIVE and batch_waiting:
+            self.batch_streak[tid] += 1
+            self.max_batch_streak = max(self.max_batch_streak, self.batch_streak[tid])
+        else:
+            self.batch_streak[tid] = 0
+        call.state = "running"
+        self._to_start.append(call)
+
+    def _on_rejected(self, call: _Call, error: SchedulingError) -> None:
+        call.state = "expired"
+        call.error = error
+        self._dequeued(call)
+
+    # -- invariants -------------------------------------------------------------
+    def check(self) -> None:
+        d = self.dispatcher
+        head = d.policy.peek_next()
+        if head is not None:
+            call = next(c for c in self.calls if c.req is head)
+            if call.wanted():
+                assert not d.budget.fits(head), "work conservation: an admissible request waits"
+        next_timer = self.timers.next_s()
+        for tenant_id, until_s in d.paused_tenants.items():
+            if math.isinf(until_s):
+                usage = d.quotas.usage(tenant_id)
+                assert usage is not None and usage.concurrent > 0, f"{tenant_id} paused forever"
+            else:
+                assert next_timer is not None and next_timer <= until_s, "no wake-up armed"
+
+    # -- events -------------------------------------------------------------------
+    def _push(self, at_s: float, kind: str, what: _Call | Arrival) -> None:
+        heapq.heappush(self._events, (at_s, next(self._seq), kind, what))
+
+    def _next_event_s(self) -> float:
+        times = [self._events[0][0]] if self._events else []
+        t = self.timers.next_s()
+        if t is not None:
+            times.append(t)
+        return min(times) if times else math.inf
+
+    def _handle_events_until(self, until_s: float) -> None:
+        while True:
+            when_s = self._next_event_s()
+            if when_s > until_s:
+                return
+            self.clock.set(max(when_s, self.clock.now_s()))
+            timer_s = self.timers.next_s()
+            if timer_s is not None and timer_s <= self.clock.now_s():
+                self.timers.run_due()
+            else:
+                _, _, kind, what = heapq.heappop(self._events)
+                if kind == "arrive":
+                    assert isinstance(what, Arrival)
+                    self._arrive(what)
+                else:
+                    assert isinstance(what, _Call)
+                    self._cancel(what)
+            self._start_admitted()
+            self.check()
+
+    def _arrive(self, a: Arrival) -> None:
+        now_s = self.clock.now_s()
+        deadline = now_s + a.deadline_after_s if a.deadline_after_s is not None else None
+        req = QueuedRequest(
+            request_id=f"r{len(self.calls)}",
+            tenant_id=a.tenant_id,
+            prompt_tokens=a.prompt_tokens,
+            max_tokens=a.max_tokens,
+            priority=a.priority,
+            deadline_s=deadline,
+        )
+        call = _Call(a, req, driver=self)
+        self.calls.append(call)
+        self.monitor.weights[a.tenant_id] = self._weight(a.tenant_id)
+        self.queued[a.tenant_id][a.priority] += 1
+        call.state = "queued"
+        self.monitor.update(self.backlogged())
+        try:
+            self.dispatcher.submit(req, call)
+        except SchedulingError as exc:
+            call.state = "rejected"
+            call.error = exc
+            self._dequeued(call)
+            return
+        if a.cancel_after_s is not None:
+            self._push(now_s + a.cancel_after_s, "cancel", call)
+
+    def _cancel(self, call: _Call) -> None:
+        if call.state == "queued":
+            if call.arrival.cancel_silently:
+                call.gone = True
+                call.state = "cancelled"
+                self._dequeued(call)
+                self.dispatcher.pump()  # its next pump notices (or a later one does)
+            else:
+                assert self.dispatcher.cancel(call.req)
+                call.state = "cancelled"
+                self._dequeued(call)
+        elif call.state == "running":
+            self._end(call)
+
+    def _start_admitted(self) -> None:
+        while self._to_start:
+            call = self._to_start.pop()
+            if call.state != "running":
+                continue
+            sampling = SamplingOptions(ignore_eos=False)
+            sim_req = self.core.make_request(
+                call.req.request_id, [1] * call.req.prompt_tokens, call.req.max_tokens, sampling
+            )
+            self.core.add(sim_req)
+            self._running[call.req.request_id] = call
+
+    def _end(self, call: _Call) -> None:
+        """The request leaves the engine: done, cancelled or failed."""
+        self.core.abort(call.req.request_id)
+        del self._running[call.req.request_id]
+        call.state = "done"
+        self.dispatcher.finish(call.req)
+        self._start_admitted()
+        self.check()
+
+    def run(self, arrivals: list[Arrival], max_steps: int = 200_000) -> None:
+        for a in arrivals:
+            self._push(a.at_s, "arrive", a)
+        while True:
+            if self.core.idle:
+                if self._next_event_s() == math.inf:
+                    break
+                self._handle_events_until(self._next_event_s())
+                continue
+            result = self.core.step()
+            self.steps += 1
+            assert self.steps < max_steps, "simulation does not terminate"
+            end_s = self.clock.now_s() + result.duration_s
+            self._handle_events_until(end_s)
+            self.clock.set(end_s)
+            for em in result.emissions:
+                call = self._running.get(em.rid)
+                if call is None:
+                    continue  # cancelled during the step
+                call.output_tokens += 1
+                self.dispatcher.on_output_tokens(call.req, 1)
+                self.monitor.service[call.req.tenant_id] += self.w_out
+                self.monitor.update(self.backlogged())
+                fail = call.arrival.fail_after_tokens
+                if em.finish is not None or (fail is not None and call.output_tokens >= fail):
+                    self._end(call)
+        assert not self.backlogged(), "requests left queued with nothing to wake them"
