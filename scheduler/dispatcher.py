@@ -269,6 +269,11 @@ class Dispatcher:
     # -- wake-ups -----------------------------------------------------------
     def _schedule(self, when_s: float, what: str | _Entry) -> None:
         heapq.heappush(self._wakeups, (when_s, next(self._wakeup_seq), what))
+        # Admitted requests leave stale expiry wake-ups behind; drop them before
+        # they outnumber the live ones (long max_queue_wait_s, high rates).
+        if len(self._wakeups) > 2 * (len(self._entries) + len(self._paused_until)) + 64:
+            self._wakeups = [w for w in self._wakeups if self._is_live(w[0], w[2])]
+            heapq.heapify(self._wakeups)
 
     def _is_live(self, when_s: float, what: str | _Entry) -> bool:
         if isinstance(what, str):

@@ -221,3 +221,13 @@ async def test_admit_raises_queue_timeout_with_real_timers() -> None:
         await asyncio.wait_for(d.admit(req("a")), timeout=2.0)
     d.finish(hog)
     assert d.quotas.open_reservations == 0
+
+
+def test_stale_expiry_wakeups_do_not_pile_up() -> None:
+    cfg = TenantConfig("a", quotas=TenantQuotas(max_queue_wait_s=3600.0))
+    d, _, _ = make(cfg, max_requests=1)
+    for _ in range(1000):
+        r = req("a")
+        d.submit(r, Waiter())  # admitted at once; its expiry wake-up goes stale
+        d.finish(r)
+    assert len(d._wakeups) <= 2 * 1 + 64 + 1
