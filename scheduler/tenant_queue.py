@@ -16,7 +16,7 @@ from scheduler.request import Priority, QueuedRequest
 
 
 class TenantQueue:
-    __slots__ = ("_batch_every_n", "_by_class", "_queued", "_streak")
+    __slots__ = ("_batch_every_n", "_by_class", "_head", "_head_stale", "_queued", "_streak")
 
     def __init__(self, batch_every_n: int | None = None) -> None:
         if batch_every_n is not None and batch_every_n < 1:
@@ -26,15 +26,20 @@ class TenantQueue:
         self._queued: set[int] = set()
         # Interactive admissions in a row while batch requests were waiting.
         self._streak = 0
+        # head() is asked several times per decision; recompute only after a change.
+        self._head: QueuedRequest | None = None
+        self._head_stale = False
 
     def push(self, req: QueuedRequest) -> None:
         self._by_class[req.priority].append(req)
         self._queued.add(id(req))
+        self._head_stale = True
 
     def remove(self, req: QueuedRequest) -> bool:
         if id(req) not in self._queued:
             return False
         self._queued.discard(id(req))
+        self._head_stale = True
         return True
 
     def _front(self, priority: Priority) -> QueuedRequest | None:
@@ -44,6 +49,12 @@ class TenantQueue:
         return q[0] if q else None
 
     def head(self) -> QueuedRequest | None:
+        if self._head_stale:
+            self._head = self._compute_head()
+            self._head_stale = False
+        return self._head
+
+    def _compute_head(self) -> QueuedRequest | None:
         interactive = self._front(Priority.INTERACTIVE)
         batch = self._front(Priority.BATCH)
         if batch is None:
@@ -59,6 +70,7 @@ class TenantQueue:
             return None
         self._by_class[req.priority].popleft()
         self._queued.discard(id(req))
+        self._head_stale = True
         if req.priority is Priority.INTERACTIVE and self._front(Priority.BATCH) is not None:
             self._streak += 1
         else:
