@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 
 from service.app import App
 from service.settings import Settings
@@ -28,8 +29,15 @@ async def serve(settings: Settings) -> None:
     await app.stop()
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings) -> int:
+    """Serve until stopped; returns the process exit code (2: bad configuration)."""
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except (ValueError, FileNotFoundError) as exc:
+        # Configuration problems (tenants file, presets) say what to fix, no traceback.
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

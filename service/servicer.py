@@ -70,17 +70,27 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         except errors.ServiceError as exc:
             await errors.abort(context, exc)
         request_id = request.request_id or uuid.uuid4().hex
+        dispatcher = params.model.dispatcher
+        tenant_id = self._tenant(context)
+        if not request.sampling.HasField("max_tokens"):
+            # The server's default must not trip the tenant's own output cap.
+            try:
+                tenant = dispatcher.quotas.tenants.resolve(tenant_id, params.priority)
+            except SchedulingError as exc:
+                await errors.abort(context, exc)
+            cap = tenant.quotas.output_cap_tokens(params.priority)
+            if cap is not None:
+                params.max_tokens = max(1, min(params.max_tokens, cap))
         await context.send_initial_metadata((("x-request-id", request_id),))
         remaining_s = context.time_remaining()
         queued = QueuedRequest(
             request_id=request_id,
-            tenant_id=self._tenant(context),
+            tenant_id=tenant_id,
             prompt_tokens=len(params.prompt_ids),
             max_tokens=params.max_tokens,
             priority=params.priority,
             deadline_s=received_s + remaining_s if remaining_s is not None else None,
         )
-        dispatcher = params.model.dispatcher
         try:
             await dispatcher.admit(queued)
         except RequestTooLarge as exc:

@@ -48,3 +48,11 @@ async def test_health_command(server: App) -> None:
     await server.stop(grace_s=0)
     code, _, err = await _run("health", "-a", server.address, "--timeout", "1")
     assert code == 1 and "unhealthy" in err
+
+
+async def test_serve_refuses_a_bad_tenants_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "tenants.yaml"
+    bad.write_text("tenants:\n  - id: x\n    weight: -1\n")
+    code, _, err = await _run("serve", "--tenants", str(bad), "--listen", "127.0.0.1:0")
+    assert code == 2
+    assert "tenant 'x'" in err and "weight" in err and "Traceback" not in err

@@ -132,6 +132,12 @@ async def test_tenant_caps_are_invalid_argument(
     assert _ledger_clean(quota_server)
 
 
+async def test_default_max_tokens_respects_the_tenant_cap(quota_server: App) -> None:
+    async with AsyncClient(quota_server.address, tenant="capped") as c:
+        comp = await c.complete([17] * 4)  # no max_tokens: server default 256, cap 8
+    assert comp.result.usage.completion_tokens == 8
+
+
 @pytest.mark.parametrize(
     ("tenant", "priority", "reason"),
     [

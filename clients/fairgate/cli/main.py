@@ -57,7 +57,7 @@ def serve(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    run(settings)
+    raise typer.Exit(run(settings))
 
 
 @app.command()
