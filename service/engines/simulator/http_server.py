@@ -38,7 +38,7 @@ class Faults:
     """Test switches; counts are SSE chunks of one stream."""
 
     stall_after_chunks: int | None = None  # stop sending, keep the connection open
-    truncate_after_chunks: int | None = None  # close the connection without [DONE]
+    truncate_after_chunks: int | None = None  # end the response without [DONE]
     garble_after_chunks: int | None = None  # send a line of broken JSON
     drop_meta_info: bool = False  # chunks without meta_info
     first_chunk_delay_s: float = 0.0  # hold the first chunk back
@@ -234,8 +234,7 @@ class SimServer:
                     if f.stall_after_chunks is not None and sent >= f.stall_after_chunks:
                         await asyncio.Event().wait()  # until the client goes away
                     if f.truncate_after_chunks is not None and sent >= f.truncate_after_chunks:
-                        assert request.transport is not None
-                        request.transport.close()
+                        await resp.write_eof()  # a clean end, but no finish and no [DONE]
                         return resp
                     if f.garble_after_chunks is not None and sent >= f.garble_after_chunks:
                         await resp.write(b'data: {"text": "oops", "meta_in\n\n')
