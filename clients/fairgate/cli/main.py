@@ -209,6 +209,19 @@ def bench_stream(
     asyncio.run(bench_main(levels, tokens, duration, coalesce))
 
 
+@bench_app.command("sglang-overhead")
+def bench_sglang_overhead(
+    concurrency: Annotated[str, typer.Option(help="comma-separated stream counts")] = "64,512",
+    tokens: Annotated[int, typer.Option(help="tokens per long stream")] = 128,
+    streams_per_worker: Annotated[int, typer.Option(help="streams each worker runs")] = 2,
+) -> None:
+    """Per-request and per-token cost of the SGLang HTTP adapter vs the in-process simulator."""
+    from fairgate.bench.sglang_overhead import main as bench_main
+
+    levels = [int(x) for x in concurrency.split(",") if x.strip()]
+    asyncio.run(bench_main(levels, tokens, streams_per_worker))
+
+
 def _fail(exc: FairgateError) -> None:
     typer.echo(f"error: {exc}", err=True)
     for field, desc in exc.field_violations:
