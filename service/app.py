@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import grpc
@@ -61,6 +62,7 @@ class App:
         self.health = health
         self.port = port
         self._stopped = asyncio.Event()
+        self._refresh: asyncio.Task[None] | None = None
 
     @property
     def address(self) -> str:
@@ -71,6 +73,8 @@ class App:
     async def start(cls, settings: Settings) -> App:
         engine, model_name = build_engine(settings)
         await engine.start()
+        # SGLang engines learn the served model's name when they start.
+        model_name = model_name or getattr(engine, "served_model_name", "") or "default"
         cap = engine.capacity()
         clock = MonotonicClock()
         tenants = load_tenant_registry(settings)
@@ -120,6 +124,10 @@ class App:
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         app = cls(settings, server, engine, models, health, port)
+        if settings.capacity_refresh_s > 0:
+            app._refresh = asyncio.create_task(
+                _follow_capacity(engine, dispatcher, settings), name="capacity-refresh"
+            )
         log.info(
             "fairgate serving %s on %s (engine=%s, policy=%s)",
             model_name,
@@ -137,11 +145,25 @@ class App:
         await self.health.enter_graceful_shutdown()
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
         await self.server.stop(grace)
+        if self._refresh is not None:
+            self._refresh.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresh
         await self.engine.aclose()
         log.info("fairgate stopped")
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+async def _follow_capacity(engine: Engine, dispatcher: Dispatcher, settings: Settings) -> None:
+    """Keep the admission limits in step with the engine's capacity (pools shrink and grow)."""
+    while True:
+        await asyncio.sleep(settings.capacity_refresh_s)
+        limits = admission_limits(engine.capacity(), settings)
+        if limits != dispatcher.budget.limits:
+            log.info("admission limits now %s", limits)
+            dispatcher.set_limits(limits)
 
 
 def _server_options(s: Settings) -> list[tuple[str, int]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 ENV_PREFIX = "FAIRGATE_"
+ENGINES = ("simulator", "sglang-http", "sglang")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,24 @@ class Settings:
     sim_mean_output_tokens: float = 0.0
     # Override the preset's KV capacity (tokens); 0 keeps the preset's.
     sim_kv_capacity_tokens: int = 0
+    # SGLang over HTTP (engine = "sglang-http"): comma-separated base URLs;
+    # more than one makes a worker pool.
+    sglang_urls: str = ""
+    sglang_connect_timeout_s: float = 5.0
+    # Longest silence on a stream (also the wait for the first token).
+    sglang_read_timeout_s: float = 60.0
+    # Retries on the same worker before the first token (single worker only).
+    sglang_retries: int = 1
+    # The server runs --incremental-streaming-output (its /server_info wins when it says).
+    sglang_incremental_output: bool = False
+    sglang_health_interval_s: float = 2.0
+    # Pool: prefer the worker a prompt's first N tokens hash to (0 = least load only).
+    sglang_prefix_affinity_tokens: int = 0
+    # In-process SGLang (engine = "sglang"): model path and extra Engine kwargs as JSON.
+    sglang_model_path: str = ""
+    sglang_engine_args: str = ""
+    # How often the admission limits are re-read from the engine's capacity.
+    capacity_refresh_s: float = 2.0
     # Send tokens that are ready together in one message (never waits for more).
     stream_coalesce: bool = True
     # Directory (or file) with a Hugging Face tokenizer.json; empty: approximate counts.
@@ -78,8 +97,18 @@ class Settings:
             problems.append("max_request_bytes must be <= max_receive_message_bytes")
         if self.vtc_w_in <= 0 or self.vtc_w_out <= 0 or self.rate_limit_per_s <= 0:
             problems.append("vtc_w_in, vtc_w_out and rate_limit_per_s must be > 0")
-        if self.engine not in ("simulator",):
-            problems.append(f"unknown engine {self.engine!r} (available: simulator)")
+        if self.engine not in ENGINES:
+            problems.append(f"unknown engine {self.engine!r} (available: {', '.join(ENGINES)})")
+        if self.engine == "sglang-http":
+            urls = [u.strip() for u in self.sglang_urls.split(",") if u.strip()]
+            if not urls:
+                problems.append("engine sglang-http needs sglang_urls")
+            if any(not u.startswith(("http://", "https://")) for u in urls):
+                problems.append("sglang_urls must be http:// or https:// URLs")
+        if self.engine == "sglang" and not self.sglang_model_path:
+            problems.append("engine sglang needs sglang_model_path")
+        if self.sglang_read_timeout_s <= 0 or self.sglang_connect_timeout_s <= 0:
+            problems.append("sglang timeouts must be > 0")
         if problems:
             raise ValueError("invalid settings: " + "; ".join(problems))
         return self

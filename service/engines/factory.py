@@ -25,4 +25,12 @@ def build_engine(settings: Settings) -> tuple[Engine, str]:
             config, time_scale=settings.sim_time_scale, coalesce=settings.stream_coalesce
         )
         return engine, settings.model_name or cost.model.name
+    if settings.engine == "sglang-http":
+        from service.engines.sglang_factory import build_sglang_http
+
+        return build_sglang_http(settings), settings.model_name
+    if settings.engine == "sglang":
+        from service.engines.sglang_inproc import build_sglang_inproc
+
+        return build_sglang_inproc(settings), settings.model_name
     raise ValueError(f"unknown engine {settings.engine!r}")

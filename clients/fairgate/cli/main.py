@@ -164,6 +164,41 @@ def health(
     raise typer.Exit(0 if resp.status == health_pb2.HealthCheckResponse.SERVING else 1)
 
 
+@app.command("sim-server")
+def sim_server(
+    host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port (0: any free port)")] = 30000,
+    model: Annotated[str, typer.Option(help="simulator model preset")] = "llama-3.1-8b-int4",
+    time_scale: Annotated[float, typer.Option(help="1 = real time, 0 = no delays")] = 1.0,
+    max_running_requests: Annotated[int, typer.Option()] = 256,
+    max_queued_requests: Annotated[int, typer.Option(help="0: unlimited")] = 0,
+    kv_capacity_tokens: Annotated[int, typer.Option(help="0: the preset's")] = 0,
+    seed: Annotated[int, typer.Option()] = 0,
+    incremental_streaming_output: Annotated[
+        bool, typer.Option(help="stream new text only, as SGLang's flag of that name")
+    ] = False,
+    enable_priority_scheduling: Annotated[bool, typer.Option()] = False,
+) -> None:
+    """Run the simulated engine as a server speaking SGLang's native HTTP API."""
+    from service.engines.simulator.http_server import main as sim_main
+
+    args = [
+        f"--host={host}",
+        f"--port={port}",
+        f"--model={model}",
+        f"--time-scale={time_scale}",
+        f"--max-running-requests={max_running_requests}",
+        f"--max-queued-requests={max_queued_requests}",
+        f"--kv-capacity-tokens={kv_capacity_tokens}",
+        f"--seed={seed}",
+    ]
+    if incremental_streaming_output:
+        args.append("--incremental-streaming-output")
+    if enable_priority_scheduling:
+        args.append("--enable-priority-scheduling")
+    sim_main(args)
+
+
 @bench_app.command("stream")
 def bench_stream(
     concurrency: Annotated[str, typer.Option(help="comma-separated stream counts")] = "1,64,512",
@@ -201,6 +236,19 @@ def bench_decision(
     from fairgate.bench.decision import main as decision_main
 
     decision_main([int(x) for x in tenants.split(",") if x.strip()])
+
+
+@bench_app.command("sglang-overhead")
+def bench_sglang_overhead(
+    concurrency: Annotated[str, typer.Option(help="comma-separated stream counts")] = "64,512",
+    tokens: Annotated[int, typer.Option(help="tokens per long stream")] = 128,
+    streams_per_worker: Annotated[int, typer.Option(help="streams each worker runs")] = 2,
+) -> None:
+    """Per-request and per-token cost of the SGLang HTTP adapter vs the in-process simulator."""
+    from fairgate.bench.sglang_overhead import main as bench_main
+
+    levels = [int(x) for x in concurrency.split(",") if x.strip()]
+    asyncio.run(bench_main(levels, tokens, streams_per_worker))
 
 
 def _fail(exc: FairgateError) -> None:

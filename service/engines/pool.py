@@ -1,0 +1,206 @@
+"""Several SGLang workers behind one Engine.
+
+Routing: the healthy worker with the fewest requests in flight (optionally
+preferring the worker a prompt prefix hashes to, so SGLang's radix cache gets
+hits). A worker whose connection fails is ejected at once; a health loop
+(`GET /health`) ejects workers that stop answering and re-admits them, with a
+fresh read of their capacity, when they answer again. A request that fails
+before its first token (worker down, queue full) moves to another healthy
+worker; one that already streamed tokens fails with `EngineError` (the
+servicer ends it with a partial result and UNAVAILABLE).
+
+Capacity is the sum over healthy workers (the context window is the smallest
+of all), so the app's admission limits shrink when a worker is ejected and
+grow back when it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import zlib
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from service.engines.protocol import (
+    EngineCapacity,
+    EngineChunk,
+    EngineError,
+    EngineLoad,
+    EngineRequest,
+)
+from service.engines.sglang_http import SglangHttpEngine, WorkerDown
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, eq=False)
+class Worker:
+    engine: SglangHttpEngine
+    healthy: bool = False
+    in_flight: int = 0
+    failures: int = 0
+    last_error: str = ""
+
+    @property
+    def url(self) -> str:
+        return self.engine.url
+
+
+class WorkerPool:
+    kind = "sglang-http-pool"
+
+    def __init__(
+        self,
+        engines: list[SglangHttpEngine],
+        *,
+        health_interval_s: float = 2.0,
+        prefix_affinity_tokens: int = 0,
+        affinity_slack: int = 2,
+    ) -> None:
+        if not engines:
+            raise ValueError("a worker pool needs at least one worker")
+        self.workers = [Worker(e) for e in engines]
+        self.health_interval_s = health_interval_s
+        self.prefix_affinity_tokens = prefix_affinity_tokens
+        self.affinity_slack = affinity_slack
+        self.served_model_name = ""
+        self.moved_requests = 0
+        self._where: dict[str, Worker] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._context_tokens = 0
+        self._vocab_size = 0
+
+    # -- lifecycle ------------------------------------------------------------
+    async def start(self) -> None:
+        await asyncio.gather(*(self._probe(w) for w in self.workers))
+        if not any(w.healthy for w in self.workers):
+            errors = "; ".join(f"{w.url}: {w.last_error}" for w in self.workers)
+            raise EngineError(f"no SGLang worker is reachable ({errors})", retryable=True)
+        if self._task is None and self.health_interval_s > 0:
+            self._task = asyncio.create_task(self._health_loop(), name="sglang-pool-health")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await asyncio.gather(*(w.engine.aclose() for w in self.workers))
+
+    async def _probe(self, w: Worker) -> None:
+        """(Re)admit a worker if it answers; read its capacity."""
+        try:
+            cap = await w.engine.refresh_server_info()
+        except EngineError as exc:
+            self._eject(w, str(exc))
+            return
+        # The context window and vocabulary stay those first seen, so validation
+        # limits do not move under clients' feet.
+        self._context_tokens = min(
+            self._context_tokens or cap.max_context_tokens, cap.max_context_tokens
+        )
+        self._vocab_size = self._vocab_size or cap.vocab_size
+        self.served_model_name = self.served_model_name or w.engine.served_model_name
+        if not w.healthy:
+            log.info("SGLang worker %s admitted", w.url)
+        w.healthy, w.failures, w.last_error = True, 0, ""
+
+    def _eject(self, w: Worker, reason: str) -> None:
+        if w.healthy:
+            log.warning("SGLang worker %s ejected: %s", w.url, reason)
+        w.healthy = False
+        w.failures += 1
+        w.last_error = reason
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            await asyncio.gather(*(self._check(w) for w in self.workers))
+
+    async def _check(self, w: Worker) -> None:
+        if not w.healthy:
+            if await w.engine.health():
+                await self._probe(w)
+        elif not await w.engine.health():
+            self._eject(w, "health check failed")
+
+    # -- routing --------------------------------------------------------------
+    @property
+    def healthy_workers(self) -> list[Worker]:
+        return [w for w in self.workers if w.healthy]
+
+    def _pick(self, req: EngineRequest, tried: set[int]) -> Worker | None:
+        candidates = [w for i, w in enumerate(self.workers) if w.healthy and i not in tried]
+        if not candidates:
+            return None
+        best = min(candidates, key=lambda w: w.in_flight)
+        n = self.prefix_affinity_tokens
+        if n and len(req.prompt_token_ids) >= n:
+            key = zlib.crc32(repr(req.prompt_token_ids[:n]).encode())
+            preferred = candidates[key % len(candidates)]
+            if preferred.in_flight <= best.in_flight + self.affinity_slack:
+                return preferred
+        return best
+
+    async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
+        tried: set[int] = set()
+        last: EngineError | None = None
+        while True:
+            w = self._pick(req, tried)
+            if w is None:
+                raise last or EngineError("no healthy SGLang worker", retryable=True)
+            tried.add(self.workers.index(w))
+            if last is not None:
+                self.moved_requests += 1
+            w.in_flight += 1
+            self._where[req.request_id] = w
+            started = False
+            try:
+                async with aclosing(w.engine.generate(req)) as stream:
+                    async for chunk in stream:
+                        started = True
+                        yield chunk
+                return
+            except EngineError as exc:
+                if isinstance(exc, WorkerDown):
+                    self._eject(w, str(exc))
+                if started or not exc.retryable:
+                    raise
+                last = exc
+                log.info("moving %s off %s: %s", req.request_id, w.url, exc)
+            finally:
+                w.in_flight -= 1
+                self._where.pop(req.request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        w = self._where.get(request_id)
+        if w is not None:
+            await w.engine.abort(request_id)
+
+    # -- capacity and load ----------------------------------------------------
+    def capacity(self) -> EngineCapacity:
+        caps = [w.engine.capacity() for w in self.healthy_workers]
+        return EngineCapacity(
+            max_running_requests=sum(c.max_running_requests for c in caps),
+            max_total_tokens=sum(c.max_total_tokens for c in caps),
+            max_context_tokens=self._context_tokens,
+            vocab_size=self._vocab_size,
+        )
+
+    async def load(self) -> EngineLoad:
+        results = await asyncio.gather(
+            *(w.engine.load() for w in self.healthy_workers), return_exceptions=True
+        )
+        loads = [r for r in results if isinstance(r, EngineLoad)]
+        return EngineLoad(
+            running_requests=sum(x.running_requests for x in loads),
+            waiting_requests=sum(x.waiting_requests for x in loads),
+            used_kv_tokens=sum(x.used_kv_tokens for x in loads),
+        )
+
+    @property
+    def in_flight(self) -> int:
+        return sum(w.in_flight for w in self.workers)

@@ -1,0 +1,33 @@
+"""Builds the SGLang-over-HTTP engine (one worker, or a pool) from settings."""
+
+from __future__ import annotations
+
+from service.engines.pool import WorkerPool
+from service.engines.protocol import Engine
+from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
+from service.settings import Settings
+
+
+def build_sglang_http(settings: Settings) -> Engine:
+    urls = [u.strip() for u in settings.sglang_urls.split(",") if u.strip()]
+    pooled = len(urls) > 1
+
+    def one(url: str) -> SglangHttpEngine:
+        return SglangHttpEngine(
+            SglangHttpConfig(
+                url=url,
+                connect_timeout_s=settings.sglang_connect_timeout_s,
+                read_timeout_s=settings.sglang_read_timeout_s,
+                # In a pool, a failed request moves to another worker instead.
+                retries=0 if pooled else settings.sglang_retries,
+                incremental_output=settings.sglang_incremental_output,
+            )
+        )
+
+    if not pooled:
+        return one(urls[0])
+    return WorkerPool(
+        [one(u) for u in urls],
+        health_interval_s=settings.sglang_health_interval_s,
+        prefix_affinity_tokens=settings.sglang_prefix_affinity_tokens,
+    )

@@ -1,0 +1,339 @@
+"""SGLang over HTTP: the Engine Protocol on top of SGLang's native `/generate`.
+
+One `aiohttp.ClientSession` (a keep-alive connection pool) per engine. Each
+request streams `POST /generate` (SSE) with our request id as SGLang's `rid`,
+our priority (when the server runs priority scheduling) and the W3C trace
+headers. Cumulative or incremental output is turned into deltas by
+`ChunkDecoder`. When the consumer closes the stream early (client cancel,
+deadline), the request is aborted with `POST /abort_request` and the
+connection dropped. Capacity comes from `/server_info`, live load from
+`/v1/loads`.
+
+Failures: a connection that cannot be made, drops, stalls longer than the
+read timeout, or carries malformed data becomes `EngineError` (`WorkerDown`
+for transport failures, so a pool can eject the worker). Before the first
+token such errors are retryable, and this adapter retries them itself
+`retries` times; after it they are final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from service.engines.protocol import (
+    EngineCapacity,
+    EngineChunk,
+    EngineError,
+    EngineLoad,
+    EngineRequest,
+)
+from service.engines.sglang_chunks import ChunkDecoder, UpstreamError, find_key, sampling_params
+
+log = logging.getLogger(__name__)
+
+DEFAULT_VOCAB_SIZE = 32000
+MAX_EVENT_BYTES = 64 << 20
+
+
+class WorkerDown(EngineError):
+    """The worker could not be reached, dropped the stream, or went silent."""
+
+
+@dataclass(frozen=True, slots=True)
+class SglangHttpConfig:
+    url: str
+    connect_timeout_s: float = 5.0
+    # Longest silence on a stream, including the wait for the first token.
+    read_timeout_s: float = 60.0
+    # Retries of a request that failed before its first token.
+    retries: int = 1
+    retry_backoff_s: float = 0.05
+    # The server runs --incremental-streaming-output; /server_info overrides when it says.
+    incremental_output: bool = False
+    max_connections: int = 0  # 0: unlimited
+
+
+class SglangHttpEngine:
+    kind = "sglang-http"
+
+    def __init__(self, config: SglangHttpConfig) -> None:
+        self.config = config
+        self.url = config.url.rstrip("/")
+        self.incremental = config.incremental_output
+        self.send_priority = False
+        self.served_model_name = ""
+        self.server_info: dict[str, Any] = {}
+        self._capacity: EngineCapacity | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._abort_tasks: set[asyncio.Task[None]] = set()
+        self.in_flight = 0
+
+    # -- lifecycle ------------------------------------------------------------
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.config.max_connections),
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    connect=self.config.connect_timeout_s,
+                    sock_read=self.config.read_timeout_s,
+                ),
+            )
+        return self._session
+
+    async def start(self) -> None:
+        await self.refresh_server_info()
+
+    async def refresh_server_info(self) -> EngineCapacity:
+        """Read /server_info (and /model_info) and update capacity and options."""
+        info = await self._get_json("/server_info", fallback="/get_server_info")
+        model_info: dict[str, Any] = {}
+        try:
+            model_info = await self._get_json("/model_info")
+        except EngineError:
+            log.debug("%s: no /model_info", self.url)
+        self.server_info = info
+        incremental = find_key(info, "incremental_streaming_output")
+        if isinstance(incremental, bool):
+            self.incremental = incremental
+        self.send_priority = find_key(info, "enable_priority_scheduling") is True
+        self.served_model_name = str(
+            find_key(info, "served_model_name") or find_key(info, "model_path") or ""
+        )
+        self._capacity = capacity_from_server_info(info, model_info)
+        return self._capacity
+
+    async def aclose(self) -> None:
+        if self._abort_tasks:
+            await asyncio.wait(list(self._abort_tasks), timeout=2.0)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- engine protocol ------------------------------------------------------
+    def capacity(self) -> EngineCapacity:
+        if self._capacity is None:
+            raise EngineError(f"{self.url}: capacity unknown (engine not started)")
+        return self._capacity
+
+    async def load(self) -> EngineLoad:
+        body = await self._get_json("/v1/loads")
+        loads = body.get("loads")
+        if not isinstance(loads, list):
+            raise UpstreamError(f"{self.url}/v1/loads: no loads list")
+        # LoadSnapshot omits zero fields, hence the defaults.
+        return EngineLoad(
+            running_requests=sum(int(x.get("num_running_reqs", 0)) for x in loads),
+            waiting_requests=sum(int(x.get("num_waiting_reqs", 0)) for x in loads),
+            used_kv_tokens=sum(int(x.get("num_used_tokens", 0)) for x in loads),
+        )
+
+    async def abort(self, request_id: str) -> None:
+        try:
+            async with self.session.post(
+                self.url + "/abort_request",
+                json={"rid": request_id, "abort_all": False},
+                timeout=aiohttp.ClientTimeout(total=self.config.connect_timeout_s),
+            ) as resp:
+                await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("%s: abort of %s failed: %s", self.url, request_id, exc)
+
+    async def health(self, timeout_s: float = 2.0) -> bool:
+        try:
+            async with self.session.get(
+                self.url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                await resp.read()
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
+        attempt = 0
+        while True:
+            decoder = ChunkDecoder(req, incremental=self.incremental)
+            started = False
+            try:
+                async for chunk in self._stream_once(req, decoder):
+                    started = started or bool(chunk.token_ids or chunk.text or chunk.finish)
+                    yield chunk
+                return
+            except EngineError as exc:
+                if started or not exc.retryable or attempt >= self.config.retries:
+                    raise
+                attempt += 1
+                log.info("%s: retrying %s (%s)", self.url, req.request_id, exc)
+                await asyncio.sleep(self.config.retry_backoff_s * attempt)
+
+    def _body(self, req: EngineRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "rid": req.request_id,
+            "sampling_params": sampling_params(req),
+            "stream": True,
+        }
+        # Text when the client sent text: SGLang's tokenizer is the exact one.
+        if req.prompt_text is not None:
+            body["text"] = req.prompt_text
+        else:
+            body["input_ids"] = req.prompt_token_ids
+        if self.send_priority:
+            body["priority"] = req.priority
+        return body
+
+    async def _stream_once(
+        self, req: EngineRequest, decoder: ChunkDecoder
+    ) -> AsyncGenerator[EngineChunk, None]:
+        headers = {k: v for k, v in req.trace_headers.items() if k in ("traceparent", "tracestate")}
+        resp: aiohttp.ClientResponse | None = None
+        self.in_flight += 1
+        try:
+            try:
+                resp = await self.session.post(
+                    self.url + "/generate", json=self._body(req), headers=headers
+                )
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise WorkerDown(f"{self.url}: cannot reach SGLang: {exc}", retryable=True) from exc
+            if resp.status != 200:
+                text = (await resp.text())[:500]
+                raise UpstreamError(
+                    f"{self.url}/generate answered HTTP {resp.status}: {text}",
+                    retryable=resp.status >= 500,
+                )
+            async for event in _events(resp, self.url):
+                if event == "[DONE]":
+                    if not decoder.finished:
+                        raise UpstreamError(
+                            f"{self.url}: stream ended without a finish reason",
+                            retryable=decoder.completion_tokens == 0,
+                        )
+                    return
+                try:
+                    data = json.loads(event)
+                except json.JSONDecodeError as exc:
+                    raise UpstreamError(f"{self.url}: malformed JSON in stream: {exc}") from exc
+                chunk = decoder.decode(data)
+                if chunk.text or chunk.token_ids or chunk.finish is not None:
+                    yield chunk
+                if chunk.finish is not None:
+                    return
+            raise WorkerDown(
+                f"{self.url}: stream ended without [DONE] after {decoder.completion_tokens} tokens",
+                retryable=decoder.completion_tokens == 0,
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            what = "no data" if isinstance(exc, TimeoutError) else "connection lost"
+            if isinstance(exc, aiohttp.ServerTimeoutError):
+                what = f"no data for {self.config.read_timeout_s:g} s"
+            raise WorkerDown(
+                f"{self.url}: {what} after {decoder.completion_tokens} tokens ({exc!r})",
+                retryable=decoder.completion_tokens == 0,
+            ) from exc
+        finally:
+            self.in_flight -= 1
+            if resp is not None:
+                if decoder.finished:
+                    self._release_later(resp)
+                else:
+                    # Cancelled, failed or abandoned: drop the connection and tell
+                    # SGLang to free the request (it also aborts on disconnect).
+                    resp.close()
+                    self._abort_later(req.request_id)
+
+    def _release_later(self, resp: aiohttp.ClientResponse) -> None:
+        # Read the trailing [DONE] off the wire so the connection can be reused.
+        if resp.content.at_eof():
+            resp.release()
+            return
+
+        async def drain() -> None:
+            try:
+                await asyncio.wait_for(resp.read(), timeout=1.0)
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            finally:
+                resp.release()
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self._abort_tasks.add(task)
+        task.add_done_callback(self._abort_tasks.discard)
+
+    def _abort_later(self, request_id: str) -> None:
+        if self._session is None or self._session.closed:
+            return
+        task = asyncio.get_running_loop().create_task(self.abort(request_id))
+        self._abort_tasks.add(task)
+        task.add_done_callback(self._abort_tasks.discard)
+
+    async def _get_json(self, path: str, fallback: str | None = None) -> dict[str, Any]:
+        timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s * 2)
+        try:
+            async with self.session.get(self.url + path, timeout=timeout) as resp:
+                if resp.status == 404 and fallback is not None:
+                    return await self._get_json(fallback)
+                if resp.status != 200:
+                    raise UpstreamError(f"{self.url}{path}: HTTP {resp.status}", retryable=True)
+                body = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
+            raise WorkerDown(f"{self.url}{path}: {exc!r}", retryable=True) from exc
+        if not isinstance(body, dict):
+            raise UpstreamError(f"{self.url}{path}: expected a JSON object")
+        return body
+
+
+async def _events(resp: aiohttp.ClientResponse, url: str) -> AsyncGenerator[str, None]:
+    """SSE `data:` payloads; splits on blank lines, tolerates CRLF and comments."""
+    buf = b""
+    async for piece in resp.content.iter_any():
+        buf += piece
+        if b"\r\n" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        while True:
+            end = buf.find(b"\n\n")
+            if end < 0:
+                break
+            block, buf = buf[:end], buf[end + 2 :]
+            data = [
+                line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")
+            ]
+            if data:
+                yield b"\n".join(data).decode("utf-8", errors="replace")
+        if len(buf) > MAX_EVENT_BYTES:
+            raise UpstreamError(f"{url}: an SSE event exceeded {MAX_EVENT_BYTES} bytes")
+
+
+def capacity_from_server_info(info: dict[str, Any], model_info: dict[str, Any]) -> EngineCapacity:
+    """Capacity from SGLang's /server_info (resolved server args + scheduler info)."""
+    kv = find_key(info, "max_total_num_tokens")
+    if not isinstance(kv, int) or kv <= 0:
+        raise UpstreamError("SGLang /server_info has no max_total_num_tokens")
+    running = 0
+    states = info.get("internal_states")
+    if isinstance(states, list):
+        running = sum(
+            int(s.get("effective_max_running_requests_per_dp") or 0)
+            for s in states
+            if isinstance(s, dict)
+        )
+    if running <= 0:
+        configured = find_key(info, "max_running_requests")
+        running = configured if isinstance(configured, int) and configured > 0 else 256
+    context = find_key(info, "context_length")
+    if not isinstance(context, int) or context <= 0:
+        max_input = find_key(info, "max_req_input_len")
+        context = max_input + 1 if isinstance(max_input, int) and max_input > 0 else kv
+    vocab = model_info.get("vocab_size") or find_key(info, "vocab_size")
+    return EngineCapacity(
+        max_running_requests=running,
+        max_total_tokens=kv,
+        max_context_tokens=min(context, kv),
+        vocab_size=vocab if isinstance(vocab, int) and vocab > 0 else DEFAULT_VOCAB_SIZE,
+    )

@@ -1,0 +1,162 @@
+"""SGLang in-process: `sglang.Engine(...).async_generate(stream=True)` behind the Engine Protocol.
+
+Needs the optional `sglang` extra and a CUDA GPU; `sglang` is imported only
+when the engine is built. The chunks are the same dicts as over HTTP, so the
+same `ChunkDecoder` handles cumulative or incremental output. Abort: the
+tokenizer manager's `abort_request(rid=...)` plus closing the generator.
+Capacity and live load come from `await tokenizer_manager.get_loads()` (the
+synchronous `Engine.get_server_info()` must not run inside our event loop).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from typing import Any
+
+from service.engines.protocol import (
+    EngineCapacity,
+    EngineChunk,
+    EngineError,
+    EngineLoad,
+    EngineRequest,
+)
+from service.engines.sglang_chunks import ChunkDecoder, find_key, sampling_params
+from service.engines.sglang_http import DEFAULT_VOCAB_SIZE
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def _field(obj: Any, name: str, default: Any = 0) -> Any:
+    """A LoadSnapshot attribute or a dict key (SGLang versions differ)."""
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+class SglangInprocEngine:
+    kind = "sglang"
+
+    def __init__(self, factory: Callable[[], Any], *, incremental_output: bool = False) -> None:
+        # `factory` builds the sglang.Engine (or anything with its async API).
+        self._factory = factory
+        self.engine: Any = None
+        self.incremental = incremental_output
+        self.served_model_name = ""
+        self._capacity: EngineCapacity | None = None
+        self._live: set[str] = set()
+        self.send_priority = False
+
+    async def start(self) -> None:
+        if self.engine is None:
+            self.engine = self._factory()
+        args = getattr(self.engine, "server_args", None)
+        if args is not None:
+            self.served_model_name = str(
+                getattr(args, "served_model_name", "") or getattr(args, "model_path", "")
+            )
+            inc = getattr(args, "incremental_streaming_output", None)
+            if isinstance(inc, bool):
+                self.incremental = inc
+            # Sending a priority to a server without priority scheduling may abort it.
+            self.send_priority = getattr(args, "enable_priority_scheduling", False) is True
+        tm = self.engine.tokenizer_manager
+        loads = await tm.get_loads()
+        if not loads:
+            raise EngineError("sglang.Engine reported no load snapshots")
+        info: dict[str, Any] = dict(getattr(self.engine, "scheduler_info", None) or {})
+        kv = sum(int(_field(x, "max_total_num_tokens")) for x in loads) or int(
+            find_key(info, "max_total_num_tokens") or 0
+        )
+        running = sum(int(_field(x, "max_running_requests")) for x in loads) or 256
+        context = int(getattr(tm, "context_len", 0) or find_key(info, "max_req_input_len") or kv)
+        vocab = getattr(getattr(tm, "tokenizer", None), "vocab_size", 0) or DEFAULT_VOCAB_SIZE
+        if kv <= 0:
+            raise EngineError("sglang.Engine reported no KV capacity")
+        self._capacity = EngineCapacity(
+            max_running_requests=running,
+            max_total_tokens=kv,
+            max_context_tokens=min(context, kv),
+            vocab_size=int(vocab),
+        )
+
+    def capacity(self) -> EngineCapacity:
+        if self._capacity is None:
+            raise EngineError("sglang engine not started")
+        return self._capacity
+
+    async def load(self) -> EngineLoad:
+        loads = await self.engine.tokenizer_manager.get_loads()
+        return EngineLoad(
+            running_requests=sum(int(_field(x, "num_running_reqs")) for x in loads),
+            waiting_requests=sum(int(_field(x, "num_waiting_reqs")) for x in loads),
+            used_kv_tokens=sum(int(_field(x, "num_used_tokens")) for x in loads),
+        )
+
+    async def abort(self, request_id: str) -> None:
+        if request_id in self._live:
+            self.engine.tokenizer_manager.abort_request(rid=request_id)
+
+    async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
+        kwargs: dict[str, Any] = {
+            "sampling_params": sampling_params(req),
+            "stream": True,
+            "rid": req.request_id,
+        }
+        if req.prompt_text is not None:
+            kwargs["prompt"] = req.prompt_text
+        else:
+            kwargs["input_ids"] = req.prompt_token_ids
+        if req.trace_headers:
+            kwargs["external_trace_header"] = dict(req.trace_headers)
+        if self.send_priority:
+            kwargs["priority"] = req.priority
+        decoder = ChunkDecoder(req, incremental=self.incremental)
+        try:
+            gen = await self.engine.async_generate(**kwargs)
+        except ValueError as exc:  # e.g. a duplicate rid, an over-long prompt
+            raise EngineError(f"sglang rejected the request: {exc}") from exc
+        self._live.add(req.request_id)
+        try:
+            async with aclosing(gen) as stream:
+                async for out in stream:
+                    chunk = decoder.decode(out)
+                    if chunk.text or chunk.token_ids or chunk.finish is not None:
+                        yield chunk
+                    if chunk.finish is not None:
+                        return
+            raise EngineError(
+                "sglang ended the stream without a finish reason",
+                retryable=decoder.completion_tokens == 0,
+            )
+        finally:
+            self._live.discard(req.request_id)
+            if not decoder.finished:
+                # Cancelled or failed: free the request in the scheduler now.
+                self.engine.tokenizer_manager.abort_request(rid=req.request_id)
+
+    async def aclose(self) -> None:
+        if self.engine is not None and hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
+        self.engine = None
+
+
+def build_sglang_inproc(settings: Settings) -> SglangInprocEngine:
+    kwargs: dict[str, Any] = json.loads(settings.sglang_engine_args or "{}")
+    if not isinstance(kwargs, dict):
+        raise ValueError("sglang_engine_args must be a JSON object of sglang.Engine keywords")
+
+    def factory() -> Any:
+        try:
+            import sglang
+        except ImportError as exc:
+            raise RuntimeError(
+                "engine 'sglang' needs the optional extra: pip install 'fairgate[sglang]' "
+                "(and a CUDA GPU)"
+            ) from exc
+        return sglang.Engine(model_path=settings.sglang_model_path, **kwargs)
+
+    return SglangInprocEngine(factory, incremental_output=settings.sglang_incremental_output)

@@ -1,0 +1,499 @@
+"""The simulated engine as a standalone server speaking SGLang's native HTTP API.
+
+A GPU-free stand-in for `python -m sglang.launch_server`: `POST /generate`
+(SSE streaming with cumulative or incremental text, or one JSON answer),
+`POST /abort_request`, `GET /server_info` (and `/get_server_info`),
+`GET /v1/loads`, `/health`, `/health_generate`, `/model_info`, `/v1/models`.
+Field names follow SGLang 0.5 (see the team's sglang-notes). It records the
+`traceparent` headers and aborts it receives, and has fault switches
+(`Faults`) so tests can make it stall, truncate or garble a stream, or die.
+
+Run it with `fairgate sim-server` or `python -m service.engines.simulator.http_server`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from service.engines.protocol import EngineError, EngineRequest, FinishKind, SamplingOptions
+from service.engines.simulator.engine import SimulatedEngine
+from service.tokenizer import ApproxTokenizer
+
+VERSION = "0.5.23-fairgate-sim"
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class Faults:
+    """Test switches; counts are SSE chunks of one stream."""
+
+    stall_after_chunks: int | None = None  # stop sending, keep the connection open
+    truncate_after_chunks: int | None = None  # end the response without [DONE]
+    garble_after_chunks: int | None = None  # send a line of broken JSON
+    drop_meta_info: bool = False  # chunks without meta_info
+    first_chunk_delay_s: float = 0.0  # hold the first chunk back
+    unhealthy: bool = False  # /health answers 503
+
+
+@dataclass(slots=True)
+class Record:
+    """What the stand-in saw, for tests."""
+
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    traceparents: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)  # via /abort_request
+    disconnected: list[str] = field(default_factory=list)  # client went away mid-stream
+
+
+class _Invalid(ValueError):
+    pass
+
+
+class SimServer:
+    def __init__(
+        self,
+        engine: SimulatedEngine,
+        *,
+        model_name: str = "",
+        incremental_output: bool = False,
+        enable_priority_scheduling: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.model_name = model_name or engine.config.cost.model.name
+        self.incremental_output = incremental_output
+        self.enable_priority_scheduling = enable_priority_scheduling
+        self.tokenizer = ApproxTokenizer(vocab_size=engine.config.vocab_size)
+        self.faults = Faults()
+        self.record = Record()
+        self._live: dict[str, web.Request] = {}
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_post("/generate", self._generate)
+        app.router.add_post("/abort_request", self._abort)
+        app.router.add_get("/server_info", self._server_info)
+        app.router.add_get("/get_server_info", self._server_info)
+        app.router.add_get("/v1/loads", self._loads)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/health_generate", self._health_generate)
+        app.router.add_get("/model_info", self._model_info)
+        app.router.add_get("/get_model_info", self._model_info)
+        app.router.add_get("/v1/models", self._models)
+        self.app = app
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        await self.engine.start()
+        # Handlers are cancelled when the client disconnects, as in SGLang
+        # (which aborts the request then): our finally blocks abort the rid.
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server = site._server
+        assert isinstance(server, asyncio.base_events.Server)
+        self.port = server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.engine.aclose()
+
+    async def kill(self) -> None:
+        """Die like a crashed worker: drop every connection, stop listening."""
+        for req in list(self._live.values()):
+            if req.transport is not None:
+                req.transport.abort()
+        self._live.clear()
+        await self.stop()
+
+    # -- /generate ------------------------------------------------------------
+    def _engine_request(self, body: Any) -> tuple[EngineRequest, bool]:
+        if not isinstance(body, dict):
+            raise _Invalid("the request body must be a JSON object")
+        text, ids = body.get("text"), body.get("input_ids")
+        if isinstance(text, list) or (ids and isinstance(ids[0], list)):
+            raise _Invalid("batch requests are not supported by the stand-in")
+        if text is None and ids is None:
+            raise _Invalid("Either text or input_ids should be provided.")
+        if ids is not None:
+            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                raise _Invalid("input_ids must be a list of integers")
+            prompt_ids = list(ids)
+        else:
+            if not isinstance(text, str):
+                raise _Invalid("text must be a string")
+            prompt_ids = self.tokenizer.encode(text)
+        if not prompt_ids:
+            raise _Invalid("The input is empty.")
+        sp = body.get("sampling_params") or {}
+        if not isinstance(sp, dict):
+            raise _Invalid("sampling_params must be an object")
+        try:
+            stop = sp.get("stop") or ()
+            sampling = SamplingOptions(
+                temperature=float(sp.get("temperature", 1.0)),
+                top_p=float(sp.get("top_p", 1.0)),
+                top_k=int(sp.get("top_k", -1)),
+                min_p=float(sp.get("min_p", 0.0)),
+                stop=(stop,) if isinstance(stop, str) else tuple(stop),
+                stop_token_ids=tuple(int(t) for t in sp.get("stop_token_ids") or ()),
+                seed=None if sp.get("sampling_seed") is None else int(sp["sampling_seed"]),
+                ignore_eos=bool(sp.get("ignore_eos", False)),
+                min_tokens=int(sp.get("min_new_tokens", 0)),
+                frequency_penalty=float(sp.get("frequency_penalty", 0.0)),
+                presence_penalty=float(sp.get("presence_penalty", 0.0)),
+                repetition_penalty=float(sp.get("repetition_penalty", 1.0)),
+            )
+            max_new = int(sp.get("max_new_tokens", 128))
+        except (TypeError, ValueError) as exc:
+            raise _Invalid(f"invalid sampling_params: {exc}") from exc
+        if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or max_new < 0:
+            raise _Invalid("temperature must be >= 0, top_p in (0, 1], max_new_tokens >= 0")
+        if sampling.top_k == 0 or sampling.top_k < -1:
+            raise _Invalid("top_k must be -1 (disabled) or at least 1")
+        context = self.engine.core.max_context
+        if len(prompt_ids) >= context:
+            raise _Invalid(
+                f"The input ({len(prompt_ids)} tokens) is longer than the model's context "
+                f"length ({context} tokens)."
+            )
+        if len(prompt_ids) + max_new > context:
+            raise _Invalid(
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{context} tokens. You requested a total of {len(prompt_ids) + max_new} tokens"
+            )
+        priority = body.get("priority")
+        rid = body.get("rid") or uuid.uuid4().hex
+        if not isinstance(rid, str):
+            raise _Invalid("rid must be a string")
+        req = EngineRequest(
+            request_id=rid,
+            prompt_token_ids=prompt_ids,
+            max_tokens=max_new,
+            sampling=sampling,
+            prompt_text=text,
+            priority=int(priority) if isinstance(priority, int) else 0,
+        )
+        return req, bool(body.get("stream", False))
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        trace = request.headers.get("traceparent")
+        if trace:
+            self.record.traceparents.append(trace)
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return _error(400, f"invalid JSON body: {exc}")
+        self.record.requests.append(body if isinstance(body, dict) else {"body": body})
+        stream = isinstance(body, dict) and bool(body.get("stream"))
+        try:
+            req, stream = self._engine_request(body)
+            if req.request_id in self._live:
+                raise _Invalid(f"Duplicate request ID: {req.request_id}")
+        except _Invalid as exc:
+            if not stream:
+                return _error(400, str(exc))
+            resp = await _sse(request)
+            await resp.write(_data({"error": _err_obj(400, str(exc))}) + DONE)
+            await resp.write_eof()
+            return resp
+        if not stream:
+            last: dict[str, Any] = {}
+            async for out in self.chunks(req, incremental=False):
+                last = out
+            status = (last["meta_info"]["finish_reason"] or {}).get("status_code")
+            return web.json_response(last, status=503 if status == 503 else 200)
+        return await self._stream(request, req)
+
+    async def _stream(self, request: web.Request, req: EngineRequest) -> web.StreamResponse:
+        resp = await _sse(request)
+        self._live[req.request_id] = request
+        f = self.faults
+        sent = 0
+        try:
+            async with aclosing(self.chunks(req, incremental=self.incremental_output)) as chunks:
+                async for out in chunks:
+                    if sent == 0 and f.first_chunk_delay_s:
+                        await asyncio.sleep(f.first_chunk_delay_s)
+                    if f.stall_after_chunks is not None and sent >= f.stall_after_chunks:
+                        await asyncio.Event().wait()  # until the client goes away
+                    if f.truncate_after_chunks is not None and sent >= f.truncate_after_chunks:
+                        await resp.write_eof()  # a clean end, but no finish and no [DONE]
+                        return resp
+                    if f.garble_after_chunks is not None and sent >= f.garble_after_chunks:
+                        await resp.write(b'data: {"text": "oops", "meta_in\n\n')
+                        continue
+                    if f.drop_meta_info:
+                        out.pop("meta_info")
+                    await resp.write(_data(out))
+                    sent += 1
+            await resp.write(DONE)
+            await resp.write_eof()
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.record.disconnected.append(req.request_id)
+            raise
+        finally:
+            self._live.pop(req.request_id, None)
+        return resp
+
+    async def chunks(
+        self, req: EngineRequest, *, incremental: bool
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """SGLang chunk dicts for one request (also used by in-process fakes)."""
+        started_s = time.monotonic()
+        text, ids = "", []
+        meta: dict[str, Any] = {
+            "id": req.request_id,
+            "finish_reason": None,
+            "prompt_tokens": req.prompt_tokens,
+            "completion_tokens": 0,
+            "cached_tokens": 0,
+        }
+        try:
+            async with aclosing(self.engine.generate(req)) as stream:
+                async for ch in stream:
+                    text += ch.text
+                    ids.extend(ch.token_ids)
+                    meta["completion_tokens"] = ch.completion_tokens
+                    meta["prompt_tokens"] = ch.prompt_tokens
+                    if ch.finish is not None:
+                        meta["finish_reason"] = _finish_reason(ch.finish, ch.stop_matched, req)
+                        meta["e2e_latency"] = time.monotonic() - started_s
+                    yield {
+                        "text": ch.text if incremental else text,
+                        "output_ids": list(ch.token_ids) if incremental else list(ids),
+                        "meta_info": dict(meta),
+                    }
+                    if ch.finish is not None:
+                        return
+        except EngineError as exc:
+            # The engine's waiting queue is full (--max-queued-requests): SGLang
+            # answers with an abort chunk carrying 503.
+            meta["finish_reason"] = {
+                "type": "abort",
+                "message": str(exc),
+                "status_code": 503,
+                "err_type": None,
+            }
+            yield {"text": "", "output_ids": [], "meta_info": meta}
+
+    # -- control and introspection -------------------------------------------
+    async def _abort(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "invalid JSON body")
+        rids = list(self._live) if body.get("abort_all") else [body.get("rid", "")]
+        for rid in rids:
+            if rid:
+                self.record.aborted.append(rid)
+                await self.engine.abort(rid)
+        return web.Response(status=200)
+
+    def server_info(self) -> dict[str, Any]:
+        cfg, core = self.engine.config, self.engine.core
+        model = cfg.cost.model
+        return {
+            "model_path": self.model_name,
+            "served_model_name": self.model_name,
+            "tokenizer_path": self.model_name,
+            "context_length": core.max_context,
+            "max_running_requests": cfg.max_running_requests,
+            "max_queued_requests": cfg.max_queued_requests,
+            "chunked_prefill_size": cfg.chunked_prefill_size,
+            "schedule_policy": "fcfs",
+            "enable_priority_scheduling": self.enable_priority_scheduling,
+            "incremental_streaming_output": self.incremental_output,
+            "enable_metrics": False,
+            "enable_trace": False,
+            "dp_size": 1,
+            "tp_size": 1,
+            "max_total_num_tokens": core.capacity,
+            "max_req_input_len": core.max_context - 1,
+            "internal_states": [
+                {
+                    "effective_max_running_requests_per_dp": cfg.max_running_requests,
+                    "memory_usage": {
+                        "weight": model.weight_bytes / 1e9,
+                        "kvcache": core.capacity * model.kv_bytes_per_token / 1e9,
+                        "token_capacity": core.capacity,
+                    },
+                    "last_gen_throughput": 0.0,
+                }
+            ],
+            "version": VERSION,
+        }
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self.server_info())
+
+    async def _loads(self, request: web.Request) -> web.Response:
+        cfg, core = self.engine.config, self.engine.core
+        load = {
+            "dp_rank": 0,
+            "timestamp": time.time(),
+            "num_running_reqs": len(core.running),
+            "num_waiting_reqs": len(core.waiting),
+            "num_waiting_uncached_tokens": sum(r.prompt_len for r in core.waiting),
+            "num_used_tokens": core.used_kv,
+            "num_total_tokens": core.used_kv,
+            "max_total_num_tokens": core.capacity,
+            "max_running_requests": cfg.max_running_requests,
+            "token_usage": core.used_kv / core.capacity,
+            "gen_throughput": 0.0,
+            "cache_hit_rate": 0.0,
+            "utilization": len(core.running) / cfg.max_running_requests,
+        }
+        body = {"timestamp": time.time(), "version": VERSION, "dp_rank_count": 1, "loads": [load]}
+        return web.json_response(body)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=503 if self.faults.unhealthy else 200)
+
+    async def _health_generate(self, request: web.Request) -> web.Response:
+        if self.faults.unhealthy:
+            return web.Response(status=503)
+        req = EngineRequest(f"health-{uuid.uuid4().hex}", [1, 2, 3], max_tokens=1)
+        async for _ in self.chunks(req, incremental=True):
+            pass
+        return web.Response(status=200)
+
+    async def _model_info(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "model_path": self.model_name,
+                "tokenizer_path": self.model_name,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                # Not in SGLang's answer; the adapter falls back to a default without it.
+                "vocab_size": self.engine.config.vocab_size,
+            }
+        )
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "sglang",
+                        "root": self.model_name,
+                        "max_model_len": self.engine.core.max_context,
+                    }
+                ],
+            }
+        )
+
+
+def _finish_reason(kind: FinishKind, matched: str, req: EngineRequest) -> dict[str, Any]:
+    if kind is FinishKind.STOP:
+        if matched and matched in req.sampling.stop:
+            return {"type": "stop", "matched": matched}
+        # A stop token id, or EOS (id 0 in the simulator's vocabulary).
+        return {"type": "stop", "matched": int(matched) if matched.isdigit() else 0}
+    if kind is FinishKind.LENGTH:
+        return {"type": "length", "length": req.max_tokens}
+    return {"type": "abort", "message": f"Abort request {req.request_id}", "status_code": None}
+
+
+def _data(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _err_obj(code: int, message: str) -> dict[str, Any]:
+    return {"message": message, "type": "invalid_request_error", "code": code, "retryable": False}
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": _err_obj(status, message)}, status=status)
+
+
+async def _sse(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+    return resp
+
+
+async def serve_forever(server: SimServer, host: str, port: int, announce: bool = False) -> None:
+    """Run until SIGINT/SIGTERM (or stdin closes, with `announce`, for child processes)."""
+    import signal
+
+    bound = await server.start(host, port)
+    print(f"PORT {bound}" if announce else f"sim-server on http://{host}:{bound}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if announce:
+        import sys
+
+        waiter = loop.run_in_executor(None, sys.stdin.read)
+        waiter.add_done_callback(lambda _: loop.call_soon_threadsafe(stop.set))
+    await stop.wait()
+    with contextlib.suppress(asyncio.CancelledError):
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from service.engines.simulator.core import SimConfig
+    from service.engines.simulator.hardware import preset
+
+    p = argparse.ArgumentParser(description="fairgate's simulated engine on SGLang's HTTP API")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--model", default="llama-3.1-8b-int4")
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--max-queued-requests", type=int, default=0)
+    p.add_argument("--kv-capacity-tokens", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--incremental-streaming-output", action="store_true")
+    p.add_argument("--enable-priority-scheduling", action="store_true")
+    p.add_argument("--announce", action="store_true", help="print PORT n; exit when stdin closes")
+    a = p.parse_args(argv)
+    config = SimConfig(
+        cost=preset("rtx-4090", a.model),
+        max_running_requests=a.max_running_requests,
+        max_queued_requests=a.max_queued_requests or None,
+        kv_capacity_tokens=a.kv_capacity_tokens or None,
+        seed=a.seed,
+    )
+
+    async def run() -> None:
+        engine = SimulatedEngine(config, time_scale=a.time_scale)
+        server = SimServer(
+            engine,
+            incremental_output=a.incremental_streaming_output,
+            enable_priority_scheduling=a.enable_priority_scheduling,
+        )
+        await serve_forever(server, a.host, a.port, announce=a.announce)
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Worker pools: several SGLang stand-ins behind one fairgate, workers failing."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fairgate import AsyncClient
+
+from service.engines.pool import WorkerPool
+from tests.conftest import StartServer
+from tests.helpers import eventually
+from tests.sglang_helpers import StartSim, assert_no_sglang_leaks, sglang_settings
+
+
+def _pool(app: object) -> WorkerPool:
+    engine = getattr(app, "engine", None)
+    assert isinstance(engine, WorkerPool)
+    return engine
+
+
+async def test_failover_when_one_of_three_workers_dies(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    workers = [await start_sim(time_scale=1.0, max_running_requests=8) for _ in range(3)]
+    # Worker 0 holds its first chunks back: its requests have not started streaming.
+    workers[0].faults.first_chunk_delay_s = 30.0
+    app = await start_server(**sglang_settings(*workers, sglang_health_interval_s=0.1))
+    pool = _pool(app)
+    model = app.models.resolve("")
+    assert model is not None
+    assert model.dispatcher.budget.limits.max_requests == 24  # 3 workers x 8
+    async with AsyncClient(app.address) as c:
+        tasks = [
+            asyncio.create_task(c.complete(f"prompt {i}", max_tokens=60, ignore_eos=True))
+            for i in range(9)
+        ]
+        await eventually(lambda: [w.in_flight for w in pool.workers] == [3, 3, 3], what="spread")
+        await eventually(lambda: workers[0].engine.stats.started == 3, what="worker 0 busy")
+        await workers[0].kill()
+        done = await asyncio.gather(*tasks)
+    # No request that had not started streaming was lost: all moved and finished.
+    assert [d.result.finish_reason for d in done] == ["length"] * 9
+    assert all(d.result.usage.completion_tokens == 60 for d in done)
+    assert pool.moved_requests == 3
+    assert [w.healthy for w in pool.workers] == [False, True, True]
+    # Capacity (and the gateway's admission limits) follow the healthy workers.
+    assert pool.capacity().max_running_requests == 16
+    await eventually(lambda: model.dispatcher.budget.limits.max_requests == 16, what="limits")
+    await assert_no_sglang_leaks(app, workers[1], workers[2])
+    assert pool.in_flight == 0
+
+
+async def test_unhealthy_worker_is_ejected_then_readmitted(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    workers = [await start_sim(max_running_requests=4) for _ in range(2)]
+    app = await start_server(**sglang_settings(*workers, sglang_health_interval_s=0.05))
+    pool = _pool(app)
+    model = app.models.resolve("")
+    assert model is not None
+    workers[1].faults.unhealthy = True
+    await eventually(lambda: not pool.workers[1].healthy, what="ejection")
+    await eventually(lambda: model.dispatcher.budget.limits.max_requests == 4, what="shrink")
+    async with AsyncClient(app.address) as c:
+        done = await asyncio.gather(*(c.complete(f"p{i}", max_tokens=5) for i in range(6)))
+    assert all(d.result.finish_reason == "length" for d in done)
+    assert workers[1].engine.stats.started == 0  # nothing routed to the ejected worker
+    workers[1].faults.unhealthy = False
+    await eventually(lambda: pool.workers[1].healthy, what="re-admission")
+    await eventually(lambda: model.dispatcher.budget.limits.max_requests == 8, what="grow")
+    await assert_no_sglang_leaks(app, *workers)
+
+
+async def test_least_loaded_routing_and_prefix_affinity(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    workers = [await start_sim(time_scale=1.0) for _ in range(2)]
+    app = await start_server(**sglang_settings(*workers, sglang_prefix_affinity_tokens=4))
+    pool = _pool(app)
+    async with AsyncClient(app.address) as c:
+        # The same long prefix goes to the same worker while loads are close.
+        prompt = "shared system prompt words here then a question"
+        for i in range(4):
+            await c.complete(f"{prompt} {i}", max_tokens=2)
+        counts = [w.engine.stats.started for w in workers]
+        assert sorted(counts) == [0, 4]
+        # Short prompts (below the affinity length) spread by load.
+        tasks = [asyncio.create_task(c.complete("hi", max_tokens=40)) for _ in range(6)]
+        await eventually(lambda: pool.in_flight == 6, what="all running")
+        assert [w.in_flight for w in pool.workers] == [3, 3]
+        await asyncio.gather(*tasks)
+    load = await pool.load()
+    assert load.running_requests == 0
+    await assert_no_sglang_leaks(app, *workers)
