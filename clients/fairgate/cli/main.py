@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from fairgate.bench.load_cli import load_command
 from fairgate.errors import FairgateError
 
 app = typer.Typer(
@@ -18,6 +19,7 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (print ratios measured in one run).")
 app.add_typer(bench_app, name="bench")
+bench_app.command("load")(load_command)
 
 DEFAULT_TARGET = os.environ.get("FAIRGATE_ADDRESS", "127.0.0.1:50051")
 TargetOpt = Annotated[
