@@ -9,7 +9,9 @@ from typing import Annotated
 
 import typer
 
+from fairgate.bench.load_cli import load_command
 from fairgate.errors import FairgateError
+from fairgate.plan.cli import plan_command
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -18,6 +20,8 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (print ratios measured in one run).")
 app.add_typer(bench_app, name="bench")
+bench_app.command("load")(load_command)
+app.command("plan")(plan_command)
 
 DEFAULT_TARGET = os.environ.get("FAIRGATE_ADDRESS", "127.0.0.1:50051")
 TargetOpt = Annotated[
