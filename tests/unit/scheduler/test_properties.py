@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -57,6 +58,7 @@ def backlogged_workload(draw: st.DrawFn) -> tuple[list[Arrival], int]:
     return arrivals, max_kv
 
 
+@pytest.mark.timeout(900)
 @PROPS
 @given(
     backlogged_workload(),
@@ -153,6 +155,7 @@ def quota_tenants(draw: st.DrawFn) -> TenantRegistry:
     return TenantRegistry(configs)
 
 
+@pytest.mark.timeout(900)
 @PROPS
 @given(chaotic_workload(), st.data(), st.sampled_from(["vtc", "fcfs", "rate-limit"]))
 def test_everything_returns_to_zero_and_is_charged_exactly_once(
@@ -196,6 +199,7 @@ def test_everything_returns_to_zero_and_is_charged_exactly_once(
         assert usage.settled_total >= len(opened)
 
 
+@pytest.mark.timeout(900)
 @PROPS
 @given(st.data())
 def test_no_class_starves_within_a_tenant(data: st.DataObject) -> None:
