@@ -32,6 +32,7 @@ from scheduler.errors import DeadlineExpired, QueueTimeout, SchedulingError
 from scheduler.policy import QueuePolicy
 from scheduler.quotas import QuotaLedger, Reservation
 from scheduler.request import QueuedRequest
+from scheduler.reserve import FairShareReserve
 from scheduler.tenants import TenantRegistry
 from scheduler.timers import AsyncioTimers, TimerHandle, Timers
 
@@ -89,15 +90,23 @@ class Dispatcher:
         tenants: TenantRegistry | None = None,
         timers: Timers | None = None,
         expire_deadlines: bool = False,
+        reserve_fraction: float = 0.0,
     ) -> None:
         """`expire_deadlines`: reject a queued request with DeadlineExpired when
-        its `deadline_s` passes (off by default: the gRPC layer cancels it)."""
+        its `deadline_s` passes (off by default: the gRPC layer cancels it).
+        `reserve_fraction`: share of the engine kept for tenants below their
+        fair share (see `FairShareReserve`; 0 turns it off)."""
         self.policy = policy
         self.budget = budget
         self.clock = clock
         self.quotas = QuotaLedger(tenants or TenantRegistry.permissive(), clock)
         self.timers: Timers = timers or AsyncioTimers(clock)
         self.expire_deadlines = expire_deadlines
+        self.reserve = FairShareReserve(
+            reserve_fraction, lambda tenant_id: self.quotas.tenants.weight_of(tenant_id)
+        )
+        # Tenants over their share, held out of the reserve until the next pump.
+        self._held: set[str] = set()
         self._seq = itertools.count(1)
         self._entries: dict[int, _Entry] = {}
         # Paused tenant -> resume time (inf: at the next finish of one of its requests).
@@ -154,6 +163,7 @@ class Dispatcher:
             raise
         entry = _Entry(req, waiter, res)
         self._entries[id(req)] = entry
+        self.reserve.on_queued(req)
         expires_s = self._expiry_s(req)
         if expires_s is not None:
             self._schedule(expires_s, entry)
@@ -180,6 +190,7 @@ class Dispatcher:
         entry.queued = False
         del self._entries[id(entry.req)]
         self.policy.remove(entry.req)
+        self.reserve.on_dequeued(entry.req)
         self.quotas.settle(entry.reservation)
 
     # -- admission ----------------------------------------------------------
@@ -190,6 +201,7 @@ class Dispatcher:
             return
         self._pumping = True
         try:
+            self._release_held()
             self._admit_while_room()
         finally:
             self._pumping = False
@@ -213,13 +225,25 @@ class Dispatcher:
                 continue
             if not self.budget.fits(head):
                 return
+            if not self.reserve.allows(head, self.budget):
+                self.policy.pause(head.tenant_id)
+                self._held.add(head.tenant_id)
+                continue
             if self.policy.pop_next() is not head:
                 raise AssertionError("policy pop_next disagrees with peek_next")
             self.budget.reserve(head)
+            self.reserve.on_admitted(head)
             self.quotas.start(entry.reservation)
             entry.queued = False
             self.admitted_total += 1
             entry.waiter.admitted()
+
+    def _release_held(self) -> None:
+        # Shares and free room change with every event: re-judge held tenants.
+        for tenant_id in self._held:
+            if tenant_id not in self._paused_until:
+                self.policy.resume(tenant_id)
+        self._held.clear()
 
     def _pause(self, tenant_id: str, wait_s: float) -> None:
         until_s = math.inf if math.isinf(wait_s) else self.clock.now_s() + wait_s
@@ -248,6 +272,7 @@ class Dispatcher:
             raise AssertionError(f"finish({req.request_id!r}) for a request not in flight")
         del self._entries[id(req)]
         self.budget.release(req)
+        self.reserve.on_finished(req)
         self.quotas.settle(entry.reservation, entry.output_tokens)
         self.policy.on_finish(req)
         if self._paused_until.get(req.tenant_id) == math.inf:
@@ -262,6 +287,7 @@ class Dispatcher:
     def set_tenants(self, tenants: TenantRegistry) -> None:
         """New tenant config: quotas apply to new arrivals; paused tenants are re-checked."""
         self.quotas.set_tenants(tenants)
+        self.reserve.reweigh()
         for tenant_id in list(self._paused_until):
             self._resume(tenant_id)
         self.pump()

@@ -91,6 +91,7 @@ class App:
             AdmissionBudget(admission_limits(cap, settings)),
             clock,
             tenants=tenants,
+            reserve_fraction=settings.fair_reserve_fraction,
         )
         model = ServedModel(
             name=model_name,

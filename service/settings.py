@@ -66,6 +66,10 @@ class Settings:
     running_target_fraction: float = 1.0
     # Queue policy: "vtc" (weighted fair), or the baselines "fcfs" and "rate-limit".
     policy: str = "vtc"
+    # Share of the engine's slots and KV kept for tenants below their fair
+    # share, so a light tenant is not stuck behind a flood that fills the
+    # engine (admission is not preemptive). 0 turns it off.
+    fair_reserve_fraction: float = 0.125
     vtc_w_in: float = 1.0
     vtc_w_out: float = 2.0
     # The rate-limit baseline's per-tenant requests/s (and burst; 0 = 1 s worth).
@@ -95,6 +99,8 @@ class Settings:
             problems.append("default_max_tokens and max_output_tokens must be >= 1")
         if self.max_request_bytes > self.max_receive_message_bytes:
             problems.append("max_request_bytes must be <= max_receive_message_bytes")
+        if not 0 <= self.fair_reserve_fraction < 1:
+            problems.append("fair_reserve_fraction must be in [0, 1)")
         if self.vtc_w_in <= 0 or self.vtc_w_out <= 0 or self.rate_limit_per_s <= 0:
             problems.append("vtc_w_in, vtc_w_out and rate_limit_per_s must be > 0")
         if self.engine not in ENGINES:

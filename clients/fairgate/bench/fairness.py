@@ -230,8 +230,11 @@ async def run_scenario(
         if sc.victim:
             runs.append(("victim solo", "vtc", [a for a in trace if a[1] == sc.victim]))
         for label, policy, tr in runs:
+            # The baselines run as the engine would alone: no fair-share reserve.
+            reserve = {} if policy == "vtc" else {"fair_reserve_fraction": 0}
             settings = {
                 **ENGINE,
+                **reserve,
                 "policy": policy,
                 "tenants_file": str(tenants_file),
                 "sim_time_scale": time_scale,

@@ -50,6 +50,7 @@ class _Call:
     gone: bool = False
     state: str = "new"  # queued, running, done, rejected, cancelled, expired
     output_tokens: int = 0
+    admitted_s: float | None = None
     error: SchedulingError | None = None
     driver: Driver | None = None
 
@@ -58,6 +59,7 @@ class _Call:
 
     def admitted(self) -> None:
         assert self.driver is not None
+        self.admitted_s = self.driver.clock.now_s()
         self.driver._on_admitted(self)
 
     def rejected(self, error: SchedulingError) -> None:
@@ -98,6 +100,7 @@ class Driver:
         w_in: float = 1.0,
         w_out: float = 2.0,
         clock: FakeClock | None = None,
+        reserve_fraction: float = 0.0,
     ) -> None:
         self.clock = clock or FakeClock()
         self.timers = ManualTimers(self.clock)
@@ -108,6 +111,7 @@ class Driver:
             tenants=tenants,
             timers=self.timers,
             expire_deadlines=True,
+            reserve_fraction=reserve_fraction,
         )
         self.core = SimCore(sim)
         self.w_in, self.w_out = w_in, w_out
