@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from fairgate.admin.cli import admin_app
 from fairgate.bench.load_cli import load_command
 from fairgate.errors import FairgateError
 from fairgate.plan.cli import plan_command
@@ -22,6 +23,7 @@ bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (print ratios mea
 app.add_typer(bench_app, name="bench")
 bench_app.command("load")(load_command)
 app.command("plan")(plan_command)
+app.add_typer(admin_app, name="admin")
 
 DEFAULT_TARGET = os.environ.get("FAIRGATE_ADDRESS", "127.0.0.1:50051")
 TargetOpt = Annotated[
