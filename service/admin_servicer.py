@@ -362,6 +362,21 @@ def _usage(d: Dispatcher, tenant_id: str, model: str) -> apb.TenantUsage:
     out.paused = tenant_id in d.paused_tenants
     u = d.quotas.usage(tenant_id)
     if u is None:
+        # No request yet: the configured buckets are full.
+        cfg = d.quotas.tenants.get(tenant_id)
+        q = cfg.quotas if cfg is not None else None
+        if q is not None and q.requests_per_s is not None and q.request_burst is not None:
+            out.request_bucket.CopyFrom(
+                apb.BucketLevel(
+                    level=q.request_burst, burst=q.request_burst, rate_per_s=q.requests_per_s
+                )
+            )
+        if q is not None and q.tokens_per_min is not None and q.token_burst is not None:
+            out.token_bucket.CopyFrom(
+                apb.BucketLevel(
+                    level=q.token_burst, burst=q.token_burst, rate_per_s=q.tokens_per_min / 60
+                )
+            )
         return out
     request_bucket, token_bucket = _bucket(u.request_bucket), _bucket(u.token_bucket)
     if request_bucket is not None:

@@ -134,7 +134,9 @@ def _fail(exc: FairgateError, as_json: bool) -> typer.Exit:
             ]
         sys.stderr.write(json.dumps({"error": err}) + "\n")
     else:
-        typer.echo(f"error: {exc.code.name}: {exc.message}", err=True)
+        # With field violations listed below, the summary line need not repeat them.
+        message = exc.message.split(":", 1)[0] if exc.field_violations else exc.message
+        typer.echo(f"error: {exc.code.name}: {message}", err=True)
         for field, desc in exc.field_violations:
             typer.echo(f"  {field}: {desc}", err=True)
     raise typer.Exit(code)

@@ -96,6 +96,11 @@ def test_tenant_lifecycle_and_keys(cli: Cli, server_thread: ServerThread) -> Non
     assert sim(server_thread.app).stats.started == started
 
     # Usage shows what the tenant did.
+    # Buckets of a tenant with no traffic yet read full.
+    cli("admin", "tenants", "create", "idle", "-q", "tokens_per_min=600")
+    idle = _json(cli("admin", "-o", "json", "usage", "idle"))["usage"][0]  # type: ignore[index]
+    assert idle["token_bucket"] == {"level": 600, "burst": 600, "rate_per_s": 10}
+    assert idle["tokens_used_in_window"] == 0
     usage = _json(cli("admin", "-o", "json", "usage", "team-a"))
     (u,) = usage["usage"]  # type: ignore[index]
     assert u["tenant_id"] == "team-a" and int(u["finished_total"]) == 2
