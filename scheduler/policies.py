@@ -24,6 +24,8 @@ class PolicyOptions:
     clock: Clock = field(default_factory=MonotonicClock)
     # Weights for VTC; None: every tenant weighs 1.
     tenants: TenantRegistry | None = None
+    # Or a live weight lookup (wins over `tenants`): follows reconfiguration.
+    weight_of: Callable[[str], float] | None = None
     vtc_w_in: float = 1.0
     vtc_w_out: float = 2.0
     batch_every_n: int | None = DEFAULT_BATCH_EVERY_N
@@ -33,6 +35,10 @@ class PolicyOptions:
 
 
 def _vtc(o: PolicyOptions) -> QueuePolicy:
+    if o.weight_of is not None:
+        return VtcPolicy(
+            o.weight_of, w_in=o.vtc_w_in, w_out=o.vtc_w_out, batch_every_n=o.batch_every_n
+        )
     tenants = o.tenants
     if tenants is None:
         return VtcPolicy(w_in=o.vtc_w_in, w_out=o.vtc_w_out, batch_every_n=o.batch_every_n)

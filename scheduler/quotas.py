@@ -98,6 +98,10 @@ class QuotaLedger:
     def usage(self, tenant_id: str) -> TenantUsage | None:
         return self._usage.get(tenant_id)
 
+    def tenants_seen(self) -> list[str]:
+        """Tenants with usage records (every tenant that ever sent a request)."""
+        return list(self._usage)
+
     def _usage_of(self, cfg: TenantConfig) -> TenantUsage:
         usage = self._usage.get(cfg.tenant_id)
         if usage is None:

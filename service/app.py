@@ -7,7 +7,7 @@ import contextlib
 import logging
 
 import grpc
-from fairgate.v1 import inference_pb2, inference_pb2_grpc
+from fairgate.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -17,17 +17,24 @@ from scheduler.clock import MonotonicClock
 from scheduler.dispatcher import Dispatcher
 from scheduler.policies import PolicyOptions, make_policy
 from scheduler.tenant_file import load_tenants
+from scheduler.tenant_store import InMemoryTenantStore
 from scheduler.tenants import TenantRegistry
+from service.admin_servicer import AdminServicer
+from service.api_keys import KeyHasher
+from service.auth import Authenticator, AuthInterceptor
 from service.engines.factory import build_engine
 from service.engines.protocol import Engine, EngineCapacity
 from service.models import ModelRegistry, ServedModel
 from service.servicer import InferenceServicer
 from service.settings import Settings
+from service.tenant_directory import TenantDirectory
+from service.tls import server_credentials
 from service.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
+ADMIN_SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 
 
 def admission_limits(cap: EngineCapacity, settings: Settings) -> AdmissionLimits:
@@ -54,6 +61,7 @@ class App:
         models: ModelRegistry,
         health: HealthServicer,
         port: int,
+        directory: TenantDirectory | None = None,
     ) -> None:
         self.settings = settings
         self.server = server
@@ -61,6 +69,8 @@ class App:
         self.models = models
         self.health = health
         self.port = port
+        self.directory = directory
+        self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         self._refresh: asyncio.Task[None] | None = None
 
@@ -77,10 +87,21 @@ class App:
         model_name = model_name or getattr(engine, "served_model_name", "") or "default"
         cap = engine.capacity()
         clock = MonotonicClock()
-        tenants = load_tenant_registry(settings)
+        # Tenants and key hashes live in the tenant store (in-memory for now);
+        # a tenants file seeds an empty store.
+        directory = TenantDirectory(
+            InMemoryTenantStore(),
+            KeyHasher.from_setting(settings.api_key_pepper),
+            fallback_default=settings.default_tenant,
+        )
+        if settings.tenants_file:
+            await directory.seed_from_file(settings.tenants_file)
+        await directory.refresh()
+        tenants = directory.registry
         options = PolicyOptions(
             clock=clock,
             tenants=tenants,
+            weight_of=directory.weight_of,
             vtc_w_in=settings.vtc_w_in,
             vtc_w_out=settings.vtc_w_out,
             rate_limit_per_s=settings.rate_limit_per_s,
@@ -104,37 +125,62 @@ class App:
             vocab_size=cap.vocab_size,
         )
         models = ModelRegistry([model], default=model_name)
-        server = grpc.aio.server(options=_server_options(settings))
+        directory.attach([dispatcher])
+        auth = Authenticator(
+            directory,
+            mode=settings.auth_mode,
+            admin_token=settings.admin_token,
+            tenant_header=settings.tenant_header,
+        )
+        server = grpc.aio.server(
+            options=_server_options(settings), interceptors=[AuthInterceptor(auth)]
+        )
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(
             InferenceServicer(settings, models), server
+        )
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(
+            AdminServicer(directory, models, settings.policy), server
         )
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         reflection.enable_server_reflection(
             (
                 SERVICE_NAME,
+                ADMIN_SERVICE_NAME,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),
             server,
         )
-        port = server.add_insecure_port(settings.listen)
+        creds = server_credentials(settings)
+        if creds is None:
+            port = server.add_insecure_port(settings.listen)
+        else:
+            port = server.add_secure_port(settings.listen, creds)
         if port == 0:
             raise OSError(f"could not bind {settings.listen}")
         await server.start()
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-        app = cls(settings, server, engine, models, health, port)
+        app = cls(settings, server, engine, models, health, port, directory)
+        if settings.tenant_sync_interval_s > 0:
+            app._tasks.append(
+                asyncio.create_task(
+                    directory.run(settings.tenant_sync_interval_s), name="tenant-sync"
+                )
+            )
         if settings.capacity_refresh_s > 0:
             app._refresh = asyncio.create_task(
                 _follow_capacity(engine, dispatcher, settings), name="capacity-refresh"
             )
         log.info(
-            "fairgate serving %s on %s (engine=%s, policy=%s)",
+            "fairgate serving %s on %s (engine=%s, policy=%s, tls=%s, auth=%s)",
             model_name,
             app.address,
             engine.kind,
             settings.policy,
+            "mutual" if settings.tls_client_ca_file else bool(creds),
+            settings.auth_mode,
         )
         return app
 
@@ -150,6 +196,10 @@ class App:
             self._refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresh
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self.engine.aclose()
         log.info("fairgate stopped")
 

@@ -23,6 +23,13 @@ from scheduler.errors import (
     SchedulingError,
     TenantRefused,
 )
+from scheduler.tenant_store import (
+    AlreadyExists,
+    NotFound,
+    StoreConstraint,
+    StoreError,
+    VersionConflict,
+)
 from service.engines.protocol import EngineError
 
 ERROR_DOMAIN = "fairgate.dev"
@@ -113,12 +120,26 @@ def map_error(exc: Exception) -> MappedStatus:
         return MappedStatus(exc.code, str(exc), [_error_info(exc.reason, exc.metadata)])
     if isinstance(exc, SchedulingError):
         return _map_scheduling(exc)
+    if isinstance(exc, StoreError):
+        return MappedStatus(
+            _STORE_CODES.get(type(exc), grpc.StatusCode.FAILED_PRECONDITION),
+            str(exc),
+            [_error_info(exc.reason, exc.metadata())],
+        )
     if isinstance(exc, EngineError):
         details = [_error_info("ENGINE_ERROR", {"retryable": str(exc.retryable).lower()})]
         if exc.retryable:
             details.insert(0, _retry_info(1.0))
         return MappedStatus(grpc.StatusCode.UNAVAILABLE, f"engine error: {exc}", details)
     return MappedStatus(grpc.StatusCode.INTERNAL, "internal error", [_error_info("INTERNAL", {})])
+
+
+_STORE_CODES = {
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    VersionConflict: grpc.StatusCode.ABORTED,
+    StoreConstraint: grpc.StatusCode.FAILED_PRECONDITION,
+}
 
 
 def _map_scheduling(exc: SchedulingError) -> MappedStatus:

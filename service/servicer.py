@@ -21,6 +21,7 @@ from google.protobuf import duration_pb2
 from scheduler.errors import RequestTooLarge, SchedulingError
 from scheduler.request import QueuedRequest
 from service import errors
+from service.auth import current_identity
 from service.engines.protocol import EngineError, EngineRequest, FinishKind
 from service.models import ModelRegistry
 from service.settings import Settings
@@ -44,22 +45,16 @@ def _duration(seconds: float) -> duration_pb2.Duration:
     return d
 
 
-def _metadata_value(context: grpc.aio.ServicerContext[Any, Any], key: str) -> str | None:
-    for k, v in context.invocation_metadata() or ():
-        if k == key:
-            return v if isinstance(v, str) else v.decode()
-    return None
-
-
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
     def __init__(self, settings: Settings, models: ModelRegistry) -> None:
         self.settings = settings
         self.models = models
 
     def _tenant(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
-        # Until API keys land (admin issue), a header may name the tenant; an
-        # empty id is resolved by the tenant registry (default tenant or refusal).
-        return _metadata_value(context, self.settings.tenant_header) or ""
+        # Set by service/auth.py's interceptor (API key, or the header in open
+        # and dev modes); "" is resolved by the registry (default tenant or refusal).
+        identity = current_identity.get()
+        return identity.tenant_id if identity is not None else ""
 
     async def Generate(
         self, request: pb.GenerateRequest, context: Context

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 ENV_PREFIX = "FAIRGATE_"
 ENGINES = ("simulator", "sglang-http", "sglang")
+AUTH_MODES = ("auto", "api-key", "dev-header")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +78,23 @@ class Settings:
     rate_limit_burst: float = 0.0
     # Tenants YAML (weights, quotas); empty: every tenant allowed, weight 1, no quotas.
     tenants_file: str = ""
-    # Tenant header used until API keys exist.
+    # Tenant header: honoured only without API keys (auth_mode auto before any
+    # key is issued, or dev-header); never overrides a key's tenant.
     tenant_header: str = "x-fairgate-tenant"
+    # Authentication (service/auth.py): "auto" (keys required once any key is
+    # issued), "api-key" (always required), "dev-header" (opt-in dev mode).
+    auth_mode: str = "auto"
+    # Bearer token for the admin API; empty: the admin API is off.
+    admin_token: str = field(default="", repr=False)
+    # HMAC key for API-key hashes; the same on every replica sharing a store.
+    # Empty: a random one per process (keys do not survive a restart).
+    api_key_pepper: str = field(default="", repr=False)
+    # How often this replica re-reads the tenant store's revision (0: never).
+    tenant_sync_interval_s: float = 0.5
+    # TLS on the server port (PEM files); a client CA turns on mutual TLS.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
     # Tenant for requests that name none, when no tenants file sets one.
     default_tenant: str = "default"
     shutdown_grace_s: float = 30.0
@@ -115,6 +131,16 @@ class Settings:
             problems.append("engine sglang needs sglang_model_path")
         if self.sglang_read_timeout_s <= 0 or self.sglang_connect_timeout_s <= 0:
             problems.append("sglang timeouts must be > 0")
+        if self.auth_mode not in AUTH_MODES:
+            problems.append(
+                f"unknown auth_mode {self.auth_mode!r} (available: {', '.join(AUTH_MODES)})"
+            )
+        if self.api_key_pepper and len(self.api_key_pepper.encode()) < 16:
+            problems.append("api_key_pepper must be at least 16 bytes")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            problems.append("tls_cert_file and tls_key_file go together")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            problems.append("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
         if problems:
             raise ValueError("invalid settings: " + "; ".join(problems))
         return self

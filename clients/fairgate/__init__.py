@@ -3,6 +3,7 @@
 from fairgate.aio import AsyncClient
 from fairgate.errors import FairgateError
 from fairgate.sync import Client
+from fairgate.tls import TlsConfig
 from fairgate.types import Completion, Delta, ModelInfo, Result, Timings, Usage
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "ModelInfo",
     "Result",
     "Timings",
+    "TlsConfig",
     "Usage",
 ]
 __version__ = "0.1.0"

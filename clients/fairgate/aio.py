@@ -9,6 +9,7 @@ import grpc
 
 from fairgate._convert import build_request, call_metadata, convert_model, convert_response
 from fairgate.errors import from_rpc_error
+from fairgate.tls import TlsArg, aio_channel
 from fairgate.types import Completion, Delta, ModelInfo, Result
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
@@ -20,6 +21,8 @@ class AsyncClient:
     `generate` options: model, max_tokens, temperature, top_p, top_k, stop,
     seed, ignore_eos, priority ("interactive" | "batch"), request_id,
     return_token_ids. Errors raise `FairgateError` with decoded details.
+    `api_key` is sent as `authorization: Bearer`; `tls=True` (system roots) or
+    `tls=TlsConfig(ca_file=..., cert_file=..., key_file=...)` for TLS / mTLS.
     """
 
     def __init__(
@@ -28,12 +31,13 @@ class AsyncClient:
         *,
         tenant: str | None = None,
         api_key: str | None = None,
+        tls: TlsArg = None,
         timeout_s: float | None = None,
         channel: grpc.aio.Channel | None = None,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         self._owns_channel = channel is None
-        self._channel = channel or grpc.aio.insecure_channel(target, options=list(options))
+        self._channel = channel or aio_channel(target, tls, options)
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self._metadata = call_metadata(tenant, api_key)
         self._timeout_s = timeout_s

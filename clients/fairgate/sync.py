@@ -9,6 +9,7 @@ import grpc
 
 from fairgate._convert import build_request, call_metadata, convert_model, convert_response
 from fairgate.errors import from_rpc_error
+from fairgate.tls import TlsArg, sync_channel
 from fairgate.types import Completion, Delta, ModelInfo, Result
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
@@ -23,10 +24,11 @@ class Client:
         *,
         tenant: str | None = None,
         api_key: str | None = None,
+        tls: TlsArg = None,
         timeout_s: float | None = None,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        self._channel = grpc.insecure_channel(target, options=list(options))
+        self._channel = sync_channel(target, tls, options)
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self._metadata = call_metadata(tenant, api_key)
         self._timeout_s = timeout_s

@@ -9,7 +9,9 @@ from typing import Annotated
 
 import typer
 
+from fairgate.admin.cli import admin_app
 from fairgate.bench.load_cli import load_command
+from fairgate.cli.conn import ApiKeyOpt, CaFileOpt, CertFileOpt, KeyFileOpt, TlsOpt, tls_config
 from fairgate.errors import FairgateError
 from fairgate.plan.cli import plan_command
 
@@ -22,6 +24,7 @@ bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (print ratios mea
 app.add_typer(bench_app, name="bench")
 bench_app.command("load")(load_command)
 app.command("plan")(plan_command)
+app.add_typer(admin_app, name="admin")
 
 DEFAULT_TARGET = os.environ.get("FAIRGATE_ADDRESS", "127.0.0.1:50051")
 TargetOpt = Annotated[
@@ -76,13 +79,21 @@ def generate(
     priority: Annotated[str, typer.Option(help="interactive | batch")] = "interactive",
     model: Annotated[str, typer.Option(help="model name (default: server's)")] = "",
     timeout: Annotated[float | None, typer.Option(help="deadline in seconds")] = None,
+    api_key: ApiKeyOpt = None,
+    tls: TlsOpt = False,
+    ca_file: CaFileOpt = None,
+    cert_file: CertFileOpt = None,
+    key_file: KeyFileOpt = None,
 ) -> None:
     """Stream a completion to the terminal, then print usage and timings."""
     from fairgate.sync import Client
     from fairgate.types import Delta
 
+    tls_cfg = tls_config(tls, ca_file, cert_file, key_file)
     try:
-        with Client(address, tenant=tenant, timeout_s=timeout) as client:
+        with Client(
+            address, tenant=tenant, api_key=api_key, tls=tls_cfg, timeout_s=timeout
+        ) as client:
             for ev in client.generate(
                 prompt,
                 max_tokens=max_tokens,
@@ -116,12 +127,20 @@ def generate(
 
 
 @app.command()
-def models(address: TargetOpt = DEFAULT_TARGET) -> None:
+def models(
+    address: TargetOpt = DEFAULT_TARGET,
+    api_key: ApiKeyOpt = None,
+    tls: TlsOpt = False,
+    ca_file: CaFileOpt = None,
+    cert_file: CertFileOpt = None,
+    key_file: KeyFileOpt = None,
+) -> None:
     """List the served models."""
     from fairgate.sync import Client
 
+    tls_cfg = tls_config(tls, ca_file, cert_file, key_file)
     try:
-        with Client(address) as client:
+        with Client(address, api_key=api_key, tls=tls_cfg) as client:
             for m in client.list_models():
                 mark = "*" if m.is_default else " "
                 typer.echo(
@@ -133,12 +152,22 @@ def models(address: TargetOpt = DEFAULT_TARGET) -> None:
 
 
 @app.command("count-tokens")
-def count_tokens(text: str, address: TargetOpt = DEFAULT_TARGET, model: str = "") -> None:
+def count_tokens(
+    text: str,
+    address: TargetOpt = DEFAULT_TARGET,
+    model: str = "",
+    api_key: ApiKeyOpt = None,
+    tls: TlsOpt = False,
+    ca_file: CaFileOpt = None,
+    cert_file: CertFileOpt = None,
+    key_file: KeyFileOpt = None,
+) -> None:
     """Count the tokens of a text with the server's tokenizer."""
     from fairgate.sync import Client
 
+    tls_cfg = tls_config(tls, ca_file, cert_file, key_file)
     try:
-        with Client(address) as client:
+        with Client(address, api_key=api_key, tls=tls_cfg) as client:
             n, exact = client.count_tokens(text, model=model)
             typer.echo(f"{n} tokens ({'exact' if exact else 'approximate'})")
     except FairgateError as exc:
@@ -150,12 +179,18 @@ def health(
     address: TargetOpt = DEFAULT_TARGET,
     service: Annotated[str, typer.Option(help="service name; empty = whole server")] = "",
     timeout: Annotated[float, typer.Option(help="seconds")] = 2.0,
+    tls: TlsOpt = False,
+    ca_file: CaFileOpt = None,
+    cert_file: CertFileOpt = None,
+    key_file: KeyFileOpt = None,
 ) -> None:
     """Check the server's gRPC health (exit 0 when SERVING); for probes and scripts."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    from fairgate.tls import sync_channel
+
+    with sync_channel(address, tls_config(tls, ca_file, cert_file, key_file)) as channel:
         try:
             resp = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout

@@ -1,0 +1,295 @@
+"""Where tenant config and API-key hashes live: a small async protocol.
+
+`InMemoryTenantStore` serves a single replica and the tests. A Redis store
+(shared by replicas) implements the same protocol: every write is one atomic
+step (a Lua script or MULTI under WATCH), `revision` is one counter that every
+write bumps, so each replica notices a change by polling it (or by pub/sub)
+and reloads the snapshot.
+
+Optimistic concurrency: each tenant has a `version` (1 when created, +1 per
+change). A write may name the version it expects; if the tenant changed since,
+the write fails with VersionConflict and nothing in the batch is applied.
+The store keeps only hashes of API keys, never their secrets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scheduler.tenants import TenantConfig
+
+# expected_version for "must not exist yet" (versions start at 1).
+MUST_NOT_EXIST = 0
+
+
+class StoreError(Exception):
+    """A store write was refused; nothing in its batch was applied."""
+
+    reason = "STORE_ERROR"
+
+    def __init__(self, message: str, *, tenant_id: str = "", key_id: str = "") -> None:
+        super().__init__(message)
+        self.tenant_id = tenant_id
+        self.key_id = key_id
+
+    def metadata(self) -> dict[str, str]:
+        out = {}
+        if self.tenant_id:
+            out["tenant"] = self.tenant_id
+        if self.key_id:
+            out["key_id"] = self.key_id
+        return out
+
+
+class NotFound(StoreError):
+    reason = "NOT_FOUND"
+
+
+class AlreadyExists(StoreError):
+    reason = "ALREADY_EXISTS"
+
+
+class VersionConflict(StoreError):
+    """The tenant (or the store, for `expected_revision`) changed since it was read."""
+
+    reason = "ETAG_MISMATCH"
+
+    def __init__(self, message: str, *, tenant_id: str = "", current: int = 0) -> None:
+        super().__init__(message, tenant_id=tenant_id)
+        self.current = current
+
+    def metadata(self) -> dict[str, str]:
+        return {**super().metadata(), "current_etag": str(self.current)}
+
+
+class StoreConstraint(StoreError):
+    """The write would break an invariant (e.g. delete the default tenant)."""
+
+    reason = "FAILED_PRECONDITION"
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRecord:
+    config: TenantConfig
+    version: int
+    created_at_s: float
+    updated_at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyRecord:
+    key_id: str
+    tenant_id: str
+    # "<scheme>:<hex digest>" of the whole secret; never the secret itself.
+    secret_hash: str
+    display_name: str
+    created_at_s: float
+    # Wall-clock time the key stops working (revoked, or rotated with grace).
+    expires_at_s: float | None = None
+
+    def active(self, now_s: float) -> bool:
+        return self.expires_at_s is None or now_s < self.expires_at_s
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSnapshot:
+    """A consistent view of the whole store at one revision."""
+
+    revision: int = 0
+    tenants: Mapping[str, TenantRecord] = field(default_factory=dict)
+    keys: Mapping[str, ApiKeyRecord] = field(default_factory=dict)
+    default_tenant_id: str | None = None
+    # Keys ever issued (never decreases): once > 0, `auto` auth requires keys.
+    keys_issued_total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PutTenant:
+    """Create or replace. expected_version: None = any, MUST_NOT_EXIST, or a version."""
+
+    config: TenantConfig
+    expected_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTenant:
+    tenant_id: str
+    expected_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SetDefaultTenant:
+    tenant_id: str | None
+
+
+TenantWrite = PutTenant | DeleteTenant | SetDefaultTenant
+
+
+class TenantStore(Protocol):
+    async def snapshot(self) -> TenantSnapshot:
+        """Everything, consistently, at the current revision."""
+        ...
+
+    async def revision(self) -> int:
+        """Bumped by every write; cheap to poll."""
+        ...
+
+    async def write_tenants(
+        self,
+        writes: Sequence[TenantWrite],
+        *,
+        now_s: float,
+        expected_revision: int | None = None,
+    ) -> TenantSnapshot:
+        """Apply all writes atomically (or none, raising a StoreError)."""
+        ...
+
+    async def add_key(self, record: ApiKeyRecord) -> None:
+        """Store a new key hash; its tenant must exist."""
+        ...
+
+    async def expire_key(self, key_id: str, at_s: float) -> ApiKeyRecord:
+        """Make a key stop working at `at_s` (now: revoke); never extends it."""
+        ...
+
+    async def rotate_key(
+        self, old_key_id: str, new: ApiKeyRecord, old_expires_at_s: float
+    ) -> ApiKeyRecord:
+        """Add `new` and expire the old key, atomically; returns the old key's record."""
+        ...
+
+
+class InMemoryTenantStore:
+    """The single-replica store: a snapshot replaced on every write."""
+
+    def __init__(self) -> None:
+        self._snap = TenantSnapshot()
+        self._lock = asyncio.Lock()
+
+    async def snapshot(self) -> TenantSnapshot:
+        return self._snap
+
+    async def revision(self) -> int:
+        return self._snap.revision
+
+    async def write_tenants(
+        self,
+        writes: Sequence[TenantWrite],
+        *,
+        now_s: float,
+        expected_revision: int | None = None,
+    ) -> TenantSnapshot:
+        async with self._lock:
+            snap = self._snap
+            if expected_revision is not None and snap.revision != expected_revision:
+                raise VersionConflict(
+                    "the tenants changed while this change was prepared; read them again",
+                    current=snap.revision,
+                )
+            tenants = dict(snap.tenants)
+            keys = dict(snap.keys)
+            default = snap.default_tenant_id
+            for w in writes:
+                if isinstance(w, PutTenant):
+                    tid = w.config.tenant_id
+                    _check_version(tid, tenants.get(tid), w.expected_version)
+                    old = tenants.get(tid)
+                    tenants[tid] = TenantRecord(
+                        config=w.config,
+                        version=old.version + 1 if old else 1,
+                        created_at_s=old.created_at_s if old else now_s,
+                        updated_at_s=now_s,
+                    )
+                elif isinstance(w, DeleteTenant):
+                    old = tenants.get(w.tenant_id)
+                    if old is None:
+                        raise NotFound(f"no tenant {w.tenant_id!r}", tenant_id=w.tenant_id)
+                    _check_version(w.tenant_id, old, w.expected_version)
+                    del tenants[w.tenant_id]
+                    keys = {k: r for k, r in keys.items() if r.tenant_id != w.tenant_id}
+                else:
+                    default = w.tenant_id
+            if default is not None and default not in tenants:
+                raise StoreConstraint(
+                    f"the default tenant {default!r} would not exist; "
+                    "set another default tenant first (or none)",
+                    tenant_id=default,
+                )
+            self._snap = dataclasses.replace(
+                snap,
+                revision=snap.revision + 1,
+                tenants=tenants,
+                keys=keys,
+                default_tenant_id=default,
+            )
+            return self._snap
+
+    async def add_key(self, record: ApiKeyRecord) -> None:
+        async with self._lock:
+            self._add_key(record)
+
+    def _add_key(self, record: ApiKeyRecord) -> None:
+        snap = self._snap
+        if record.tenant_id not in snap.tenants:
+            raise NotFound(f"no tenant {record.tenant_id!r}", tenant_id=record.tenant_id)
+        if record.key_id in snap.keys:
+            raise AlreadyExists(f"key {record.key_id!r} exists", key_id=record.key_id)
+        self._snap = dataclasses.replace(
+            snap,
+            revision=snap.revision + 1,
+            keys={**snap.keys, record.key_id: record},
+            keys_issued_total=snap.keys_issued_total + 1,
+        )
+
+    async def expire_key(self, key_id: str, at_s: float) -> ApiKeyRecord:
+        async with self._lock:
+            return self._expire_key(key_id, at_s)
+
+    def _expire_key(self, key_id: str, at_s: float) -> ApiKeyRecord:
+        snap = self._snap
+        old = snap.keys.get(key_id)
+        if old is None:
+            raise NotFound(f"no API key {key_id!r}", key_id=key_id)
+        if old.expires_at_s is not None and old.expires_at_s <= at_s:
+            return old
+        new = dataclasses.replace(old, expires_at_s=at_s)
+        self._snap = dataclasses.replace(
+            snap, revision=snap.revision + 1, keys={**snap.keys, key_id: new}
+        )
+        return new
+
+    async def rotate_key(
+        self, old_key_id: str, new: ApiKeyRecord, old_expires_at_s: float
+    ) -> ApiKeyRecord:
+        async with self._lock:
+            saved = self._snap
+            try:
+                if old_key_id not in saved.keys:
+                    raise NotFound(f"no API key {old_key_id!r}", key_id=old_key_id)
+                self._add_key(new)
+                return self._expire_key(old_key_id, old_expires_at_s)
+            except StoreError:
+                self._snap = saved
+                raise
+
+
+def _check_version(tenant_id: str, old: TenantRecord | None, expected: int | None) -> None:
+    if expected is None:
+        return
+    if expected == MUST_NOT_EXIST:
+        if old is not None:
+            raise AlreadyExists(f"tenant {tenant_id!r} already exists", tenant_id=tenant_id)
+        return
+    if old is None:
+        raise NotFound(f"no tenant {tenant_id!r}", tenant_id=tenant_id)
+    if old.version != expected:
+        raise VersionConflict(
+            f"tenant {tenant_id!r} changed since it was read (etag {expected} is stale; "
+            f"current {old.version}); read it again and retry",
+            tenant_id=tenant_id,
+            current=old.version,
+        )

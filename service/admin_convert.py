@@ -1,0 +1,247 @@
+"""Admin API protos ⇄ tenant domain values, with every violation reported at once."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from fairgate.v1 import admin_pb2 as apb
+from fairgate.v1 import inference_pb2 as pb
+from google.protobuf import timestamp_pb2
+
+from scheduler.request import Priority
+from scheduler.tenant_store import ApiKeyRecord, TenantRecord
+from scheduler.tenants import ALL_PRIORITIES, OverQuotaMode, TenantConfig, TenantQuotas
+from service.api_keys import hint
+from service.errors import FieldViolation, InvalidRequest
+
+MAX_TENANT_ID_CHARS = 63
+MAX_DISPLAY_NAME_CHARS = 64
+_TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+QUOTA_FIELDS = tuple(f.name for f in dataclasses.fields(TenantQuotas))
+_INT_QUOTAS = frozenset(
+    {
+        "max_concurrent",
+        "max_queued",
+        "max_prompt_tokens",
+        "max_output_tokens",
+        "max_output_tokens_interactive",
+    }
+)
+MASK_PATHS = frozenset(
+    {
+        "weight",
+        "priorities",
+        "enabled",
+        "over_quota",
+        "quotas",
+        *(f"quotas.{q}" for q in QUOTA_FIELDS),
+    }
+)
+_PRIORITY_FROM_PB = {
+    pb.PRIORITY_CLASS_INTERACTIVE: Priority.INTERACTIVE,
+    pb.PRIORITY_CLASS_BATCH: Priority.BATCH,
+}
+_PRIORITY_TO_PB = {v: k for k, v in _PRIORITY_FROM_PB.items()}
+_MODE_FROM_PB: dict[int, OverQuotaMode] = {
+    apb.OVER_QUOTA_MODE_UNSPECIFIED: "reject",
+    apb.OVER_QUOTA_MODE_REJECT: "reject",
+    apb.OVER_QUOTA_MODE_WAIT: "wait",
+}
+_MODE_TO_PB = {"reject": apb.OVER_QUOTA_MODE_REJECT, "wait": apb.OVER_QUOTA_MODE_WAIT}
+
+
+def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def check_tenant_id(tenant_id: str, field: str) -> list[FieldViolation]:
+    if not tenant_id:
+        return [FieldViolation(field, "a tenant id is required")]
+    if len(tenant_id) > MAX_TENANT_ID_CHARS:
+        return [
+            FieldViolation(
+                field,
+                f"at most {MAX_TENANT_ID_CHARS} characters (got {len(tenant_id)}); "
+                "use a shorter id",
+            )
+        ]
+    if not _TENANT_ID_RE.match(tenant_id):
+        return [
+            FieldViolation(
+                field,
+                f"{tenant_id!r}: use letters, digits, '.', '_' and '-', starting with a "
+                "letter or digit",
+            )
+        ]
+    return []
+
+
+def require_tenant_id(tenant_id: str, field: str = "tenant_id") -> str:
+    problems = check_tenant_id(tenant_id, field)
+    if problems:
+        raise InvalidRequest(problems)
+    return tenant_id
+
+
+def tenant_violations(t: apb.Tenant, path: str) -> tuple[TenantConfig | None, list[FieldViolation]]:
+    """(config, []) when valid, else (None, every violation with its field path)."""
+    out = check_tenant_id(t.id, f"{path}.id")
+    weight = t.weight if t.HasField("weight") else 1.0
+    priorities: set[Priority] = set()
+    for i, p in enumerate(t.priorities):
+        if p not in _PRIORITY_FROM_PB:
+            out.append(
+                FieldViolation(
+                    f"{path}.priorities[{i}]", "use PRIORITY_CLASS_INTERACTIVE or _BATCH"
+                )
+            )
+        else:
+            priorities.add(_PRIORITY_FROM_PB[p])
+    mode = _MODE_FROM_PB.get(t.over_quota)
+    if mode is None:
+        out.append(FieldViolation(f"{path}.over_quota", f"unknown mode {t.over_quota}"))
+    quotas: dict[str, Any] = {}
+    for name in QUOTA_FIELDS:
+        if t.quotas.HasField(name):  # type: ignore[arg-type]
+            value = getattr(t.quotas, name)
+            quotas[name] = int(value) if name in _INT_QUOTAS else float(value)
+    cfg = TenantConfig(
+        tenant_id=t.id,
+        weight=float(weight),
+        priorities=frozenset(priorities) or ALL_PRIORITIES,
+        enabled=t.enabled if t.HasField("enabled") else True,
+        quotas=TenantQuotas(**quotas),
+        over_quota=mode or "reject",
+    )
+    for field, message in cfg.problems():
+        if field != "id":
+            out.append(FieldViolation(f"{path}.{field}", message))
+    return (None, out) if out else (cfg, [])
+
+
+def tenant_from_proto(t: apb.Tenant, path: str = "tenant") -> TenantConfig:
+    cfg, problems = tenant_violations(t, path)
+    if cfg is None:
+        raise InvalidRequest(problems)
+    return cfg
+
+
+def config_to_proto(cfg: TenantConfig) -> apb.Tenant:
+    t = apb.Tenant(
+        id=cfg.tenant_id,
+        weight=cfg.weight,
+        enabled=cfg.enabled,
+        over_quota=_MODE_TO_PB[cfg.over_quota],
+        priorities=[_PRIORITY_TO_PB[p] for p in sorted(cfg.priorities)],
+    )
+    for name in QUOTA_FIELDS:
+        value = getattr(cfg.quotas, name)
+        if value is not None:
+            setattr(t.quotas, name, value)
+    return t
+
+
+def record_to_proto(rec: TenantRecord, active_keys: int = 0) -> apb.Tenant:
+    t = config_to_proto(rec.config)
+    t.etag = str(rec.version)
+    t.create_time.CopyFrom(timestamp(rec.created_at_s))
+    t.update_time.CopyFrom(timestamp(rec.updated_at_s))
+    t.active_api_keys = active_keys
+    return t
+
+
+def parse_etag(etag: str, field: str) -> int | None:
+    if not etag:
+        return None
+    if not etag.isdigit() or int(etag) < 1:
+        raise InvalidRequest([FieldViolation(field, f"{etag!r} is not an etag from this server")])
+    return int(etag)
+
+
+def apply_mask(current: apb.Tenant, patch: apb.Tenant, paths: Iterable[str]) -> apb.Tenant:
+    """`current` with the masked fields taken from `patch` (unset there: cleared)."""
+    paths = list(paths)
+    bad = [p for p in paths if p not in MASK_PATHS]
+    if bad:
+        raise InvalidRequest(
+            [
+                FieldViolation("update_mask", f"unknown path {p!r}; known: {sorted(MASK_PATHS)}")
+                for p in bad
+            ]
+        )
+    out = apb.Tenant()
+    out.CopyFrom(current)
+    for p in paths:
+        if p == "quotas":
+            out.quotas.CopyFrom(patch.quotas)
+        elif p == "priorities":
+            del out.priorities[:]
+            out.priorities.extend(patch.priorities)
+        elif p == "over_quota":
+            out.over_quota = patch.over_quota
+        elif p.startswith("quotas."):
+            name = p.removeprefix("quotas.")
+            if patch.quotas.HasField(name):  # type: ignore[arg-type]
+                setattr(out.quotas, name, getattr(patch.quotas, name))
+            else:
+                out.quotas.ClearField(name)  # type: ignore[arg-type]
+        elif patch.HasField(p):  # type: ignore[arg-type]
+            setattr(out, p, getattr(patch, p))
+        else:
+            out.ClearField(p)  # type: ignore[arg-type]
+    return out
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:g}" if math.isfinite(value) else str(value)
+    if isinstance(value, frozenset):
+        return ",".join(p.name.lower() for p in sorted(value))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def flatten(cfg: TenantConfig) -> dict[str, str]:
+    """Field → text, the unit of apply's diff."""
+    out = {
+        "weight": _text(cfg.weight),
+        "priorities": _text(cfg.priorities),
+        "enabled": _text(cfg.enabled),
+        "over_quota": cfg.over_quota,
+    }
+    for name in QUOTA_FIELDS:
+        out[f"quotas.{name}"] = _text(getattr(cfg.quotas, name))
+    return out
+
+
+def diff(before: TenantConfig | None, after: TenantConfig | None) -> list[apb.FieldChange]:
+    a = flatten(before) if before else {}
+    b = flatten(after) if after else {}
+    return [
+        apb.FieldChange(field=k, before=a.get(k, ""), after=b.get(k, ""))
+        for k in sorted(set(a) | set(b), key=lambda k: (k.startswith("quotas."), k))
+        if a.get(k, "") != b.get(k, "")
+    ]
+
+
+def key_to_proto(rec: ApiKeyRecord, now_s: float) -> apb.ApiKey:
+    k = apb.ApiKey(
+        key_id=rec.key_id,
+        tenant_id=rec.tenant_id,
+        display_name=rec.display_name,
+        hint=hint(rec.key_id),
+        active=rec.active(now_s),
+    )
+    k.create_time.CopyFrom(timestamp(rec.created_at_s))
+    if rec.expires_at_s is not None:
+        k.expire_time.CopyFrom(timestamp(rec.expires_at_s))
+    return k

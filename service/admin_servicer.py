@@ -1,0 +1,395 @@
+"""AdminService: tenants, API keys and live usage.
+
+Writes go to the tenant store (atomic, optimistic concurrency on each
+tenant's version = etag), then `TenantDirectory.refresh()` applies them to
+this replica's dispatchers at once. Authentication happens in service/auth.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import grpc
+from fairgate.v1 import admin_pb2 as apb
+from fairgate.v1 import admin_pb2_grpc as apb_grpc
+
+from scheduler.dispatcher import Dispatcher
+from scheduler.tenant_store import (
+    MUST_NOT_EXIST,
+    ApiKeyRecord,
+    DeleteTenant,
+    NotFound,
+    PutTenant,
+    SetDefaultTenant,
+    StoreConstraint,
+    StoreError,
+    TenantSnapshot,
+    TenantWrite,
+)
+from scheduler.tenants import TenantConfig
+from scheduler.token_bucket import TokenBucket
+from service import errors
+from service.admin_convert import (
+    MAX_DISPLAY_NAME_CHARS,
+    apply_mask,
+    check_tenant_id,
+    config_to_proto,
+    diff,
+    key_to_proto,
+    parse_etag,
+    record_to_proto,
+    require_tenant_id,
+    tenant_from_proto,
+    tenant_violations,
+)
+from service.api_keys import generate_key
+from service.errors import FieldViolation, InvalidRequest
+from service.models import ModelRegistry
+from service.tenant_directory import TenantDirectory
+
+T = TypeVar("T")
+Ctx = grpc.aio.ServicerContext[Any, Any]
+MAX_GRACE_PERIOD_S = 7 * 24 * 3600.0
+_UPDATE_RETRIES = 3
+
+
+class AdminServicer(apb_grpc.AdminServiceServicer):
+    def __init__(self, directory: TenantDirectory, models: ModelRegistry, policy: str) -> None:
+        self.directory = directory
+        self.store = directory.store
+        self.models = models
+        self.policy = policy
+
+    async def _run(self, context: Ctx, work: Awaitable[T]) -> T:
+        try:
+            return await work
+        except (errors.ServiceError, StoreError) as exc:
+            await errors.abort(context, exc)
+
+    def _now(self) -> float:
+        return self.directory.wall_clock()
+
+    async def _write(self, writes: list[TenantWrite], **kwargs: Any) -> TenantSnapshot:
+        snap = await self.store.write_tenants(writes, now_s=self._now(), **kwargs)
+        await self.directory.refresh()
+        return snap
+
+    def _tenant_proto(self, snap: TenantSnapshot, tenant_id: str) -> apb.Tenant:
+        now = self._now()
+        active = sum(1 for k in snap.keys.values() if k.tenant_id == tenant_id and k.active(now))
+        return record_to_proto(snap.tenants[tenant_id], active)
+
+    # -- tenants --------------------------------------------------------------
+    async def CreateTenant(
+        self, request: apb.CreateTenantRequest, context: Ctx
+    ) -> apb.CreateTenantResponse:
+        async def work() -> apb.CreateTenantResponse:
+            cfg = tenant_from_proto(request.tenant)
+            snap = await self._write([PutTenant(cfg, MUST_NOT_EXIST)])
+            return apb.CreateTenantResponse(tenant=self._tenant_proto(snap, cfg.tenant_id))
+
+        return await self._run(context, work())
+
+    async def GetTenant(self, request: apb.GetTenantRequest, context: Ctx) -> apb.GetTenantResponse:
+        async def work() -> apb.GetTenantResponse:
+            tid = require_tenant_id(request.tenant_id)
+            snap = await self.store.snapshot()
+            if tid not in snap.tenants:
+                raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
+            return apb.GetTenantResponse(tenant=self._tenant_proto(snap, tid))
+
+        return await self._run(context, work())
+
+    async def ListTenants(
+        self, request: apb.ListTenantsRequest, context: Ctx
+    ) -> apb.ListTenantsResponse:
+        snap = await self.store.snapshot()
+        return apb.ListTenantsResponse(
+            tenants=[self._tenant_proto(snap, tid) for tid in sorted(snap.tenants)],
+            default_tenant_id=snap.default_tenant_id or "",
+        )
+
+    async def UpdateTenant(
+        self, request: apb.UpdateTenantRequest, context: Ctx
+    ) -> apb.UpdateTenantResponse:
+        async def work() -> apb.UpdateTenantResponse:
+            tid = require_tenant_id(request.tenant.id, "tenant.id")
+            etag = parse_etag(request.tenant.etag, "tenant.etag")
+            paths = list(request.update_mask.paths)
+            for attempt in range(_UPDATE_RETRIES):
+                snap = await self.store.snapshot()
+                current = snap.tenants.get(tid)
+                if current is None:
+                    raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
+                merged = (
+                    apply_mask(config_to_proto(current.config), request.tenant, paths)
+                    if paths
+                    else request.tenant
+                )
+                cfg = tenant_from_proto(merged)
+                # Without an etag the merge is retried on a concurrent change;
+                # with one, a concurrent change is the caller's conflict.
+                expected = etag if etag is not None else current.version
+                try:
+                    snap = await self._write([PutTenant(cfg, expected)])
+                except StoreError:
+                    if etag is not None or attempt == _UPDATE_RETRIES - 1:
+                        raise
+                    continue
+                return apb.UpdateTenantResponse(tenant=self._tenant_proto(snap, tid))
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        return await self._run(context, work())
+
+    async def DeleteTenant(
+        self, request: apb.DeleteTenantRequest, context: Ctx
+    ) -> apb.DeleteTenantResponse:
+        async def work() -> apb.DeleteTenantResponse:
+            tid = require_tenant_id(request.tenant_id)
+            await self._write([DeleteTenant(tid, parse_etag(request.etag, "etag"))])
+            return apb.DeleteTenantResponse()
+
+        return await self._run(context, work())
+
+    async def SetDefaultTenant(
+        self, request: apb.SetDefaultTenantRequest, context: Ctx
+    ) -> apb.SetDefaultTenantResponse:
+        async def work() -> apb.SetDefaultTenantResponse:
+            tid = request.tenant_id or None
+            if tid is not None:
+                require_tenant_id(tid)
+                if tid not in (await self.store.snapshot()).tenants:
+                    raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
+            await self._write([SetDefaultTenant(tid)])
+            return apb.SetDefaultTenantResponse()
+
+        return await self._run(context, work())
+
+    async def ApplyTenants(
+        self, request: apb.ApplyTenantsRequest, context: Ctx
+    ) -> apb.ApplyTenantsResponse:
+        return await self._run(context, self._apply(request))
+
+    async def _apply(self, request: apb.ApplyTenantsRequest) -> apb.ApplyTenantsResponse:
+        declared: dict[str, TenantConfig] = {}
+        problems: list[FieldViolation] = []
+        for i, t in enumerate(request.tenants):
+            cfg, bad = tenant_violations(t, f"tenants[{i}]")
+            problems.extend(bad)
+            if cfg is not None and cfg.tenant_id in declared:
+                problems.append(FieldViolation(f"tenants[{i}].id", f"{t.id!r} is declared twice"))
+            elif cfg is not None:
+                declared[cfg.tenant_id] = cfg
+        default = request.default_tenant_id or None
+        if default is not None:
+            problems.extend(check_tenant_id(default, "default_tenant_id"))
+        snap = await self.store.snapshot()
+        kept = set(declared) | (set() if request.prune else set(snap.tenants))
+        if default is not None and not problems and default not in kept:
+            problems.append(
+                FieldViolation(
+                    "default_tenant_id", f"{default!r} is not one of the declared tenants"
+                )
+            )
+        if problems:
+            raise InvalidRequest(problems)
+        resp = apb.ApplyTenantsResponse()
+        writes: list[TenantWrite] = []
+        for tid in sorted(set(declared) | set(snap.tenants)):
+            old = snap.tenants.get(tid)
+            new = declared.get(tid)
+            change = resp.changes.add(tenant_id=tid)
+            if new is None:
+                if request.prune:
+                    change.action = apb.TenantChange.ACTION_DELETE
+                    change.fields.extend(diff(old.config if old else None, None))
+                    writes.append(DeleteTenant(tid))
+                else:
+                    change.action = apb.TenantChange.ACTION_KEEP
+                continue
+            fields = diff(old.config if old else None, new)
+            change.fields.extend(fields)
+            if old is None:
+                change.action = apb.TenantChange.ACTION_CREATE
+            elif fields:
+                change.action = apb.TenantChange.ACTION_UPDATE
+            else:
+                change.action = apb.TenantChange.ACTION_UNCHANGED
+                continue
+            writes.append(PutTenant(new))
+        if default != snap.default_tenant_id:
+            resp.default_tenant.CopyFrom(
+                apb.FieldChange(
+                    field="default_tenant",
+                    before=snap.default_tenant_id or "",
+                    after=default or "",
+                )
+            )
+            # Set the default last, after its tenant exists (and first, cleared,
+            # when its old tenant is deleted).
+            writes.insert(0, SetDefaultTenant(None))
+            writes.append(SetDefaultTenant(default))
+        if writes and not request.dry_run:
+            await self._write(writes, expected_revision=snap.revision)
+            resp.applied = True
+        return resp
+
+    # -- API keys -------------------------------------------------------------
+    async def IssueApiKey(
+        self, request: apb.IssueApiKeyRequest, context: Ctx
+    ) -> apb.IssueApiKeyResponse:
+        async def work() -> apb.IssueApiKeyResponse:
+            tid = require_tenant_id(request.tenant_id)
+            _check_display_name(request.display_name)
+            record, secret = self._new_key(tid, request.display_name)
+            await self.store.add_key(record)
+            await self.directory.refresh()
+            return apb.IssueApiKeyResponse(key=key_to_proto(record, self._now()), secret=secret)
+
+        return await self._run(context, work())
+
+    def _new_key(self, tenant_id: str, display_name: str) -> tuple[ApiKeyRecord, str]:
+        new = generate_key()
+        record = ApiKeyRecord(
+            key_id=new.key_id,
+            tenant_id=tenant_id,
+            secret_hash=self.directory.hasher.hash(new.secret),
+            display_name=display_name,
+            created_at_s=self._now(),
+        )
+        return record, new.secret
+
+    async def RotateApiKey(
+        self, request: apb.RotateApiKeyRequest, context: Ctx
+    ) -> apb.RotateApiKeyResponse:
+        async def work() -> apb.RotateApiKeyResponse:
+            grace = request.grace_period_s
+            if not (math.isfinite(grace) and 0 <= grace <= MAX_GRACE_PERIOD_S):
+                raise InvalidRequest(
+                    [
+                        FieldViolation(
+                            "grace_period_s",
+                            f"must be in [0, {MAX_GRACE_PERIOD_S:g}] seconds, got {grace:g}",
+                        )
+                    ]
+                )
+            old = (await self.store.snapshot()).keys.get(request.key_id)
+            if old is None:
+                raise NotFound(f"no API key {request.key_id!r}", key_id=request.key_id)
+            now = self._now()
+            if not old.active(now):
+                raise StoreConstraint(
+                    f"API key {old.key_id!r} no longer works; issue a new key instead",
+                    key_id=old.key_id,
+                )
+            record, secret = self._new_key(old.tenant_id, old.display_name)
+            retired = await self.store.rotate_key(old.key_id, record, now + grace)
+            await self.directory.refresh()
+            return apb.RotateApiKeyResponse(
+                key=key_to_proto(record, now), secret=secret, retired=key_to_proto(retired, now)
+            )
+
+        return await self._run(context, work())
+
+    async def RevokeApiKey(
+        self, request: apb.RevokeApiKeyRequest, context: Ctx
+    ) -> apb.RevokeApiKeyResponse:
+        async def work() -> apb.RevokeApiKeyResponse:
+            now = self._now()
+            record = await self.store.expire_key(request.key_id, now)
+            await self.directory.refresh()
+            return apb.RevokeApiKeyResponse(key=key_to_proto(record, now))
+
+        return await self._run(context, work())
+
+    async def ListApiKeys(
+        self, request: apb.ListApiKeysRequest, context: Ctx
+    ) -> apb.ListApiKeysResponse:
+        snap = await self.store.snapshot()
+        now = self._now()
+        keys = sorted(snap.keys.values(), key=lambda k: (k.tenant_id, k.created_at_s, k.key_id))
+        return apb.ListApiKeysResponse(
+            keys=[
+                key_to_proto(k, now)
+                for k in keys
+                if (not request.tenant_id or k.tenant_id == request.tenant_id)
+                and (request.include_inactive or k.active(now))
+            ]
+        )
+
+    # -- usage ----------------------------------------------------------------
+    async def GetUsage(self, request: apb.GetUsageRequest, context: Ctx) -> apb.GetUsageResponse:
+        async def work() -> apb.GetUsageResponse:
+            snap = await self.store.snapshot()
+            resp = apb.GetUsageResponse(policy=self.policy)
+            for model in self.models:
+                d = model.dispatcher
+                known = set(snap.tenants) | set(d.quotas.tenants_seen())
+                wanted = list(request.tenant_ids) or sorted(known)
+                for tid in wanted:
+                    if tid not in known:
+                        raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
+                    resp.usage.append(_usage(d, tid, model.name))
+            return resp
+
+        return await self._run(context, work())
+
+
+def _check_display_name(name: str) -> None:
+    if len(name) > MAX_DISPLAY_NAME_CHARS or not name.isprintable():
+        raise InvalidRequest(
+            [
+                FieldViolation(
+                    "display_name", f"at most {MAX_DISPLAY_NAME_CHARS} printable characters"
+                )
+            ]
+        )
+
+
+def _bucket(b: TokenBucket | None) -> apb.BucketLevel | None:
+    if b is None:
+        return None
+    return apb.BucketLevel(level=b.level(), burst=b.burst, rate_per_s=b.rate_per_s)
+
+
+def _usage(d: Dispatcher, tenant_id: str, model: str) -> apb.TenantUsage:
+    out = apb.TenantUsage(tenant_id=tenant_id, model=model)
+    counter = getattr(d.policy, "counter", None)
+    if callable(counter):
+        out.virtual_counter = float(counter(tenant_id))
+    out.paused = tenant_id in d.paused_tenants
+    u = d.quotas.usage(tenant_id)
+    if u is None:
+        # No request yet: the configured buckets are full.
+        cfg = d.quotas.tenants.get(tenant_id)
+        q = cfg.quotas if cfg is not None else None
+        if q is not None and q.requests_per_s is not None and q.request_burst is not None:
+            out.request_bucket.CopyFrom(
+                apb.BucketLevel(
+                    level=q.request_burst, burst=q.request_burst, rate_per_s=q.requests_per_s
+                )
+            )
+        if q is not None and q.tokens_per_min is not None and q.token_burst is not None:
+            out.token_bucket.CopyFrom(
+                apb.BucketLevel(
+                    level=q.token_burst, burst=q.token_burst, rate_per_s=q.tokens_per_min / 60
+                )
+            )
+        return out
+    request_bucket, token_bucket = _bucket(u.request_bucket), _bucket(u.token_bucket)
+    if request_bucket is not None:
+        out.request_bucket.CopyFrom(request_bucket)
+    if token_bucket is not None:
+        out.token_bucket.CopyFrom(token_bucket)
+        out.tokens_used_in_window = token_bucket.burst - token_bucket.level
+    out.charged_tokens_total = u.charged_tokens
+    out.charged_requests_total = u.charged_requests
+    out.in_flight = u.concurrent
+    out.queued = u.queued
+    out.rejected_total = u.rejected_total
+    out.finished_total = u.settled_total
+    for limit, n in u.rejections.items():
+        out.rejections[limit] = n
+    return out
