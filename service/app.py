@@ -12,10 +12,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from scheduler.budget import AdmissionBudget, AdmissionLimits
+from scheduler.budget import AdmissionLimits
 from scheduler.clock import MonotonicClock
-from scheduler.dispatcher import Dispatcher
-from scheduler.policies import PolicyOptions, make_policy
+from scheduler.policies import PolicyOptions
+from scheduler.shared_dispatcher import SharedDispatcher
 from scheduler.tenant_file import load_tenants
 from scheduler.tenants import TenantRegistry
 from service.engines.factory import build_engine
@@ -23,6 +23,7 @@ from service.engines.protocol import Engine, EngineCapacity
 from service.models import ModelRegistry, ServedModel
 from service.servicer import InferenceServicer
 from service.settings import Settings
+from service.shared_state import AnyDispatcher, build_dispatcher
 from service.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -86,11 +87,8 @@ class App:
             rate_limit_per_s=settings.rate_limit_per_s,
             rate_limit_burst=settings.rate_limit_burst or None,
         )
-        dispatcher = Dispatcher(
-            make_policy(settings.policy, options),
-            AdmissionBudget(admission_limits(cap, settings)),
-            clock,
-            tenants=tenants,
+        dispatcher = await build_dispatcher(
+            settings, options, admission_limits(cap, settings), clock, tenants, model_name
         )
         model = ServedModel(
             name=model_name,
@@ -129,11 +127,12 @@ class App:
                 _follow_capacity(engine, dispatcher, settings), name="capacity-refresh"
             )
         log.info(
-            "fairgate serving %s on %s (engine=%s, policy=%s)",
+            "fairgate serving %s on %s (engine=%s, policy=%s, store=%s)",
             model_name,
             app.address,
             engine.kind,
             settings.policy,
+            settings.store,
         )
         return app
 
@@ -149,6 +148,9 @@ class App:
             self._refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresh
+        for model in self.models:
+            if isinstance(model.dispatcher, SharedDispatcher):
+                await model.dispatcher.aclose()  # hands Redis the last settlements
         await self.engine.aclose()
         log.info("fairgate stopped")
 
@@ -156,7 +158,7 @@ class App:
         await self._stopped.wait()
 
 
-async def _follow_capacity(engine: Engine, dispatcher: Dispatcher, settings: Settings) -> None:
+async def _follow_capacity(engine: Engine, dispatcher: AnyDispatcher, settings: Settings) -> None:
     """Keep the admission limits in step with the engine's capacity (pools shrink and grow)."""
     while True:
         await asyncio.sleep(settings.capacity_refresh_s)
