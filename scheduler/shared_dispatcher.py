@@ -124,6 +124,9 @@ class SharedDispatcher:
         self.health = StoreHealth()
         self.admitted_total = 0
         self.decisions_total = 0
+        # Largest batched counter increment sent at once: how stale a tenant's counter
+        # was for the other replicas (weighted tokens).
+        self.max_charge_lag = 0.0
         self._local = LocalQueues(options.batch_every_n)
         self._entries: dict[str, Entry] = {}  # lease id -> entry (queued or in flight)
         self._lease_ids: dict[int, str] = {}  # id(request) -> lease id
@@ -139,6 +142,7 @@ class SharedDispatcher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._contacted = False  # a first step finding an empty store is no loss
 
     # -- life cycle ------------------------------------------------------------
     async def start(self) -> None:
@@ -386,6 +390,7 @@ class SharedDispatcher:
 
     def _build_step(self, now_s: float) -> Step:
         step = self._take_pending(Step(self.budget.limits, w_in=self.options.w_in))
+        self.max_charge_lag = max(self.max_charge_lag, *step.charges.values(), 0.0)
         eligible = set(self._local.eligible())
         step.announce = sorted(eligible - self._announced)
         step.withdraw = sorted(self._announced - eligible)
@@ -433,10 +438,12 @@ class SharedDispatcher:
         self.decisions_total += bool(step.candidates)
         self._local.mirror.update(out.counters)
         if out.state_lost:
-            log.warning("shared state was lost (Redis restarted empty?): re-registering leases")
+            if self._contacted:
+                log.warning("shared state was lost (Redis restarted empty?): re-registering")
             self._next_heartbeat_s = -math.inf
             self._announced = set()
             self._wake.set()
+        self._contacted = True
         admitted = [step.candidates[out.admitted].lease_id] if out.admitted is not None else []
         for i, wait_s in out.blocked.items():
             until = now_s + (self.options.poll_s if math.isinf(wait_s) else wait_s)

@@ -165,8 +165,11 @@ class StoreSnapshot:
 
 class Store(Protocol):
     kind: str
-    # Network round trips made so far (0 for the memory store).
-    round_trips: int
+
+    @property
+    def round_trips(self) -> int:
+        """Network round trips made so far (0 for the memory store)."""
+        ...
 
     async def step(self, replica_id: str, step: Step) -> StepOutcome: ...
 
