@@ -123,3 +123,14 @@ class DeadlineExpired(SchedulingError):
     """The request's deadline passed while it was still queued."""
 
     reason = "DEADLINE_EXCEEDED"
+
+
+class StoreUnavailable(SchedulingError):
+    """The shared state store (Redis) cannot be reached and the failure mode is
+    "closed": the request is refused with UNAVAILABLE (+ RetryInfo)."""
+
+    reason = "STORE_UNAVAILABLE"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -71,6 +71,38 @@ def _bucket(
     return old
 
 
+def check_caps(cfg: TenantConfig, req: QueuedRequest, burst: float | None) -> None:
+    """Raise RequestTooLarge when `req` exceeds a cap of its tenant (stateless checks)."""
+    q: TenantQuotas = cfg.quotas
+    tid = cfg.tenant_id
+    if q.max_prompt_tokens is not None and req.prompt_tokens > q.max_prompt_tokens:
+        raise RequestTooLarge(
+            tid,
+            "prompt",
+            "max_prompt_tokens",
+            f"the prompt has {req.prompt_tokens} tokens; the limit is {q.max_prompt_tokens}",
+        )
+    cap = q.output_cap_tokens(req.priority)
+    if cap is not None and req.max_tokens > cap:
+        interactive = q.max_output_tokens_interactive
+        limit = "max_output_tokens_interactive" if cap == interactive else "max_output_tokens"
+        cls = req.priority.name.lower()
+        raise RequestTooLarge(
+            tid,
+            "sampling.max_tokens",
+            limit,
+            f"max_tokens is {req.max_tokens}; the limit for {cls} requests is {cap}",
+        )
+    if burst is not None and req.kv_tokens > burst:
+        raise RequestTooLarge(
+            tid,
+            "sampling.max_tokens",
+            "tokens_burst",
+            f"prompt + max_tokens = {req.kv_tokens} tokens exceeds the tenant's token "
+            f"burst of {burst:g}; lower max_tokens or shorten the prompt",
+        )
+
+
 class QuotaLedger:
     def __init__(self, tenants: TenantRegistry, clock: Clock) -> None:
         self.tenants = tenants
@@ -147,35 +179,7 @@ class QuotaLedger:
         return res
 
     def _check_caps(self, cfg: TenantConfig, usage: TenantUsage, req: QueuedRequest) -> None:
-        q: TenantQuotas = cfg.quotas
-        tid = cfg.tenant_id
-        if q.max_prompt_tokens is not None and req.prompt_tokens > q.max_prompt_tokens:
-            raise RequestTooLarge(
-                tid,
-                "prompt",
-                "max_prompt_tokens",
-                f"the prompt has {req.prompt_tokens} tokens; the limit is {q.max_prompt_tokens}",
-            )
-        cap = q.output_cap_tokens(req.priority)
-        if cap is not None and req.max_tokens > cap:
-            interactive = q.max_output_tokens_interactive
-            limit = "max_output_tokens_interactive" if cap == interactive else "max_output_tokens"
-            cls = req.priority.name.lower()
-            raise RequestTooLarge(
-                tid,
-                "sampling.max_tokens",
-                limit,
-                f"max_tokens is {req.max_tokens}; the limit for {cls} requests is {cap}",
-            )
-        burst = usage.token_bucket.burst if usage.token_bucket else None
-        if burst is not None and req.kv_tokens > burst:
-            raise RequestTooLarge(
-                tid,
-                "sampling.max_tokens",
-                "tokens_burst",
-                f"prompt + max_tokens = {req.kv_tokens} tokens exceeds the tenant's token "
-                f"burst of {burst:g}; lower max_tokens or shorten the prompt",
-            )
+        check_caps(cfg, req, usage.token_bucket.burst if usage.token_bucket else None)
 
     def _bucket_waits(self, usage: TenantUsage, res: Reservation) -> tuple[str, float]:
         """(binding limit, seconds until both buckets allow this reservation)."""

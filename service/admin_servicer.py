@@ -326,12 +326,20 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
             resp = apb.GetUsageResponse(policy=self.policy)
             for model in self.models:
                 d = model.dispatcher
-                known = set(snap.tenants) | set(d.quotas.tenants_seen())
+                # Live usage is this replica's view; the shared (Redis) dispatcher
+                # keeps it in Redis and reports ids only for now.
+                local = d if isinstance(d, Dispatcher) else None
+                seen = set(local.quotas.tenants_seen()) if local is not None else set()
+                known = set(snap.tenants) | seen
                 wanted = list(request.tenant_ids) or sorted(known)
                 for tid in wanted:
                     if tid not in known:
                         raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
-                    resp.usage.append(_usage(d, tid, model.name))
+                    resp.usage.append(
+                        _usage(local, tid, model.name)
+                        if local is not None
+                        else apb.TenantUsage(tenant_id=tid, model=model.name)
+                    )
             return resp
 
         return await self._run(context, work())

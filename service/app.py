@@ -12,10 +12,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from scheduler.budget import AdmissionBudget, AdmissionLimits
+from scheduler.budget import AdmissionLimits
 from scheduler.clock import MonotonicClock
-from scheduler.dispatcher import Dispatcher
-from scheduler.policies import PolicyOptions, make_policy
+from scheduler.policies import PolicyOptions
+from scheduler.shared_dispatcher import SharedDispatcher
 from scheduler.tenant_file import load_tenants
 from scheduler.tenant_store import InMemoryTenantStore
 from scheduler.tenants import TenantRegistry
@@ -27,6 +27,7 @@ from service.engines.protocol import Engine, EngineCapacity
 from service.models import ModelRegistry, ServedModel
 from service.servicer import InferenceServicer
 from service.settings import Settings
+from service.shared_state import AnyDispatcher, build_dispatcher
 from service.tenant_directory import TenantDirectory
 from service.tls import server_credentials
 from service.tokenizer import load_tokenizer
@@ -107,12 +108,8 @@ class App:
             rate_limit_per_s=settings.rate_limit_per_s,
             rate_limit_burst=settings.rate_limit_burst or None,
         )
-        dispatcher = Dispatcher(
-            make_policy(settings.policy, options),
-            AdmissionBudget(admission_limits(cap, settings)),
-            clock,
-            tenants=tenants,
-            reserve_fraction=settings.fair_reserve_fraction,
+        dispatcher = await build_dispatcher(
+            settings, options, admission_limits(cap, settings), clock, tenants, model_name
         )
         model = ServedModel(
             name=model_name,
@@ -174,11 +171,12 @@ class App:
                 _follow_capacity(engine, dispatcher, settings), name="capacity-refresh"
             )
         log.info(
-            "fairgate serving %s on %s (engine=%s, policy=%s, tls=%s, auth=%s)",
+            "fairgate serving %s on %s (engine=%s, policy=%s, store=%s, tls=%s, auth=%s)",
             model_name,
             app.address,
             engine.kind,
             settings.policy,
+            settings.store,
             "mutual" if settings.tls_client_ca_file else bool(creds),
             settings.auth_mode,
         )
@@ -200,6 +198,9 @@ class App:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        for model in self.models:
+            if isinstance(model.dispatcher, SharedDispatcher):
+                await model.dispatcher.aclose()  # hands Redis the last settlements
         await self.engine.aclose()
         log.info("fairgate stopped")
 
@@ -207,7 +208,7 @@ class App:
         await self._stopped.wait()
 
 
-async def _follow_capacity(engine: Engine, dispatcher: Dispatcher, settings: Settings) -> None:
+async def _follow_capacity(engine: Engine, dispatcher: AnyDispatcher, settings: Settings) -> None:
     """Keep the admission limits in step with the engine's capacity (pools shrink and grow)."""
     while True:
         await asyncio.sleep(settings.capacity_refresh_s)

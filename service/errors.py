@@ -21,6 +21,7 @@ from scheduler.errors import (
     RequestRejected,
     RequestTooLarge,
     SchedulingError,
+    StoreUnavailable,
     TenantRefused,
 )
 from scheduler.tenant_store import (
@@ -162,6 +163,9 @@ def _map_scheduling(exc: SchedulingError) -> MappedStatus:
         return MappedStatus(grpc.StatusCode.INVALID_ARGUMENT, str(exc), [_pack(bad), info])
     if isinstance(exc, TenantRefused):
         return MappedStatus(grpc.StatusCode.PERMISSION_DENIED, str(exc), [info])
+    if isinstance(exc, StoreUnavailable):
+        details = [_retry_info(exc.retry_after_s), info]
+        return MappedStatus(grpc.StatusCode.UNAVAILABLE, str(exc), details)
     if isinstance(exc, DeadlineExpired):
         return MappedStatus(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc), [info])
     return MappedStatus(grpc.StatusCode.FAILED_PRECONDITION, str(exc), [info])

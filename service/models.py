@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from scheduler.dispatcher import Dispatcher
+from scheduler.shared_dispatcher import SharedDispatcher
 from service.engines.protocol import Engine
 from service.tokenizer import Tokenizer
 
@@ -15,7 +16,7 @@ class ServedModel:
     name: str
     engine: Engine
     tokenizer: Tokenizer
-    dispatcher: Dispatcher
+    dispatcher: Dispatcher | SharedDispatcher
     max_context_tokens: int
     max_output_tokens: int
     default_max_tokens: int

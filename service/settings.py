@@ -15,6 +15,8 @@ from typing import Any
 ENV_PREFIX = "FAIRGATE_"
 ENGINES = ("simulator", "sglang-http", "sglang")
 AUTH_MODES = ("auto", "api-key", "dev-header")
+STORES = ("memory", "redis")
+FAILURE_MODES = ("open", "closed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,25 @@ class Settings:
     # Tenant for requests that name none, when no tenants file sets one.
     default_tenant: str = "default"
     shutdown_grace_s: float = 30.0
+    # Shared state: "memory" (one replica) or "redis" (replicas share quotas,
+    # fairness and the engine's room; see README "Several replicas").
+    store: str = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Redis unreachable: "open" (local limits ÷ replicas) or "closed" (UNAVAILABLE).
+    redis_failure_mode: str = "open"
+    # Replicas in the fleet (the fail-open local limits divide by it).
+    replicas: int = 1
+    redis_prefix: str = "fg"
+    # Replicas that admit into the same engine(s) share a domain; empty: the model name.
+    redis_domain: str = ""
+    redis_timeout_s: float = 0.5
+    redis_lease_ttl_s: float = 10.0
+    redis_heartbeat_s: float = 1.0
+    # Output-token charges are batched per replica this long.
+    redis_flush_ms: float = 5.0
+    # While the engine is full fleet-wide, look for room freed elsewhere this often.
+    redis_poll_ms: float = 20.0
+    redis_retry_s: float = 0.5
     keepalive_time_s: float = 30.0
     keepalive_timeout_s: float = 10.0
     max_concurrent_streams: int = 0
@@ -141,6 +162,14 @@ class Settings:
             problems.append("tls_cert_file and tls_key_file go together")
         if self.tls_client_ca_file and not self.tls_cert_file:
             problems.append("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
+        if self.store not in STORES:
+            problems.append(f"unknown store {self.store!r} (available: {', '.join(STORES)})")
+        if self.redis_failure_mode not in FAILURE_MODES:
+            problems.append("redis_failure_mode must be open or closed")
+        if self.replicas < 1:
+            problems.append("replicas must be >= 1")
+        if self.redis_lease_ttl_s < 2 * self.redis_heartbeat_s or self.redis_heartbeat_s <= 0:
+            problems.append("redis_lease_ttl_s must be at least twice redis_heartbeat_s (> 0)")
         if problems:
             raise ValueError("invalid settings: " + "; ".join(problems))
         return self

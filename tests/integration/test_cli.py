@@ -56,3 +56,21 @@ async def test_serve_refuses_a_bad_tenants_file(tmp_path) -> None:  # type: igno
     code, _, err = await _run("serve", "--tenants", str(bad), "--listen", "127.0.0.1:0")
     assert code == 2
     assert "tenant 'x'" in err and "weight" in err and "Traceback" not in err
+
+
+async def test_bench_store_prints_both_stores(redis_url: str) -> None:
+    code, out, err = await _run(
+        "bench",
+        "store",
+        "--redis-url",
+        redis_url,
+        "--seconds",
+        "0.3",
+        "--flush-ms",
+        "5",
+        "--concurrency",
+        "16",
+    )
+    assert code == 0, err
+    assert "memory store" in out and "redis store, flush 5 ms" in out
+    assert "round trips/req" in out

@@ -290,6 +290,23 @@ def bench_sglang_overhead(
     asyncio.run(bench_main(levels, tokens, streams_per_worker))
 
 
+@bench_app.command("store")
+def bench_store(
+    redis_url: Annotated[
+        str, typer.Option(help="Redis to use (default: start a local redis-server)")
+    ] = "",
+    flush_ms: Annotated[str, typer.Option(help="output-charge batching intervals (ms)")] = "0,5,20",
+    tenants: Annotated[int, typer.Option(help="tenants")] = 8,
+    concurrency: Annotated[int, typer.Option(help="requests in the closed loop")] = 256,
+    seconds: Annotated[float, typer.Option(help="seconds per run")] = 3.0,
+) -> None:
+    """Shared admission: in-memory vs Redis store (admissions/s, decision latency, round trips)."""
+    from fairgate.bench.store import main as store_main
+
+    intervals = [float(x) for x in flush_ms.split(",") if x.strip()] or [5.0]
+    asyncio.run(store_main(redis_url, intervals, tenants, concurrency, seconds))
+
+
 def _fail(exc: FairgateError) -> None:
     typer.echo(f"error: {exc}", err=True)
     for field, desc in exc.field_violations:

@@ -1,0 +1,260 @@
+"""The in-memory `Store`: one replica's shared state, in plain Python.
+
+Same rules as the Redis scripts (`redis_store.py`), on an injected clock.
+Used by the contract tests, by benchmarks as the no-network baseline, and by
+`SharedDispatcher` as the fail-open fallback while Redis is unreachable
+(then with this replica's share of the limits).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scheduler.clock import Clock
+from scheduler.store import (
+    BucketLimits,
+    Lease,
+    Settlement,
+    Step,
+    StepOutcome,
+    StoreSnapshot,
+    bucket_level,
+    bucket_wait_s,
+    tenant_fields,
+)
+from scheduler.tenants import TenantConfig
+
+
+@dataclass(slots=True)
+class _Bucket:
+    level: float
+    updated_s: float
+
+
+@dataclass(slots=True)
+class _Lease:
+    tenant_id: str
+    kv_tokens: int
+    expires_s: float
+
+
+class MemoryStore:
+    kind = "memory"
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        lease_ttl_s: float = 10.0,
+        backlog_ttl_s: float = 3.0,
+        done_ttl_s: float = 600.0,
+    ) -> None:
+        self.clock = clock
+        self.lease_ttl_s = lease_ttl_s
+        self.backlog_ttl_s = backlog_ttl_s
+        self.done_ttl_s = done_ttl_s
+        self.round_trips = 0
+        self.counters: dict[str, float] = {}
+        self.floor = 0.0
+        # (replica, tenant) -> expiry
+        self.backlog: dict[tuple[str, str], float] = {}
+        self.leases: dict[str, _Lease] = {}
+        self.in_flight = 0
+        self.in_flight_kv = 0
+        self.concurrency: dict[str, int] = {}
+        self.done: dict[str, float] = {}
+        # (tenant, "r" | "t") -> bucket
+        self.buckets: dict[tuple[str, str], _Bucket] = {}
+        self.tenants: dict[str, dict[str, str]] = {}
+
+    # -- buckets ------------------------------------------------------------
+    def _level(self, tenant: str, kind: str, rate: float, burst: float, now_s: float) -> float:
+        b = self.buckets.get((tenant, kind))
+        if b is None:
+            return burst
+        return bucket_level(b.level, b.updated_s, now_s, rate, burst)
+
+    def _set(self, tenant: str, kind: str, level: float, now_s: float) -> None:
+        self.buckets[(tenant, kind)] = _Bucket(level, now_s)
+
+    def _bucket_wait(
+        self, tenant: str, tokens: int, lim: BucketLimits, now_s: float
+    ) -> tuple[str, float]:
+        limit, wait = "", 0.0
+        if lim.requests_per_s is not None and lim.requests_burst is not None:
+            lvl = self._level(tenant, "r", lim.requests_per_s, lim.requests_burst, now_s)
+            w = bucket_wait_s(lvl, 1.0, lim.requests_per_s, lim.requests_burst)
+            if w > wait:
+                limit, wait = "requests_per_s", w
+        if lim.tokens_per_s is not None and lim.tokens_burst is not None:
+            lvl = self._level(tenant, "t", lim.tokens_per_s, lim.tokens_burst, now_s)
+            w = bucket_wait_s(lvl, float(tokens), lim.tokens_per_s, lim.tokens_burst)
+            if w > wait:
+                limit, wait = "tokens_per_min", w
+        return limit, wait
+
+    def _add(self, tenant: str, req: float, tok: float, lim: BucketLimits, now_s: float) -> None:
+        """Add to the buckets (negative: take, debt allowed; never above the burst)."""
+        if req and lim.requests_per_s is not None and lim.requests_burst is not None:
+            lvl = self._level(tenant, "r", lim.requests_per_s, lim.requests_burst, now_s)
+            self._set(tenant, "r", min(lim.requests_burst, lvl + req), now_s)
+        if tok and lim.tokens_per_s is not None and lim.tokens_burst is not None:
+            lvl = self._level(tenant, "t", lim.tokens_per_s, lim.tokens_burst, now_s)
+            self._set(tenant, "t", min(lim.tokens_burst, lvl + tok), now_s)
+
+    # -- leases ---------------------------------------------------------------
+    def _open(self, lease_id: str, tenant: str, kv: int, now_s: float) -> None:
+        self.leases[lease_id] = _Lease(tenant, kv, now_s + self.lease_ttl_s)
+        self.in_flight += 1
+        self.in_flight_kv += kv
+        self.concurrency[tenant] = self.concurrency.get(tenant, 0) + 1
+
+    def _release(self, lease_id: str) -> None:
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
+            return
+        self.in_flight -= 1
+        self.in_flight_kv -= lease.kv_tokens
+        self.concurrency[lease.tenant_id] -= 1
+
+    def _expire(self, now_s: float) -> None:
+        for lid in [lid for lid, lease in self.leases.items() if lease.expires_s <= now_s]:
+            self._release(lid)
+        for key in [k for k, exp in self.backlog.items() if exp <= now_s]:
+            del self.backlog[key]
+        for lid in [lid for lid, exp in self.done.items() if exp <= now_s]:
+            del self.done[lid]
+
+    def _settle(self, s: Settlement, now_s: float) -> bool:
+        if s.lease_id in self.done:
+            return False
+        self._release(s.lease_id)
+        self._add(s.tenant_id, s.refund_requests, s.refund_tokens, s.buckets, now_s)
+        self.done[s.lease_id] = now_s + self.done_ttl_s
+        return True
+
+    def _renew(self, lease: Lease, now_s: float) -> None:
+        current = self.leases.get(lease.lease_id)
+        if current is not None:
+            current.expires_s = now_s + self.lease_ttl_s
+        elif lease.lease_id not in self.done:
+            self._open(lease.lease_id, lease.tenant_id, lease.kv_tokens, now_s)
+
+    def _lift(self, replica: str, tenant: str) -> None:
+        others = {t for (r, t) in self.backlog if t != tenant}
+        if any(t == tenant and r != replica for (r, t) in self.backlog):
+            return  # already backlogged on another replica
+        floor = min((self.counters.get(t, 0.0) for t in others), default=self.floor)
+        if self.counters.get(tenant, 0.0) < floor:
+            self.counters[tenant] = floor
+
+    # -- the Store protocol -----------------------------------------------------
+    async def step(self, replica_id: str, step: Step) -> StepOutcome:
+        return self.step_now(replica_id, step)
+
+    def step_now(self, replica_id: str, step: Step) -> StepOutcome:
+        now_s = self.clock.now_s()
+        out = StepOutcome()
+        self._expire(now_s)
+        out.settled = sum(self._settle(s, now_s) for s in step.settlements)
+        for tenant, delta in step.charges.items():
+            self.counters[tenant] = self.counters.get(tenant, 0.0) + delta
+        for tenant in step.withdraw:
+            self.backlog.pop((replica_id, tenant), None)
+        if step.backlogged is not None:
+            for tenant in step.backlogged:
+                self.backlog[(replica_id, tenant)] = now_s + self.backlog_ttl_s
+        for tenant in step.announce:
+            self._lift(replica_id, tenant)
+            self.backlog[(replica_id, tenant)] = now_s + self.backlog_ttl_s
+            out.counters[tenant] = self.counters.get(tenant, 0.0)
+        for lease in step.renew or ():
+            self._renew(lease, now_s)
+        self._decide(step, now_s, out)
+        out.in_flight = self.in_flight
+        return out
+
+    def _decide(self, step: Step, now_s: float, out: StepOutcome) -> None:
+        cands = step.candidates
+        for c in cands:
+            out.counters[c.tenant_id] = self.counters.get(c.tenant_id, 0.0)
+        order = sorted(range(len(cands)), key=lambda i: (out.counters[cands[i].tenant_id], i))
+        for i in order:
+            c = cands[i]
+            if c.lease_id in self.leases:  # a retried decision that already admitted it
+                out.admitted = i
+                return
+            if (
+                c.max_concurrent is not None
+                and self.concurrency.get(c.tenant_id, 0) >= c.max_concurrent
+            ):
+                out.blocked[i] = math.inf
+                continue
+            if c.take_buckets:
+                _, wait_s = self._bucket_wait(c.tenant_id, c.kv_tokens, c.buckets, now_s)
+                if wait_s > 0:
+                    out.blocked[i] = wait_s
+                    continue
+            lim = step.limits
+            if self.in_flight >= lim.max_requests or (
+                self.in_flight > 0 and self.in_flight_kv + c.kv_tokens > lim.max_kv_tokens
+            ):
+                out.full = True
+                return
+            if c.take_buckets:
+                self._add(c.tenant_id, -1.0, -float(c.kv_tokens), c.buckets, now_s)
+            counter = out.counters[c.tenant_id]
+            self.floor = max(self.floor, counter)
+            self.counters[c.tenant_id] = counter + step.w_in * c.prompt_tokens / c.weight
+            out.counters[c.tenant_id] = self.counters[c.tenant_id]
+            self._open(c.lease_id, c.tenant_id, c.kv_tokens, now_s)
+            out.admitted = i
+            return
+
+    async def reserve(
+        self, lease_id: str, tenant_id: str, tokens: int, buckets: BucketLimits
+    ) -> tuple[str, float]:
+        now_s = self.clock.now_s()
+        limit, wait_s = self._bucket_wait(tenant_id, tokens, buckets, now_s)
+        if wait_s > 0:
+            return limit, wait_s
+        self._add(tenant_id, -1.0, -float(tokens), buckets, now_s)
+        return "", 0.0
+
+    def seed_counters(self, counters: dict[str, float]) -> None:
+        """Start from known counters (the fail-open fallback takes Redis's last values)."""
+        self.counters.update(counters)
+        self.floor = max([self.floor, *counters.values()]) if counters else self.floor
+
+    async def put_tenant(self, cfg: TenantConfig) -> None:
+        self.tenants[cfg.tenant_id] = tenant_fields(cfg)
+
+    async def get_tenant(self, tenant_id: str) -> dict[str, str] | None:
+        return self.tenants.get(tenant_id)
+
+    async def snapshot(self) -> StoreSnapshot:
+        now_s = self.clock.now_s()
+        self._expire(now_s)
+        backlog: dict[str, set[str]] = {}
+        for replica, tenant in self.backlog:
+            backlog.setdefault(tenant, set()).add(replica)
+        levels: dict[str, tuple[float | None, float | None]] = {}
+        for (tenant, kind), b in self.buckets.items():
+            r, t = levels.get(tenant, (None, None))
+            levels[tenant] = (b.level, t) if kind == "r" else (r, b.level)
+        return StoreSnapshot(
+            in_flight=self.in_flight,
+            in_flight_kv_tokens=self.in_flight_kv,
+            concurrency={t: n for t, n in self.concurrency.items() if n},
+            counters=dict(self.counters),
+            leases=set(self.leases),
+            backlog=backlog,
+            bucket_levels=levels,
+        )
+
+    async def ping(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,227 @@
+"""Lua sources of the Redis store (see redis_store.py for the key layout).
+
+Every script reads the clock with TIME (one clock for the fleet), touches only
+keys of one hash slot (`{<domain>}`) and is atomic. Numbers cross the script
+boundary as strings ("%.17g") because Redis truncates Lua numbers to integers.
+"""
+
+from __future__ import annotations
+
+# Shared helpers, prepended to each script.
+_COMMON = r"""
+local P = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000  -- ms
+local function num(s) return tonumber(s) end
+local function fmt(x) return string.format('%.17g', x) end
+local function opt(s) local v = tonumber(s); if v == nil or v < 0 then return nil end; return v end
+
+local function level(h, f, rate, burst)
+  local v = redis.call('HMGET', h, f .. 'l', f .. 'ts')
+  local l, ts = tonumber(v[1]), tonumber(v[2])
+  if l == nil then return burst end
+  if now > ts then l = l + (now - ts) / 1000 * rate end
+  if l > burst then l = burst end
+  return l
+end
+local function set_level(h, f, l) redis.call('HSET', h, f .. 'l', fmt(l), f .. 'ts', fmt(now)) end
+local function wait_ms(l, n, rate, burst)
+  local slack = 1e-9 * math.max(1, n)
+  if n > burst + slack then return -1 end  -- never
+  local missing = n - l
+  if missing <= slack then return 0 end
+  return missing / rate * 1000
+end
+-- (binding limit, wait ms; -1 = never) for 1 request + n tokens
+local function bucket_wait(tenant, n, rr, rb, tr, tb)
+  local h = P .. ':b:' .. tenant
+  local lim, w = '', 0
+  if rr and rb then
+    local x = wait_ms(level(h, 'r', rr, rb), 1, rr, rb)
+    if x < 0 then return 'requests_per_s', -1 end
+    if x > w then lim, w = 'requests_per_s', x end
+  end
+  if tr and tb then
+    local x = wait_ms(level(h, 't', tr, tb), n, tr, tb)
+    if x < 0 then return 'tokens_per_min', -1 end
+    if x > w then lim, w = 'tokens_per_min', x end
+  end
+  return lim, w
+end
+local function bucket_add(tenant, req, tok, rr, rb, tr, tb)
+  local h = P .. ':b:' .. tenant
+  if req ~= 0 and rr and rb then set_level(h, 'r', math.min(rb, level(h, 'r', rr, rb) + req)) end
+  if tok ~= 0 and tr and tb then set_level(h, 't', math.min(tb, level(h, 't', tr, tb) + tok)) end
+end
+"""
+
+RESERVE = (
+    _COMMON
+    + r"""
+-- ARGV: P, tenant, tokens, rr, rb, tr, tb
+local tenant, n = ARGV[2], num(ARGV[3])
+local rr, rb, tr, tb = opt(ARGV[4]), opt(ARGV[5]), opt(ARGV[6]), opt(ARGV[7])
+local lim, w = bucket_wait(tenant, n, rr, rb, tr, tb)
+if w ~= 0 then return {lim, fmt(w)} end
+bucket_add(tenant, -1, -n, rr, rb, tr, tb)
+return {'', '0'}
+"""
+)
+
+STEP = (
+    _COMMON
+    + r"""
+-- Keys (all under P = 'fg:{domain}'): :vtc counters, :floor, :bl backlog
+-- (member replica \0 tenant -> expiry ms), :ls lease expiries, :lt lease -> tenant,
+-- :lk lease -> kv tokens, :in in-flight (n, kv, c:<tenant>), :done settled ids,
+-- :epoch, :b:<tenant> buckets.
+local VTC, FLOOR, BL = P .. ':vtc', P .. ':floor', P .. ':bl'
+local LS, LT, LK, IN, DONE = P .. ':ls', P .. ':lt', P .. ':lk', P .. ':in', P .. ':done'
+local replica = ARGV[2]
+local lease_ttl, bl_ttl, done_ttl = num(ARGV[3]), num(ARGV[4]), num(ARGV[5])
+local max_req, max_kv, w_in = num(ARGV[6]), num(ARGV[7]), num(ARGV[8])
+local i = 9
+local function nxt() local v = ARGV[i]; i = i + 1; return v end
+
+local state_lost = 0
+if redis.call('SET', P .. ':epoch', '1', 'NX') then state_lost = 1 end
+
+local function release(id)
+  local tenant = redis.call('HGET', LT, id)
+  if not tenant then return end
+  local kv = tonumber(redis.call('HGET', LK, id)) or 0
+  redis.call('HINCRBY', IN, 'n', -1)
+  redis.call('HINCRBY', IN, 'kv', -kv)
+  redis.call('HINCRBY', IN, 'c:' .. tenant, -1)
+  redis.call('HDEL', LT, id)
+  redis.call('HDEL', LK, id)
+  redis.call('ZREM', LS, id)
+end
+local function open(id, tenant, kv)
+  redis.call('HSET', LT, id, tenant)
+  redis.call('HSET', LK, id, kv)
+  redis.call('ZADD', LS, now + lease_ttl, id)
+  redis.call('HINCRBY', IN, 'n', 1)
+  redis.call('HINCRBY', IN, 'kv', kv)
+  redis.call('HINCRBY', IN, 'c:' .. tenant, 1)
+end
+local function counter(tenant) return tonumber(redis.call('HGET', VTC, tenant)) or 0 end
+
+-- expiry: crashed replicas' leases and backlog, old settlement ids
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', LS, '-inf', now)) do release(id) end
+redis.call('ZREMRANGEBYSCORE', BL, '-inf', now)
+redis.call('ZREMRANGEBYSCORE', DONE, '-inf', now)
+
+-- settlements (idempotent by lease id)
+local settled = 0
+for _ = 1, num(nxt()) do
+  local id, tenant, rq, tk = nxt(), nxt(), num(nxt()), num(nxt())
+  local rr, rb, tr, tb = opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt())
+  if not redis.call('ZSCORE', DONE, id) then
+    release(id)
+    bucket_add(tenant, rq, tk, rr, rb, tr, tb)
+    redis.call('ZADD', DONE, now + done_ttl, id)
+    settled = settled + 1
+  end
+end
+-- batched output charges
+for _ = 1, num(nxt()) do
+  local tenant, delta = nxt(), nxt()
+  redis.call('HINCRBYFLOAT', VTC, tenant, delta)
+end
+-- backlog: withdraw, refresh, announce (lift)
+for _ = 1, num(nxt()) do redis.call('ZREM', BL, replica .. '\0' .. nxt()) end
+local nb = num(nxt())
+for _ = 1, nb do redis.call('ZADD', BL, now + bl_ttl, replica .. '\0' .. nxt()) end
+local counters = {}
+for _ = 1, num(nxt()) do
+  local tenant = nxt()
+  local elsewhere, floor = false, nil
+  for _, m in ipairs(redis.call('ZRANGE', BL, 0, -1)) do
+    local sep = string.find(m, '\0', 1, true)
+    local r, tt = string.sub(m, 1, sep - 1), string.sub(m, sep + 1)
+    if tt == tenant then
+      if r ~= replica then elsewhere = true end
+    else
+      local c = counter(tt)
+      if floor == nil or c < floor then floor = c end
+    end
+  end
+  if not elsewhere then
+    if floor == nil then floor = tonumber(redis.call('GET', FLOOR)) or 0 end
+    if counter(tenant) < floor then redis.call('HSET', VTC, tenant, fmt(floor)) end
+  end
+  redis.call('ZADD', BL, now + bl_ttl, replica .. '\0' .. tenant)
+  counters[tenant] = counter(tenant)
+end
+-- lease renewal / adoption
+local nr = num(nxt())
+for _ = 1, nr do
+  local id, tenant, kv = nxt(), nxt(), num(nxt())
+  if redis.call('HEXISTS', LT, id) == 1 then
+    redis.call('ZADD', LS, now + lease_ttl, id)
+  elseif not redis.call('ZSCORE', DONE, id) then
+    open(id, tenant, kv)
+  end
+end
+-- the decision
+local nc = num(nxt())
+local cands = {}
+for k = 1, nc do
+  local c = {id = nxt(), tenant = nxt(), weight = num(nxt()), prompt = num(nxt()),
+    kv = num(nxt()), take = nxt() == '1', rr = opt(nxt()), rb = opt(nxt()),
+    tr = opt(nxt()), tb = opt(nxt()), maxc = opt(nxt()), idx = k - 1}
+  c.counter = counter(c.tenant)
+  counters[c.tenant] = c.counter
+  cands[k] = c
+end
+table.sort(cands, function(a, b)
+  if a.counter ~= b.counter then return a.counter < b.counter end
+  return a.idx < b.idx
+end)
+local admitted, full, blocked = -1, 0, {}
+local n = tonumber(redis.call('HGET', IN, 'n')) or 0
+local kv = tonumber(redis.call('HGET', IN, 'kv')) or 0
+for _, c in ipairs(cands) do
+  if redis.call('HEXISTS', LT, c.id) == 1 then admitted = c.idx; break end
+  local skip = false
+  if c.maxc and (tonumber(redis.call('HGET', IN, 'c:' .. c.tenant)) or 0) >= c.maxc then
+    table.insert(blocked, tostring(c.idx)); table.insert(blocked, '-1'); skip = true
+  end
+  if not skip and c.take then
+    local _, w = bucket_wait(c.tenant, c.kv, c.rr, c.rb, c.tr, c.tb)
+    if w ~= 0 then
+      table.insert(blocked, tostring(c.idx)); table.insert(blocked, fmt(w)); skip = true
+    end
+  end
+  if not skip then
+    if n >= max_req or (n > 0 and kv + c.kv > max_kv) then full = 1; break end
+    if c.take then bucket_add(c.tenant, -1, -c.kv, c.rr, c.rb, c.tr, c.tb) end
+    local floor = tonumber(redis.call('GET', FLOOR)) or 0
+    if c.counter > floor then redis.call('SET', FLOOR, fmt(c.counter)) end
+    local after = c.counter + w_in * c.prompt / c.weight
+    redis.call('HSET', VTC, c.tenant, fmt(after))
+    counters[c.tenant] = after
+    open(c.id, c.tenant, c.kv)
+    n = n + 1
+    admitted = c.idx
+    break
+  end
+end
+local flat = {}
+for tenant, c in pairs(counters) do table.insert(flat, tenant); table.insert(flat, fmt(c)) end
+return {admitted, full, blocked, flat, settled, state_lost, n}
+"""
+)
+
+SNAPSHOT = r"""
+local P = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+return {
+  redis.call('HGETALL', P .. ':in'),
+  redis.call('HGETALL', P .. ':vtc'),
+  redis.call('ZRANGEBYSCORE', P .. ':ls', '(' .. now, '+inf'),
+  redis.call('ZRANGEBYSCORE', P .. ':bl', '(' .. now, '+inf'),
+}
+"""

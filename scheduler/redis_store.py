@@ -1,0 +1,295 @@
+"""The Redis `Store`: fleet-wide scheduling state shared by every replica.
+
+The only module of `scheduler/` that imports redis. Key layout, for one
+engine domain D (the engine or worker pool every replica admits into) and
+prefix p (default "fg"); `{D}` is the Redis Cluster hash tag:
+
+    p:{D}:vtc        HASH   tenant -> virtual token counter
+    p:{D}:floor      STRING counter of the last tenant served (lifts newcomers)
+    p:{D}:bl         ZSET   "replica\\0tenant" -> expiry ms (backlog heartbeats)
+    p:{D}:ls         ZSET   lease id -> expiry ms (in-flight leases)
+    p:{D}:lt / :lk   HASH   lease id -> tenant / KV tokens
+    p:{D}:in         HASH   n, kv, c:<tenant> (fleet-wide in-flight counts)
+    p:{D}:done       ZSET   settled lease id -> expiry ms (idempotent settlement)
+    p:{D}:epoch      STRING exists while the state is intact (detects a wiped Redis)
+    p:{D}:b:<tenant> HASH   token buckets: rl, rts (requests), tl, tts (tokens)
+    p:{t:<tenant>}:cfg HASH tenant configuration (published, not on the hot path)
+
+Why the per-tenant buckets live in the domain's slot rather than under a
+`{tenant}` tag: one decision must read every candidate tenant's counter and
+buckets, the fleet's in-flight leases, and write the winner's — atomically,
+in one round trip. Redis Cluster runs a script against one slot only, so all
+state a decision touches shares the domain's tag; a domain's scheduling load
+lands on one shard, which at LLM request rates (tens to hundreds of
+admissions/s per engine) is far below one shard's capacity. Tenant config,
+which no decision reads, is tagged by tenant.
+
+Scripts run by EVALSHA; on NOSCRIPT (SCRIPT FLUSH, a restarted or failed-over
+Redis) the script is sent once with EVAL, which also caches it again.
+
+Connection URLs: redis://, rediss:// (TLS), unix://, redis+sentinel://
+[user:pass@]host:port[,host:port...]/service[/db] and redis+cluster://host:port.
+Only standalone Redis is exercised by the tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ReadOnlyError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from scheduler.errors import StoreUnavailable
+from scheduler.redis_scripts import RESERVE, SNAPSHOT, STEP
+from scheduler.store import (
+    NO_LIMIT,
+    BucketLimits,
+    Step,
+    StepOutcome,
+    StoreSnapshot,
+    tenant_fields,
+)
+from scheduler.tenants import TenantConfig
+
+_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class _Script:
+    source: str
+    sha: str
+
+    @classmethod
+    def of(cls, source: str) -> _Script:
+        return cls(source, hashlib.sha1(source.encode()).hexdigest())
+
+
+_STEP, _RESERVE, _SNAPSHOT = _Script.of(STEP), _Script.of(RESERVE), _Script.of(SNAPSHOT)
+
+
+def _num(x: float | None) -> str:
+    return repr(NO_LIMIT if x is None else float(x))
+
+
+def _limits(b: BucketLimits) -> list[str]:
+    return [
+        _num(b.requests_per_s),
+        _num(b.requests_burst),
+        _num(b.tokens_per_s),
+        _num(b.tokens_burst),
+    ]
+
+
+def _s(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def connect(url: str, *, timeout_s: float = 1.0) -> Any:
+    """A redis-py asyncio client for `url` (no automatic retries: failures surface)."""
+    opts: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    parts = urlsplit(url)
+    if parts.scheme == "redis+sentinel":
+        netloc = parts.netloc.rsplit("@", 1)
+        auth = netloc[0] if len(netloc) == 2 else ""
+        sentinels = []
+        for hostport in netloc[-1].split(","):
+            host, _, port = hostport.partition(":")
+            sentinels.append((host, int(port or 26379)))
+        path = [p for p in parts.path.split("/") if p]
+        if not path:
+            raise ValueError(f"{url!r}: redis+sentinel:// needs a service name: .../mymaster")
+        user, _, password = auth.partition(":")
+        sentinel = Sentinel(sentinels, socket_timeout=timeout_s)  # type: ignore[no-untyped-call]
+        return sentinel.master_for(
+            path[0],
+            db=int(path[1]) if len(path) > 1 else 0,
+            username=unquote(user) or None,
+            password=unquote(password) or None,
+            **opts,
+        )
+    if parts.scheme in ("redis+cluster", "rediss+cluster"):
+        plain = url.replace("+cluster", "", 1)
+        return RedisCluster.from_url(plain, socket_timeout=timeout_s)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(
+            f"{url!r}: use redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://"
+        )
+    return aioredis.Redis.from_url(url, **opts)
+
+
+class RedisStore:
+    kind = "redis"
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        domain: str = "default",
+        prefix: str = "fg",
+        lease_ttl_s: float = 10.0,
+        backlog_ttl_s: float = 3.0,
+        done_ttl_s: float = 600.0,
+    ) -> None:
+        if any(c in domain for c in "{}") or any(c in prefix for c in "{}"):
+            raise ValueError("the Redis domain and prefix may not contain braces")
+        self._r = client
+        self.prefix = prefix
+        self.domain = domain
+        self.base = f"{prefix}:{{{domain}}}"
+        self.lease_ttl_ms = lease_ttl_s * 1000
+        self.backlog_ttl_ms = backlog_ttl_s * 1000
+        self.done_ttl_ms = done_ttl_s * 1000
+        self.round_trips = 0
+        self.noscript_reloads = 0
+
+    @classmethod
+    def from_url(cls, url: str, *, timeout_s: float = 1.0, **kwargs: Any) -> RedisStore:
+        return cls(connect(url, timeout_s=timeout_s), **kwargs)
+
+    def _keys(self, tenants: set[str]) -> list[str]:
+        fixed = ["vtc", "floor", "bl", "ls", "lt", "lk", "in", "done", "epoch"]
+        return [f"{self.base}:{k}" for k in fixed] + [f"{self.base}:b:{t}" for t in sorted(tenants)]
+
+    async def _eval(self, script: _Script, keys: list[str], args: list[str]) -> Any:
+        self.round_trips += 1
+        try:
+            try:
+                return await self._r.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                # SCRIPT FLUSH or a fresh server: send the source once (EVAL caches it).
+                self.noscript_reloads += 1
+                self.round_trips += 1
+                return await self._r.eval(script.source, len(keys), *keys, *args)
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"redis unreachable: {exc}") from exc
+
+    async def step(self, replica_id: str, step: Step) -> StepOutcome:
+        args = [
+            self.base,
+            replica_id,
+            repr(self.lease_ttl_ms),
+            repr(self.backlog_ttl_ms),
+            repr(self.done_ttl_ms),
+            str(step.limits.max_requests),
+            str(step.limits.max_kv_tokens),
+            repr(step.w_in),
+        ]
+        tenants: set[str] = set()
+        args.append(str(len(step.settlements)))
+        for s in step.settlements:
+            tenants.add(s.tenant_id)
+            args += [s.lease_id, s.tenant_id, repr(s.refund_requests), repr(s.refund_tokens)]
+            args += _limits(s.buckets)
+        args.append(str(len(step.charges)))
+        for tenant, delta in step.charges.items():
+            args += [tenant, repr(delta)]
+        args.append(str(len(step.withdraw)))
+        args += step.withdraw
+        backlogged = step.backlogged or []
+        args.append(str(len(backlogged)))
+        args += backlogged
+        args.append(str(len(step.announce)))
+        args += step.announce
+        renew = step.renew or []
+        args.append(str(len(renew)))
+        for lease in renew:
+            args += [lease.lease_id, lease.tenant_id, str(lease.kv_tokens)]
+        args.append(str(len(step.candidates)))
+        for c in step.candidates:
+            tenants.add(c.tenant_id)
+            args += [c.lease_id, c.tenant_id, repr(c.weight), str(c.prompt_tokens)]
+            args += [str(c.kv_tokens), "1" if c.take_buckets else "0", *_limits(c.buckets)]
+            args.append(_num(c.max_concurrent))
+        raw = await self._eval(_STEP, self._keys(tenants), args)
+        admitted, full, blocked, flat, settled, state_lost, n = raw
+        out = StepOutcome(
+            admitted=None if int(admitted) < 0 else int(admitted),
+            full=bool(int(full)),
+            settled=int(settled),
+            state_lost=bool(int(state_lost)),
+            in_flight=int(n),
+        )
+        for k in range(0, len(blocked), 2):
+            w = float(_s(blocked[k + 1]))
+            out.blocked[int(_s(blocked[k]))] = math.inf if w < 0 else w / 1000
+        for k in range(0, len(flat), 2):
+            out.counters[_s(flat[k])] = float(_s(flat[k + 1]))
+        return out
+
+    async def reserve(
+        self, lease_id: str, tenant_id: str, tokens: int, buckets: BucketLimits
+    ) -> tuple[str, float]:
+        args = [self.base, tenant_id, str(tokens), *_limits(buckets)]
+        limit, wait = await self._eval(_RESERVE, self._keys({tenant_id})[-1:], args)
+        w = float(_s(wait))
+        return _s(limit), (math.inf if w < 0 else w / 1000)
+
+    def _tenant_key(self, tenant_id: str) -> str:
+        return f"{self.prefix}:{{t:{tenant_id}}}:cfg"
+
+    async def put_tenant(self, cfg: TenantConfig) -> None:
+        key = self._tenant_key(cfg.tenant_id)
+        try:
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.delete(key)
+                pipe.hset(key, mapping=tenant_fields(cfg))
+                await pipe.execute()
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"redis unreachable: {exc}") from exc
+
+    async def get_tenant(self, tenant_id: str) -> dict[str, str] | None:
+        try:
+            raw = await self._r.hgetall(self._tenant_key(tenant_id))
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"redis unreachable: {exc}") from exc
+        return {_s(k): _s(v) for k, v in raw.items()} or None
+
+    async def snapshot(self) -> StoreSnapshot:
+        inflight, vtc, leases, bl = await self._eval(_SNAPSHOT, self._keys(set()), [self.base])
+        fields = {_s(inflight[k]): int(_s(inflight[k + 1])) for k in range(0, len(inflight), 2)}
+        backlog: dict[str, set[str]] = {}
+        for m in bl:
+            replica, _, tenant = _s(m).partition("\0")
+            backlog.setdefault(tenant, set()).add(replica)
+        levels: dict[str, tuple[float | None, float | None]] = {}
+        try:
+            async for key in self._r.scan_iter(match=f"{self.base}:b:*"):
+                r, t = await self._r.hmget(key, "rl", "tl")
+                levels[_s(key)[len(self.base) + 3 :]] = (
+                    None if r is None else float(_s(r)),
+                    None if t is None else float(_s(t)),
+                )
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"redis unreachable: {exc}") from exc
+        return StoreSnapshot(
+            in_flight=fields.get("n", 0),
+            in_flight_kv_tokens=fields.get("kv", 0),
+            concurrency={k[2:]: v for k, v in fields.items() if k.startswith("c:") and v},
+            counters={_s(vtc[k]): float(_s(vtc[k + 1])) for k in range(0, len(vtc), 2)},
+            leases={_s(x) for x in leases},
+            backlog=backlog,
+            bucket_levels=levels,
+        )
+
+    async def ping(self) -> None:
+        try:
+            await self._r.ping()
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"redis unreachable: {exc}") from exc
+
+    async def aclose(self) -> None:
+        await self._r.aclose()

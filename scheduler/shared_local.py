@@ -1,0 +1,133 @@
+"""A replica's local side of shared scheduling: its queued and in-flight requests.
+
+`SharedDispatcher` keeps, per replica, the requests it holds (queues per
+tenant, FIFO per class with the batch anti-starvation rule of `TenantQueue`),
+which tenants are eligible (queued and not paused), a mirror of the fleet's
+counters (to pick which tenants to offer a decision), and the per-request
+bookkeeping settlement needs. No I/O here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import math
+from dataclasses import dataclass
+
+from scheduler.request import QueuedRequest
+from scheduler.store import BucketLimits, Candidate, Settlement
+from scheduler.tenant_queue import TenantQueue
+from scheduler.tenants import TenantConfig
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    req: QueuedRequest
+    cfg: TenantConfig
+    lease_id: str
+    fut: asyncio.Future[None]
+    buckets: BucketLimits
+    requests_taken: float = 0.0
+    tokens_taken: float = 0.0
+    queued: bool = True
+    started: bool = False
+    cancelled: bool = False
+    output_tokens: int = 0
+    # Its lease and bucket charges live in the shared store (False: admitted by
+    # the fail-open fallback and not adopted yet).
+    in_shared: bool = True
+    # Its bucket charges were made in the shared store (refunds go there).
+    buckets_shared: bool = False
+    expiry: asyncio.TimerHandle | None = None
+
+    @property
+    def wanted(self) -> bool:
+        return not self.fut.done() and not self.cancelled
+
+    def candidate(self, buckets: BucketLimits) -> Candidate:
+        return Candidate(
+            lease_id=self.lease_id,
+            tenant_id=self.req.tenant_id,
+            weight=self.cfg.weight,
+            prompt_tokens=self.req.prompt_tokens,
+            kv_tokens=self.req.kv_tokens,
+            take_buckets=self.cfg.over_quota == "wait" and buckets.any,
+            buckets=buckets,
+            max_concurrent=self.cfg.quotas.max_concurrent,
+        )
+
+    def settlement(self) -> Settlement:
+        """What ending now gives back: everything if it never started, else unused tokens."""
+        if not self.started:
+            return Settlement(
+                self.lease_id,
+                self.req.tenant_id,
+                self.requests_taken,
+                self.tokens_taken,
+                self.buckets,
+            )
+        unused = float(self.req.max_tokens - self.output_tokens) if self.tokens_taken else 0.0
+        return Settlement(self.lease_id, self.req.tenant_id, 0.0, unused, self.buckets)
+
+
+class LocalQueues:
+    def __init__(self, batch_every_n: int | None) -> None:
+        self._batch_every_n = batch_every_n
+        self._queues: dict[str, TenantQueue] = {}
+        self.paused_until: dict[str, float] = {}
+        self.mirror: dict[str, float] = {}
+        self._len = 0
+
+    def push(self, req: QueuedRequest) -> None:
+        q = self._queues.get(req.tenant_id)
+        if q is None:
+            q = self._queues[req.tenant_id] = TenantQueue(self._batch_every_n)
+        q.push(req)
+        self._len += 1
+
+    def remove(self, req: QueuedRequest) -> bool:
+        q = self._queues.get(req.tenant_id)
+        if q is None:
+            return False
+        if q.head() is req:
+            q.pop()  # keeps the anti-starvation streak right
+        elif not q.remove(req):
+            return False
+        self._len -= 1
+        if not len(q):
+            del self._queues[req.tenant_id]
+        return True
+
+    def queued(self, tenant_id: str) -> int:
+        q = self._queues.get(tenant_id)
+        return len(q) if q is not None else 0
+
+    def eligible(self) -> list[str]:
+        return [t for t in self._queues if t not in self.paused_until]
+
+    def backlogged(self) -> list[str]:
+        return list(self._queues)
+
+    def heads(self, limit: int) -> list[QueuedRequest]:
+        """Heads of the eligible tenants with the smallest mirrored counters."""
+        tenants = heapq.nsmallest(
+            limit, self.eligible(), key=lambda t: self.mirror.get(t, -math.inf)
+        )
+        heads = [self._queues[t].head() for t in tenants]
+        return [h for h in heads if h is not None]
+
+    def pause(self, tenant_id: str, until_s: float) -> None:
+        self.paused_until[tenant_id] = until_s
+
+    def resume_due(self, now_s: float) -> None:
+        for t in [t for t, until in self.paused_until.items() if until <= now_s]:
+            del self.paused_until[t]
+
+    def resume(self, tenant_id: str) -> None:
+        self.paused_until.pop(tenant_id, None)
+
+    def next_resume_s(self) -> float:
+        return min(self.paused_until.values(), default=math.inf)
+
+    def __len__(self) -> int:
+        return self._len

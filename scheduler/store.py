@@ -1,0 +1,230 @@
+"""The shared-state `Store`: fleet-wide buckets, fair counters, backlog, leases.
+
+A store holds, for one engine domain (the engines every replica admits into),
+everything replicas must agree on: the tenants' token buckets, their VTC
+counters, which tenants are backlogged where (with heartbeats), the in-flight
+leases on the engine (with expiry), and which requests were settled.
+
+The interface is one call per pump iteration, `step`: it applies this
+replica's pending settlements and batched output charges, refreshes its
+backlog and leases, then makes at most one admission decision among the
+candidates (the heads of this replica's eligible tenants): the candidate
+whose tenant has the smallest counter and whose quotas allow it gets a lease
+if the engine has room fleet-wide. `reserve` takes a reject-mode request's
+buckets at arrival. Both are atomic: one Lua script in Redis, plain code in
+memory.
+
+Implementations: `memory_store.MemoryStore` (one replica; also the fail-open
+fallback) and `redis_store.RedisStore`. The embedded single-replica server
+keeps using the synchronous `Dispatcher`, which implements the same rules
+inline; `SharedDispatcher` drives a `Store`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scheduler.budget import AdmissionLimits
+from scheduler.tenants import TenantConfig, TenantQuotas
+
+NO_LIMIT = -1.0
+
+
+@dataclass(frozen=True, slots=True)
+class BucketLimits:
+    """A tenant's two token buckets (None: no such bucket)."""
+
+    requests_per_s: float | None = None
+    requests_burst: float | None = None
+    tokens_per_s: float | None = None
+    tokens_burst: float | None = None
+
+    @classmethod
+    def of(cls, quotas: TenantQuotas) -> BucketLimits:
+        tokens_per_s = quotas.tokens_per_min / 60.0 if quotas.tokens_per_min is not None else None
+        return cls(quotas.requests_per_s, quotas.request_burst, tokens_per_s, quotas.token_burst)
+
+    @property
+    def any(self) -> bool:
+        return self.requests_per_s is not None or self.tokens_per_s is not None
+
+    def share(self, replicas: int) -> BucketLimits:
+        """This replica's part when it must enforce the limit alone (fail-open)."""
+        if replicas <= 1:
+            return self
+
+        def div(x: float | None, floor: float = 0.0) -> float | None:
+            return None if x is None else max(floor, x / replicas)
+
+        return BucketLimits(
+            div(self.requests_per_s),
+            div(self.requests_burst, 1.0),
+            div(self.tokens_per_s),
+            div(self.tokens_burst),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """The head request of one eligible tenant, offered to a decision."""
+
+    lease_id: str
+    tenant_id: str
+    weight: float
+    prompt_tokens: int
+    kv_tokens: int
+    # Wait mode: the buckets are taken at admission (reject mode took them at arrival).
+    take_buckets: bool = False
+    buckets: BucketLimits = BucketLimits()
+    max_concurrent: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """An in-flight request, for renewal (heartbeat) and adoption (after an outage)."""
+
+    lease_id: str
+    tenant_id: str
+    kv_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """The end of a request (or of a queued reservation). Applied once per lease_id."""
+
+    lease_id: str
+    tenant_id: str
+    # Refunds to the buckets (negative: debt, e.g. more output than reserved).
+    refund_requests: float = 0.0
+    refund_tokens: float = 0.0
+    buckets: BucketLimits = BucketLimits()
+
+
+@dataclass(slots=True)
+class Step:
+    limits: AdmissionLimits
+    w_in: float = 1.0
+    settlements: list[Settlement] = field(default_factory=list)
+    # Weighted counter increments (w_out * tokens / weight), batched per tenant.
+    charges: dict[str, float] = field(default_factory=dict)
+    # Tenants newly backlogged here: lifted to the fleet's smallest backlogged counter.
+    announce: list[str] = field(default_factory=list)
+    # Tenants no longer backlogged here.
+    withdraw: list[str] = field(default_factory=list)
+    # Heartbeat: every tenant backlogged here (refreshes their expiry); None: no refresh.
+    backlogged: list[str] | None = None
+    # Heartbeat: every lease this replica holds (renewed, or re-created if missing).
+    renew: list[Lease] | None = None
+    candidates: list[Candidate] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (
+            self.settlements
+            or self.charges
+            or self.announce
+            or self.withdraw
+            or self.backlogged is not None
+            or self.renew is not None
+            or self.candidates
+        )
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    # Index of the admitted candidate (its lease now exists), or None.
+    admitted: int | None = None
+    # The first candidate its own quotas allowed did not fit the engine's room.
+    full: bool = False
+    # Candidate index -> seconds until its quotas may allow it (inf: a request of
+    # its tenant must finish first, max_concurrent).
+    blocked: dict[int, float] = field(default_factory=dict)
+    # Counters of the candidates' and announced tenants (after the step).
+    counters: dict[str, float] = field(default_factory=dict)
+    # Settlements applied now (duplicates are skipped).
+    settled: int = 0
+    # The store's state was lost (e.g. Redis restarted empty): re-send every lease.
+    state_lost: bool = False
+    # Fleet-wide in-flight requests after the step.
+    in_flight: int = 0
+
+
+@dataclass(slots=True)
+class StoreSnapshot:
+    """Read-only view for tests, benchmarks and leak checks."""
+
+    in_flight: int
+    in_flight_kv_tokens: int
+    concurrency: dict[str, int]
+    counters: dict[str, float]
+    leases: set[str]
+    backlog: dict[str, set[str]]  # tenant -> replicas that have it backlogged
+    bucket_levels: dict[str, tuple[float | None, float | None]]
+
+
+class Store(Protocol):
+    kind: str
+
+    @property
+    def round_trips(self) -> int:
+        """Network round trips made so far (0 for the memory store)."""
+        ...
+
+    async def step(self, replica_id: str, step: Step) -> StepOutcome: ...
+
+    async def reserve(
+        self, lease_id: str, tenant_id: str, tokens: int, buckets: BucketLimits
+    ) -> tuple[str, float]:
+        """Take 1 request and `tokens`: ("", 0.0); else (binding limit, wait_s), taking nothing."""
+        ...
+
+    async def put_tenant(self, cfg: TenantConfig) -> None:
+        """Publish a tenant's configuration (operators and other replicas can read it)."""
+        ...
+
+    async def get_tenant(self, tenant_id: str) -> dict[str, str] | None: ...
+
+    async def snapshot(self) -> StoreSnapshot: ...
+
+    async def ping(self) -> None:
+        """Raise StoreUnavailable unless the store answers."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def tenant_fields(cfg: TenantConfig) -> dict[str, str]:
+    q = cfg.quotas
+    out = {
+        "weight": repr(cfg.weight),
+        "enabled": "1" if cfg.enabled else "0",
+        "over_quota": cfg.over_quota,
+        "priorities": ",".join(sorted(p.name.lower() for p in cfg.priorities)),
+    }
+    for name in TenantQuotas.__dataclass_fields__:
+        value = getattr(q, name)
+        if value is not None:
+            out[f"quotas.{name}"] = repr(value)
+    return out
+
+
+# -- the rules both stores implement ------------------------------------------
+EPSILON = 1e-9
+
+
+def bucket_level(level: float, updated_s: float, now_s: float, rate: float, burst: float) -> float:
+    if now_s > updated_s:
+        level = min(burst, level + (now_s - updated_s) * rate)
+    return min(level, burst)
+
+
+def bucket_wait_s(level: float, n: float, rate: float, burst: float) -> float:
+    """Seconds until `n` can be taken from a bucket at `level` (inf: never)."""
+    slack = EPSILON * max(1.0, n)
+    if n > burst + slack:
+        return math.inf
+    missing = n - level
+    if missing <= slack:
+        return 0.0
+    return missing / rate

@@ -1,0 +1,73 @@
+"""Settings → the dispatcher: the embedded in-memory one, or one sharing state in Redis."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import Literal
+
+from scheduler.budget import AdmissionBudget, AdmissionLimits
+from scheduler.clock import Clock
+from scheduler.dispatcher import Dispatcher
+from scheduler.policies import PolicyOptions, make_policy
+from scheduler.redis_store import RedisStore
+from scheduler.shared_dispatcher import SharedDispatcher, SharedOptions
+from scheduler.tenants import TenantRegistry
+from service.settings import Settings
+
+AnyDispatcher = Dispatcher | SharedDispatcher
+
+
+def replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+async def build_dispatcher(
+    settings: Settings,
+    options: PolicyOptions,
+    limits: AdmissionLimits,
+    clock: Clock,
+    tenants: TenantRegistry,
+    model_name: str,
+) -> AnyDispatcher:
+    if settings.store == "memory":
+        return Dispatcher(
+            make_policy(settings.policy, options),
+            AdmissionBudget(limits),
+            clock,
+            tenants=tenants,
+            reserve_fraction=settings.fair_reserve_fraction,
+        )
+    if settings.policy != "vtc":
+        raise ValueError("store=redis shares the vtc policy's state; set policy=vtc")
+    store = RedisStore.from_url(
+        settings.redis_url,
+        timeout_s=settings.redis_timeout_s,
+        domain=settings.redis_domain or model_name,
+        prefix=settings.redis_prefix,
+        lease_ttl_s=settings.redis_lease_ttl_s,
+        backlog_ttl_s=3 * settings.redis_heartbeat_s,
+    )
+    mode: Literal["open", "closed"] = (
+        "closed" if settings.redis_failure_mode == "closed" else "open"
+    )
+    shared = SharedDispatcher(
+        store,
+        limits,
+        clock,
+        SharedOptions(
+            replica_id=replica_id(),
+            failure_mode=mode,
+            replicas=settings.replicas,
+            w_in=settings.vtc_w_in,
+            w_out=settings.vtc_w_out,
+            flush_s=settings.redis_flush_ms / 1000,
+            poll_s=settings.redis_poll_ms / 1000,
+            heartbeat_s=settings.redis_heartbeat_s,
+            retry_s=settings.redis_retry_s,
+        ),
+        tenants=tenants,
+    )
+    await shared.start()
+    return shared

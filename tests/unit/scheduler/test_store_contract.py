@@ -1,0 +1,214 @@
+"""One contract for every `Store`: the in-memory store and Redis (a real server)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+
+import pytest
+import redis as redis_lib
+
+from scheduler.budget import AdmissionLimits
+from scheduler.clock import MonotonicClock
+from scheduler.memory_store import MemoryStore
+from scheduler.redis_store import RedisStore
+from scheduler.store import BucketLimits, Candidate, Lease, Settlement, Step, Store
+from scheduler.tenants import TenantConfig, TenantQuotas
+
+LIMITS = AdmissionLimits(max_requests=2, max_kv_tokens=1000)
+TTL = {"lease_ttl_s": 0.3, "backlog_ttl_s": 0.3}
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        yield MemoryStore(MonotonicClock(), **TTL)
+        return
+    url = request.getfixturevalue("redis_url")
+    s = RedisStore.from_url(url, domain="contract", **TTL)
+    yield s
+    await s.aclose()
+
+
+def cand(lease: str, tenant: str, prompt: int = 10, kv: int = 100, **kw: object) -> Candidate:
+    return Candidate(lease, tenant, float(kw.pop("weight", 1.0)), prompt, kv, **kw)  # type: ignore[arg-type]
+
+
+async def admit(store: Store, *cands: Candidate, replica: str = "r1", **kw: object) -> int | None:
+    out = await store.step(replica, Step(LIMITS, candidates=list(cands), **kw))  # type: ignore[arg-type]
+    return out.admitted
+
+
+async def test_admits_the_smallest_counter_and_charges_its_prompt(store: Store) -> None:
+    out = await store.step("r1", Step(LIMITS, charges={"a": 50.0, "b": 20.0}))
+    assert out.admitted is None
+    out = await store.step("r1", Step(LIMITS, candidates=[cand("1", "a"), cand("2", "b", 30)]))
+    assert out.admitted == 1
+    assert out.counters == {"a": 50.0, "b": pytest.approx(50.0)}  # 20 + 30 / 1
+    # Weight 2 halves the charge; ties go to the earlier candidate.
+    out = await store.step(
+        "r1", Step(LIMITS, w_in=2.0, candidates=[cand("3", "a", 10, weight=2.0), cand("4", "b")])
+    )
+    assert out.admitted == 0
+    assert out.counters["a"] == pytest.approx(60.0)
+
+
+async def test_fleet_room_requests_and_kv(store: Store) -> None:
+    assert await admit(store, cand("1", "a", kv=900)) == 0
+    out = await store.step("r2", Step(LIMITS, candidates=[cand("2", "b", kv=200)]))
+    assert out.admitted is None and out.full  # 900 + 200 > 1000 KV tokens
+    assert await admit(store, cand("3", "b", kv=100), replica="r2") == 0
+    out = await store.step("r3", Step(LIMITS, candidates=[cand("4", "c", kv=1)]))
+    assert out.full and out.in_flight == 2  # max_requests
+    # An idle engine takes any size.
+    for lease, tenant in (("1", "a"), ("3", "b")):
+        await store.step("r1", Step(LIMITS, settlements=[Settlement(lease, tenant)]))
+    assert await admit(store, cand("5", "c", kv=5000)) == 0
+
+
+async def test_settlement_is_idempotent_and_frees_room(store: Store) -> None:
+    assert await admit(store, cand("1", "a")) == 0
+    s = Settlement("1", "a")
+    first = await store.step("r1", Step(LIMITS, settlements=[s]))
+    again = await store.step("r2", Step(LIMITS, settlements=[s, s]))
+    assert (first.settled, again.settled) == (1, 0)
+    snap = await store.snapshot()
+    assert snap.in_flight == 0 and snap.in_flight_kv_tokens == 0 and not snap.leases
+    assert snap.concurrency == {}
+
+
+async def test_a_retried_decision_does_not_admit_twice(store: Store) -> None:
+    assert await admit(store, cand("1", "a")) == 0
+    assert await admit(store, cand("1", "a")) == 0
+    assert (await store.snapshot()).in_flight == 1
+
+
+async def test_reserve_takes_buckets_and_settlement_refunds(store: Store) -> None:
+    b = BucketLimits(requests_per_s=0.01, requests_burst=2, tokens_per_s=1.0, tokens_burst=100)
+    assert await store.reserve("1", "a", 60, b) == ("", 0.0)
+    limit, wait_s = await store.reserve("2", "a", 60, b)
+    assert limit == "tokens_per_min" and 15 < wait_s <= 20  # 20 missing at 1 token/s
+    assert await store.reserve("3", "a", 30, b) == ("", 0.0)
+    limit, wait_s = await store.reserve("4", "a", 1, b)
+    assert limit == "requests_per_s" and 99 < wait_s <= 100
+    # A queued cancel refunds all it took; a finished request its unused tokens.
+    await store.step("r1", Step(LIMITS, settlements=[Settlement("3", "a", 1.0, 30.0, b)]))
+    assert await store.reserve("5", "a", 40, b) == ("", 0.0)
+    limit, wait_s = await store.reserve("6", "a", 200, b)
+    assert limit == "tokens_per_min" and math.isinf(wait_s)  # above the burst: never
+
+
+async def test_wait_mode_candidates_are_blocked_until_their_buckets_allow(store: Store) -> None:
+    b = BucketLimits(tokens_per_s=100.0, tokens_burst=100)
+    slow = cand("1", "slow", kv=80, take_buckets=True, buckets=b)
+    assert await admit(store, slow) == 0
+    out = await store.step(
+        "r1", Step(LIMITS, candidates=[cand("2", "slow", kv=80, take_buckets=True, buckets=b)])
+    )
+    assert out.admitted is None and not out.full
+    assert 0.4 < out.blocked[0] <= 0.61  # 60 missing at 100 tokens/s
+    await asyncio.sleep(out.blocked[0])
+    assert await admit(store, cand("2", "slow", kv=80, take_buckets=True, buckets=b)) == 0
+
+
+async def test_max_concurrent_is_fleet_wide(store: Store) -> None:
+    assert await admit(store, cand("1", "a", max_concurrent=1), replica="r1") == 0
+    out = await store.step(
+        "r2",
+        Step(
+            LIMITS,
+            charges={"b": 100.0},
+            candidates=[cand("2", "a", max_concurrent=1), cand("3", "b")],
+        ),
+    )
+    assert out.blocked == {0: math.inf} and out.admitted == 1
+
+
+async def test_newly_backlogged_tenants_are_lifted_unless_backlogged_elsewhere(
+    store: Store,
+) -> None:
+    await store.step("r1", Step(LIMITS, charges={"a": 100.0, "b": 40.0}, backlogged=["a", "b"]))
+    out = await store.step("r1", Step(LIMITS, announce=["c"]))
+    assert out.counters["c"] == pytest.approx(40.0)  # the smallest backlogged counter
+    # "a" is already backlogged on r1: announcing it on r2 does not move it.
+    await store.step("r1", Step(LIMITS, charges={"a": -90.0}))
+    out = await store.step("r2", Step(LIMITS, announce=["a"]))
+    assert out.counters["a"] == pytest.approx(10.0)
+    snap = await store.snapshot()
+    assert snap.backlog["a"] == {"r1", "r2"}
+    await store.step("r1", Step(LIMITS, withdraw=["a", "b", "c"]))
+    assert (await store.snapshot()).backlog == {"a": {"r2"}}
+
+
+async def test_nobody_backlogged_lifts_to_the_last_served_counter(store: Store) -> None:
+    await store.step("r1", Step(LIMITS, charges={"a": 70.0}))
+    assert await admit(store, cand("1", "a", prompt=5)) == 0  # floor = 70
+    out = await store.step("r1", Step(LIMITS, announce=["z"]))
+    assert out.counters["z"] == pytest.approx(70.0)
+
+
+async def test_a_dead_replicas_leases_and_backlog_expire(store: Store) -> None:
+    assert await admit(store, cand("1", "a"), replica="dead", announce=["a"]) == 0
+    assert await admit(store, cand("2", "b"), replica="alive") == 0
+    for _ in range(3):
+        await asyncio.sleep(0.15)  # renewed by its heartbeat, "alive" keeps its lease
+        await store.step("alive", Step(LIMITS, renew=[Lease("2", "b", 100)]))
+    snap = await store.snapshot()
+    assert snap.leases == {"2"} and snap.in_flight == 1 and snap.backlog == {}
+
+
+async def test_renew_adopts_missing_leases_but_not_settled_ones(store: Store) -> None:
+    await store.step("r1", Step(LIMITS, settlements=[Settlement("9", "a")]))
+    out = await store.step("r1", Step(LIMITS, renew=[Lease("8", "a", 300), Lease("9", "a", 300)]))
+    assert out.in_flight == 1
+    snap = await store.snapshot()
+    assert snap.leases == {"8"} and snap.in_flight_kv_tokens == 300
+    assert snap.concurrency == {"a": 1}
+
+
+async def test_tenant_config_is_published(store: Store) -> None:
+    cfg = TenantConfig("t1", weight=2.0, quotas=TenantQuotas(tokens_per_min=600))
+    await store.put_tenant(cfg)
+    got = await store.get_tenant("t1")
+    assert got is not None and got["weight"] == "2.0"
+    assert got["quotas.tokens_per_min"] == "600"
+    assert await store.get_tenant("nobody") is None
+
+
+# -- Redis only ----------------------------------------------------------------
+async def test_redis_survives_script_flush(redis_url: str) -> None:
+    store = RedisStore.from_url(redis_url, domain="noscript")
+    assert await admit(store, cand("1", "a")) == 0
+    r = redis_lib.Redis.from_url(redis_url)
+    r.script_flush()
+    r.close()
+    before, reloads = store.round_trips, store.noscript_reloads
+    assert await admit(store, cand("2", "a")) == 0
+    assert store.noscript_reloads == reloads + 1 and store.round_trips == before + 2
+    assert await admit(store, cand("3", "b"), replica="r2") is None  # full, back to EVALSHA
+    assert store.round_trips == before + 3
+    await store.aclose()
+
+
+async def test_redis_reports_a_wiped_state(redis_url: str) -> None:
+    store = RedisStore.from_url(redis_url, domain="wipe")
+    assert (await store.step("r1", Step(LIMITS))).state_lost  # nothing there yet
+    assert not (await store.step("r1", Step(LIMITS))).state_lost
+    r = redis_lib.Redis.from_url(redis_url)
+    r.flushall()
+    r.close()
+    assert (await store.step("r1", Step(LIMITS))).state_lost
+    await store.aclose()
+
+
+async def test_redis_down_is_store_unavailable() -> None:
+    from scheduler.errors import StoreUnavailable
+    from tests.redis_server import free_port
+
+    store = RedisStore.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
+    with pytest.raises(StoreUnavailable):
+        await store.step("r1", Step(LIMITS))
+    with pytest.raises(StoreUnavailable):
+        await store.ping()
+    await store.aclose()
