@@ -98,6 +98,10 @@ class QuotaLedger:
     def usage(self, tenant_id: str) -> TenantUsage | None:
         return self._usage.get(tenant_id)
 
+    def usages(self) -> list[TenantUsage]:
+        """Every tenant seen so far (a snapshot list; for metrics readers)."""
+        return list(self._usage.values())
+
     def _usage_of(self, cfg: TenantConfig) -> TenantUsage:
         usage = self._usage.get(cfg.tenant_id)
         if usage is None:

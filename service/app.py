@@ -23,6 +23,7 @@ from service.engines.protocol import Engine, EngineCapacity
 from service.models import ModelRegistry, ServedModel
 from service.servicer import InferenceServicer
 from service.settings import Settings
+from service.telemetry import Telemetry, build_telemetry
 from service.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class App:
         models: ModelRegistry,
         health: HealthServicer,
         port: int,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
         self.server = server
@@ -61,6 +63,7 @@ class App:
         self.models = models
         self.health = health
         self.port = port
+        self.telemetry = telemetry or Telemetry.disabled()
         self._stopped = asyncio.Event()
         self._refresh: asyncio.Task[None] | None = None
 
@@ -70,7 +73,9 @@ class App:
         return f"{host}:{self.port}"
 
     @classmethod
-    async def start(cls, settings: Settings) -> App:
+    async def start(cls, settings: Settings, telemetry: Telemetry | None = None) -> App:
+        """`telemetry`: defaults to what the OTEL_* environment configures."""
+        telemetry = telemetry or build_telemetry(settings)
         engine, model_name = build_engine(settings)
         await engine.start()
         # SGLang engines learn the served model's name when they start.
@@ -103,9 +108,12 @@ class App:
             vocab_size=cap.vocab_size,
         )
         models = ModelRegistry([model], default=model_name)
-        server = grpc.aio.server(options=_server_options(settings))
+        telemetry.watch_model(model)
+        server = grpc.aio.server(
+            options=_server_options(settings), interceptors=telemetry.interceptors()
+        )
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(
-            InferenceServicer(settings, models), server
+            InferenceServicer(settings, models, telemetry), server
         )
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -120,10 +128,11 @@ class App:
         port = server.add_insecure_port(settings.listen)
         if port == 0:
             raise OSError(f"could not bind {settings.listen}")
+        await telemetry.start()
         await server.start()
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-        app = cls(settings, server, engine, models, health, port)
+        app = cls(settings, server, engine, models, health, port, telemetry)
         if settings.capacity_refresh_s > 0:
             app._refresh = asyncio.create_task(
                 _follow_capacity(engine, dispatcher, settings), name="capacity-refresh"
@@ -150,6 +159,7 @@ class App:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresh
         await self.engine.aclose()
+        await self.telemetry.aclose()
         log.info("fairgate stopped")
 
     async def wait_stopped(self) -> None:

@@ -24,6 +24,7 @@ from service import errors
 from service.engines.protocol import EngineError, EngineRequest, FinishKind
 from service.models import ModelRegistry
 from service.settings import Settings
+from service.telemetry import Telemetry
 from service.validation import validate_generate
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,15 @@ _FINISH = {
     FinishKind.LENGTH: pb.FINISH_REASON_LENGTH,
     FinishKind.ABORT: pb.FINISH_REASON_CANCELLED,
     FinishKind.ERROR: pb.FINISH_REASON_ERROR,
+}
+
+
+_FINISH_NAMES = {
+    pb.FINISH_REASON_UNSPECIFIED: "unspecified",
+    pb.FINISH_REASON_STOP: "stop",
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_CANCELLED: "cancelled",
+    pb.FINISH_REASON_ERROR: "error",
 }
 
 
@@ -52,9 +62,12 @@ def _metadata_value(context: grpc.aio.ServicerContext[Any, Any], key: str) -> st
 
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
-    def __init__(self, settings: Settings, models: ModelRegistry) -> None:
+    def __init__(
+        self, settings: Settings, models: ModelRegistry, telemetry: Telemetry | None = None
+    ) -> None:
         self.settings = settings
         self.models = models
+        self.telemetry = telemetry or Telemetry.disabled()
 
     def _tenant(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
         # Until API keys land (admin issue), a header may name the tenant; an
@@ -91,6 +104,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             priority=params.priority,
             deadline_s=received_s + remaining_s if remaining_s is not None else None,
         )
+        obs = self.telemetry.start_generate(queued, params.model, prompt=params.prompt_text)
         try:
             await dispatcher.admit(queued)
         except RequestTooLarge as exc:
@@ -109,6 +123,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             # SGLang: larger is more urgent.
             priority=1 - int(params.priority),
         )
+        obs.admitted(engine_req, dispatcher.budget)
         sent_tokens = 0
         first_token_s: float | None = None
         prompt_tokens = len(params.prompt_ids)
@@ -126,6 +141,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                     if chunk.text or chunk.token_ids:
                         if first_token_s is None:
                             first_token_s = time.monotonic()
+                            obs.first_token()
+                        if obs.capture_content:
+                            obs.output_text(chunk.text)
                         delta = pb.TokenDelta(text=chunk.text, index=sent_tokens)
                         if request.return_token_ids:
                             delta.token_ids.extend(chunk.token_ids)
@@ -145,6 +163,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             failure = exc
         finally:
             dispatcher.finish(queued)
+            obs.engine_ended(prompt_tokens, sent_tokens, cached_tokens)
         if final is None:
             if failure is None:
                 failure = EngineError("the engine ended the stream without a finish reason")
@@ -167,6 +186,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         if first_token_s is not None:
             final.timings.time_to_first_token.CopyFrom(_duration(first_token_s - received_s))
         final.timings.total.CopyFrom(_duration(done_s - received_s))
+        obs.finished(_FINISH_NAMES[final.finish_reason], failure)
         yield pb.GenerateResponse(result=final)
         if final.finish_reason == pb.FINISH_REASON_ERROR and failure is not None:
             # The partial result above carries the usage; the status says it failed.

@@ -82,6 +82,13 @@ class Settings:
     keepalive_timeout_s: float = 10.0
     max_concurrent_streams: int = 0
     log_level: str = "INFO"
+    # Observability (OTLP exporters are configured with the standard OTEL_* variables).
+    # "text", or "json": one object per line with trace_id and span_id.
+    log_format: str = "text"
+    # Prometheus scrape endpoint host:port ("" = off; port 0 picks a free one).
+    metrics_listen: str = ""
+    # Put prompts and outputs on spans (off: never recorded).
+    telemetry_capture_content: bool = False
 
     def validate(self) -> Settings:
         problems = []
@@ -109,6 +116,10 @@ class Settings:
             problems.append("engine sglang needs sglang_model_path")
         if self.sglang_read_timeout_s <= 0 or self.sglang_connect_timeout_s <= 0:
             problems.append("sglang timeouts must be > 0")
+        if self.log_format not in ("text", "json"):
+            problems.append("log_format must be text or json")
+        if self.metrics_listen and ":" not in self.metrics_listen:
+            problems.append("metrics_listen must be host:port")
         if problems:
             raise ValueError("invalid settings: " + "; ".join(problems))
         return self
