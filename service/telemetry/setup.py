@@ -62,6 +62,23 @@ def _protocol(env: Mapping[str, str], signal: str) -> str:
     return proto
 
 
+def _otlp_options(env: Mapping[str, str], signal: str, http: bool) -> dict[str, Any]:
+    """Endpoint and timeout from `env` (the SDK itself would read only os.environ)."""
+    opts: dict[str, Any] = {}
+    specific = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
+    general = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if specific:
+        opts["endpoint"] = specific
+    elif general:
+        opts["endpoint"] = general.rstrip("/") + f"/v1/{signal}" if http else general
+    timeout = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_TIMEOUT") or env.get(
+        "OTEL_EXPORTER_OTLP_TIMEOUT"
+    )
+    if timeout:
+        opts["timeout"] = float(timeout)
+    return opts
+
+
 def _span_exporter(name: str, env: Mapping[str, str]) -> Any:
     if name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
@@ -70,12 +87,12 @@ def _span_exporter(name: str, env: Mapping[str, str]) -> Any:
     if _protocol(env, "traces") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter()
+        return OTLPSpanExporter(**_otlp_options(env, "traces", http=False))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpSpanExporter,
     )
 
-    return HttpSpanExporter()
+    return HttpSpanExporter(**_otlp_options(env, "traces", http=True))
 
 
 def _metric_exporter(name: str, env: Mapping[str, str]) -> Any:
@@ -86,12 +103,17 @@ def _metric_exporter(name: str, env: Mapping[str, str]) -> Any:
     if _protocol(env, "metrics") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
-        return OTLPMetricExporter()
+        return OTLPMetricExporter(**_otlp_options(env, "metrics", http=False))
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HttpMetricExporter,
     )
 
-    return HttpMetricExporter()
+    return HttpMetricExporter(**_otlp_options(env, "metrics", http=True))
+
+
+def _millis(env: Mapping[str, str], key: str) -> float | None:
+    raw = env.get(key)
+    return float(raw) if raw else None
 
 
 def build_telemetry(settings: Settings, environ: Mapping[str, str] | None = None) -> Telemetry:
@@ -119,10 +141,16 @@ def build_telemetry(settings: Settings, environ: Mapping[str, str] | None = None
     if trace_names:
         tracer_provider = TracerProvider(resource=resource)
         for name in trace_names:
-            tracer_provider.add_span_processor(BatchSpanProcessor(_span_exporter(name, env)))
+            processor = BatchSpanProcessor(
+                _span_exporter(name, env),
+                schedule_delay_millis=_millis(env, "OTEL_BSP_SCHEDULE_DELAY"),
+            )
+            tracer_provider.add_span_processor(processor)
         shutdown.append(tracer_provider.shutdown)
+    interval_ms = _millis(env, "OTEL_METRIC_EXPORT_INTERVAL")
     readers: list[MetricReader] = [
-        PeriodicExportingMetricReader(_metric_exporter(name, env)) for name in metric_names
+        PeriodicExportingMetricReader(_metric_exporter(name, env), interval_ms)
+        for name in metric_names
     ]
     endpoint = None
     if metrics_listen:

@@ -206,11 +206,18 @@ class Telemetry:
                 for hook in hooks:
                     hook()
             finally:
-                loop.call_soon_threadsafe(done.set)
+                with contextlib.suppress(RuntimeError):  # the loop may be gone by then
+                    loop.call_soon_threadsafe(done.set)
 
         threading.Thread(target=run, name="telemetry-shutdown", daemon=True).start()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), timeout_s)
+
+    def shutdown_now(self) -> None:
+        """Blocking shutdown of the providers this object built (no endpoint to stop)."""
+        hooks, self._shutdown = self._shutdown, []
+        for hook in hooks:
+            hook()
 
     # -- gauge callbacks (run on the metric reader's thread) ---------------------
     def _queue_depth(self, _: CallbackOptions) -> Iterable[Observation]:
