@@ -40,13 +40,14 @@ class Captured:
                         out.extend((dict(p.attributes or {}), p) for p in m.data.data_points)
         return out
 
-    def value(self, metric: str, attrs: dict[str, Any] | None = None) -> float:
-        """Sum of the values (counters, gauges) or counts (histograms) of the points
-        of `metric` whose attributes include `attrs`."""
+    def value(self, metric: str, attrs: dict[str, Any] | None = None, field: str = "") -> float:
+        """Sum of `field` ("value" of counters and gauges, "count" or "sum" of
+        histograms; default value or count) over the points of `metric` whose
+        attributes include `attrs`."""
         total = 0.0
         for point_attrs, p in self.points(metric):
             if all(point_attrs.get(k) == v for k, v in (attrs or {}).items()):
-                total += p.count if hasattr(p, "count") else p.value
+                total += getattr(p, field or ("count" if hasattr(p, "count") else "value"))
         return total
 
 

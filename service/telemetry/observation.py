@@ -4,10 +4,13 @@ children and metrics (`GenerateObservation`).
 Span tree of one Generate call:
 
     fairgate.v1.InferenceService/Generate   SERVER  (parent: the caller's traceparent)
-      fairgate.queue                         INTERNAL  events quota.checked, admitted
+      fairgate.queue                         INTERNAL  quota check → queue wait → admission
       text_completion <model>                CLIENT    the engine call; its context is
                                                        sent on (traceparent to SGLang)
-    events on the server span: gen_ai.first_token, gen_ai.finish
+    events on the server span: gen_ai.first_token (and, opted in, the content)
+
+Cost matters (every request pays it): attributes are gathered in dicts and
+set once per span, and metric attribute sets are built once per request.
 
 Quota rejections and client errors leave the status unset with
 `error.type` / `fairgate.rejection.reason` attributes; ERROR is for server
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING
 import grpc
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
 
 from service.telemetry import names as n
 
@@ -55,8 +59,8 @@ class RpcScope:
     """The server span of one RPC; set in a context variable by the interceptor."""
 
     __slots__ = (
+        "attrs",
         "code",
-        "error",
         "generate",
         "is_generate",
         "span",
@@ -73,20 +77,21 @@ class RpcScope:
         self.span = span
         self.start_s = time.monotonic()
         self.tenant_hint = tenant_hint
+        # Span attributes, set once when the RPC ends.
+        self.attrs: dict[str, AttributeValue] = {}
         self.code: grpc.StatusCode | None = None
-        self.error: Exception | None = None
         self.generate: GenerateObservation | None = None
 
     def aborted(self, exc: Exception, code: grpc.StatusCode) -> None:
         """The servicer ends the RPC with `code` because of `exc` (service/errors.py)."""
-        self.code, self.error = code, exc
+        self.code = code
         reason = str(getattr(exc, "reason", "") or type(exc).__name__)
-        self.span.set_attribute(n.ERROR_TYPE, reason)
+        self.attrs[n.ERROR_TYPE] = reason
         if code in REJECTION_CODES:
             limit = str(getattr(exc, "limit", "") or "")
-            self.span.set_attribute(n.REJECTION_REASON, reason)
+            self.attrs[n.REJECTION_REASON] = reason
             if limit:
-                self.span.set_attribute(n.REJECTION_LIMIT, limit)
+                self.attrs[n.REJECTION_LIMIT] = limit
             if self.generate is not None:
                 self.generate.rejected(reason, limit)
             elif self.is_generate:  # refused before it was queued (validation, tenant)
@@ -99,21 +104,30 @@ class RpcScope:
 
     def close(self, code: grpc.StatusCode, exc: BaseException | None) -> None:
         code = self.code or code
-        self.span.set_attribute(n.RPC_GRPC_STATUS_CODE, code.value[0])
+        self.attrs[n.RPC_GRPC_STATUS_CODE] = code.value[0]
         # Not through errors.abort: an unexpected failure.
         if self.code is None and code not in CLIENT_CODES and code is not grpc.StatusCode.OK:
-            self.span.set_attribute(n.ERROR_TYPE, type(exc).__name__ if exc else code.name)
+            self.attrs[n.ERROR_TYPE] = type(exc).__name__ if exc else code.name
             self.span.set_status(Status(StatusCode.ERROR, code.name))
         if self.generate is not None:
             self.generate.close(code)
         elif self.is_generate:
-            outcome = "ok" if code is grpc.StatusCode.OK else "error"
-            if code in REJECTION_CODES:
-                outcome = "rejected"
-            elif code is grpc.StatusCode.CANCELLED:
-                outcome = "cancelled"
-            self.telemetry.requests.add(1, {n.TENANT: self.tenant_hint, n.OUTCOME: outcome})
+            outcome = _outcome(code, "rejected" if code in REJECTION_CODES else "error")
+            self.attrs[n.OUTCOME] = outcome
+            self.telemetry.duration.record(
+                time.monotonic() - self.start_s,
+                {n.TENANT: self.tenant_hint, n.OUTCOME: outcome, n.ERROR_TYPE: code.name},
+            )
+        self.span.set_attributes(self.attrs)
         self.span.end()
+
+
+def _outcome(code: grpc.StatusCode, otherwise: str) -> str:
+    if code is grpc.StatusCode.OK:
+        return "ok"
+    if code is grpc.StatusCode.CANCELLED:
+        return "cancelled"
+    return otherwise
 
 
 RPC_SCOPE: ContextVar[RpcScope | None] = ContextVar("fairgate_rpc_scope", default=None)
@@ -146,111 +160,97 @@ NOOP_OBSERVATION = NoopObservation()
 
 class GenerateObservation(NoopObservation):
     __slots__ = (
-        "_attrs",
         "_completion",
-        "_engine_kind",
+        "_engine_attrs",
         "_engine_span",
         "_first_token_s",
+        "_metric_attrs",
         "_model",
         "_outcome",
         "_output_tokens",
+        "_priority",
         "_queue_span",
-        "_queued_ns",
         "_req",
         "_scope",
-        "_span",
-        "_start_s",
         "_tel",
         "capture_content",
     )
 
     def __init__(
-        self, tel: Telemetry, req: QueuedRequest, model: ServedModel, prompt: str | None
+        self,
+        tel: Telemetry,
+        scope: RpcScope,
+        req: QueuedRequest,
+        model: ServedModel,
+        prompt: str | None,
     ) -> None:
         self._tel = tel
-        self._req = req
-        self._model = model.name
-        self._engine_kind = model.engine.kind
-        scope = RPC_SCOPE.get()
         self._scope = scope
-        if scope is not None:
-            scope.generate = self
-            self._span = scope.span
-            self._start_s = scope.start_s
-        else:
-            self._span = trace.get_current_span()
-            self._start_s = time.monotonic()
+        scope.generate = self
+        self._req = req
+        self._model = model
         self.capture_content = tel.capture_content
         self._completion: list[str] = []
         self._engine_span: trace.Span | None = None
+        self._engine_attrs: dict[str, AttributeValue] = {}
         self._first_token_s: float | None = None
         self._output_tokens = 0
         self._outcome = ""
-        priority = req.priority.name.lower()
-        self._span.set_attributes(
+        self._priority = req.priority.name.lower()
+        self._metric_attrs = {n.TENANT: req.tenant_id, n.GEN_AI_REQUEST_MODEL: model.name}
+        scope.attrs.update(
             {
                 n.GEN_AI_OPERATION: n.OPERATION_TEXT_COMPLETION,
                 n.GEN_AI_REQUEST_MODEL: model.name,
                 n.GEN_AI_REQUEST_MAX_TOKENS: req.max_tokens,
                 n.REQUEST_ID: req.request_id,
-                n.PRIORITY: priority,
+                n.PRIORITY: self._priority,
                 n.TENANT: req.tenant_id,
             }
         )
         if prompt is not None and tel.capture_content:
-            self._span.add_event("gen_ai.content.prompt", {n.PROMPT_CONTENT: prompt})
-        self._queued_ns = time.time_ns()
-        parent = trace.set_span_in_context(self._span)
+            scope.span.add_event("gen_ai.content.prompt", {n.PROMPT_CONTENT: prompt})
         self._queue_span: trace.Span | None = tel.tracer.start_span(
-            "fairgate.queue",
-            parent,
-            SpanKind.INTERNAL,
-            {n.TENANT: req.tenant_id, n.PRIORITY: priority, n.REQUEST_ID: req.request_id},
-            start_time=self._queued_ns,
+            "fairgate.queue", trace.set_span_in_context(scope.span), SpanKind.INTERNAL
         )
-        self._attrs = {n.TENANT: req.tenant_id, n.GEN_AI_REQUEST_MODEL: model.name}
 
-    def _resolved_tenant(self) -> None:
+    def _resolved_tenant(self) -> str:
         # The dispatcher resolves "" to the default tenant when it queues the request.
         tenant = self._req.tenant_id
-        if self._attrs[n.TENANT] != tenant:
-            self._attrs = {**self._attrs, n.TENANT: tenant}
-            self._span.set_attribute(n.TENANT, tenant)
+        if self._metric_attrs[n.TENANT] != tenant:
+            self._metric_attrs = {**self._metric_attrs, n.TENANT: tenant}
+            self._scope.attrs[n.TENANT] = tenant
+        return tenant
 
     # -- scheduler ----------------------------------------------------------------
     def admitted(self, engine_req: EngineRequest, budget: AdmissionBudget) -> None:
         """Admitted into the engine: close the queue span, open the engine span."""
-        self._resolved_tenant()
-        wait_s = time.monotonic() - self._start_s
-        tel, attrs = self._tel, self._attrs
-        priority = self._req.priority.name.lower()
-        tel.admissions.add(1, {**attrs, n.PRIORITY: priority})
-        tel.queue_wait.record(wait_s, {n.TENANT: attrs[n.TENANT], n.PRIORITY: priority})
-        self._span.set_attribute(n.QUEUE_WAIT_S, wait_s)
+        tenant = self._resolved_tenant()
+        wait_s = time.monotonic() - self._scope.start_s
+        tel = self._tel
+        by_class = {n.TENANT: tenant, n.PRIORITY: self._priority}
+        tel.admissions.add(1, by_class)
+        tel.queue_wait.record(wait_s, by_class)
+        self._scope.attrs[n.QUEUE_WAIT_S] = wait_s
         if self._queue_span is not None:
-            q = self._queue_span
-            q.add_event("quota.checked", {"fairgate.quota.result": "ok"}, self._queued_ns)
-            q.add_event(
-                "admitted",
+            self._queue_span.set_attributes(
                 {
+                    n.QUOTA_RESULT: "ok",
+                    n.QUEUE_WAIT_S: wait_s,
                     n.IN_FLIGHT_REQUESTS: budget.in_flight_requests,
                     n.IN_FLIGHT_KV_TOKENS: budget.in_flight_kv_tokens,
-                },
+                }
             )
-            q.set_attributes({n.TENANT: attrs[n.TENANT], n.QUEUE_WAIT_S: wait_s})
-            q.end()
+            self._queue_span.end()
             self._queue_span = None
         engine = tel.tracer.start_span(
-            f"{n.OPERATION_TEXT_COMPLETION} {self._model}",
-            trace.set_span_in_context(self._span),
+            f"{n.OPERATION_TEXT_COMPLETION} {self._model.name}",
+            trace.set_span_in_context(self._scope.span),
             SpanKind.CLIENT,
             {
                 n.GEN_AI_OPERATION: n.OPERATION_TEXT_COMPLETION,
-                n.GEN_AI_PROVIDER: "sglang",
-                n.GEN_AI_REQUEST_MODEL: self._model,
-                n.GEN_AI_REQUEST_MAX_TOKENS: engine_req.max_tokens,
-                n.REQUEST_ID: engine_req.request_id,
-                n.ENGINE_KIND: self._engine_kind,
+                n.GEN_AI_REQUEST_MODEL: self._model.name,
+                n.ENGINE_KIND: self._model.engine.kind,
             },
         )
         self._engine_span = engine
@@ -258,27 +258,25 @@ class GenerateObservation(NoopObservation):
         propagate.inject(engine_req.trace_headers, trace.set_span_in_context(engine))
 
     def rejected(self, reason: str, limit: str) -> None:
-        self._resolved_tenant()
+        tenant = self._resolved_tenant()
         self._outcome = "rejected"
-        attrs = {n.TENANT: self._attrs[n.TENANT], n.REJECTION_REASON: reason}
+        attrs = {n.TENANT: tenant, n.REJECTION_REASON: reason}
         if limit:
             attrs[n.REJECTION_LIMIT] = limit
         self._tel.rejections.add(1, attrs)
         if self._queue_span is not None:
-            q = self._queue_span
-            q.add_event("quota.checked", {"fairgate.quota.result": reason}, self._queued_ns)
-            q.set_attributes(attrs)
-            q.end()
+            self._queue_span.set_attributes({**attrs, n.QUOTA_RESULT: reason})
+            self._queue_span.end()
             self._queue_span = None
 
     # -- engine ---------------------------------------------------------------------
     def first_token(self) -> None:
         now_s = time.monotonic()
         self._first_token_s = now_s
-        ttft_s = now_s - self._start_s
-        self._tel.ttft.record(ttft_s, self._attrs)
-        self._span.set_attribute(n.TTFT_S, ttft_s)
-        self._span.add_event("gen_ai.first_token", {n.TTFT_S: ttft_s})
+        ttft_s = now_s - self._scope.start_s
+        self._tel.ttft.record(ttft_s, self._metric_attrs)
+        self._scope.attrs[n.TTFT_S] = ttft_s
+        self._scope.span.add_event("gen_ai.first_token")
 
     def output_text(self, text: str) -> None:
         if self.capture_content:
@@ -292,56 +290,45 @@ class GenerateObservation(NoopObservation):
             n.GEN_AI_OUTPUT_TOKENS: completion_tokens,
             n.CACHED_TOKENS: cached_tokens,
         }
-        self._span.set_attributes(usage)
-        tel, attrs = self._tel, self._attrs
-        for kind, count in (("input", prompt_tokens), ("output", completion_tokens)):
-            typed = {**attrs, n.GEN_AI_TOKEN_TYPE: kind}
-            tel.tokens.add(count, typed)
-            tel.token_usage.record(
-                count, {**typed, n.GEN_AI_OPERATION: n.OPERATION_TEXT_COMPLETION}
-            )
-        if self._engine_span is not None:
-            self._engine_span.set_attributes(usage)
+        self._scope.attrs.update(usage)
+        self._engine_attrs.update(usage)
+        record = self._tel.token_usage.record
+        attrs = self._metric_attrs
+        record(prompt_tokens, {**attrs, n.GEN_AI_TOKEN_TYPE: "input"})
+        record(completion_tokens, {**attrs, n.GEN_AI_TOKEN_TYPE: "output"})
 
     def finished(self, finish_reason: str, failure: Exception | None) -> None:
         """The final result is about to be sent (`failure`: the engine failed mid-stream)."""
         now_s = time.monotonic()
         reasons = (finish_reason,)
-        self._span.set_attribute(n.GEN_AI_FINISH_REASONS, reasons)
-        self._span.add_event("gen_ai.finish", {n.GEN_AI_FINISH_REASONS: reasons})
+        self._scope.attrs[n.GEN_AI_FINISH_REASONS] = reasons
         if self._completion:
-            self._span.add_event(
+            self._scope.span.add_event(
                 "gen_ai.content.completion", {n.COMPLETION_CONTENT: "".join(self._completion)}
             )
         if self._first_token_s is not None and self._output_tokens > 1:
             per_token_s = (now_s - self._first_token_s) / (self._output_tokens - 1)
-            self._tel.tpot.record(per_token_s, self._attrs)
+            self._tel.tpot.record(per_token_s, self._metric_attrs)
         engine = self._engine_span
         if engine is not None:
-            engine.set_attribute(n.GEN_AI_FINISH_REASONS, reasons)
+            self._engine_attrs[n.GEN_AI_FINISH_REASONS] = reasons
             if failure is not None:
-                engine.set_attribute(n.ERROR_TYPE, type(failure).__name__)
+                self._engine_attrs[n.ERROR_TYPE] = type(failure).__name__
                 engine.set_status(Status(StatusCode.ERROR, str(failure)))
+            engine.set_attributes(self._engine_attrs)
             engine.end()
             self._engine_span = None
 
     def close(self, code: grpc.StatusCode) -> None:
         """The RPC is over (called by the server span's scope)."""
-        if code is grpc.StatusCode.OK:
-            outcome = "ok"
-        elif code is grpc.StatusCode.CANCELLED:
-            outcome = "cancelled"
-        else:
-            outcome = self._outcome or "error"
+        outcome = _outcome(code, self._outcome or "error")
         for span in (self._queue_span, self._engine_span):
-            if span is not None:
+            if span is not None:  # cancelled while queued or streaming
                 span.set_attribute(n.OUTCOME, outcome)
                 span.end()
         self._queue_span = self._engine_span = None
-        self._span.set_attribute(n.OUTCOME, outcome)
-        attrs = {**self._attrs, n.OUTCOME: outcome}
-        self._tel.requests.add(1, attrs)
-        duration_attrs = dict(self._attrs)
+        self._scope.attrs[n.OUTCOME] = outcome
+        attrs = {**self._metric_attrs, n.OUTCOME: outcome}
         if outcome != "ok":
-            duration_attrs[n.ERROR_TYPE] = code.name
-        self._tel.duration.record(time.monotonic() - self._start_s, duration_attrs)
+            attrs[n.ERROR_TYPE] = code.name
+        self._tel.duration.record(time.monotonic() - self._scope.start_s, attrs)

@@ -62,17 +62,11 @@ class Telemetry:
     # -- instruments ----------------------------------------------------------
     def _create_instruments(self) -> None:
         m = self.meter
-        self.requests = m.create_counter(
-            "fairgate.requests", "{request}", "Generate calls by tenant and outcome"
-        )
         self.admissions = m.create_counter(
             "fairgate.admissions", "{request}", "Requests admitted to the engine"
         )
         self.rejections = m.create_counter(
             "fairgate.rejections", "{request}", "Requests refused before streaming, by reason"
-        )
-        self.tokens = m.create_counter(
-            "fairgate.tokens", "{token}", "Input and output tokens by tenant"
         )
         self.queue_wait = m.create_histogram(
             "fairgate.queue.wait",
@@ -95,13 +89,13 @@ class Telemetry:
         self.duration = m.create_histogram(
             "gen_ai.server.request.duration",
             "s",
-            "Generate call duration",
+            "Generate call duration, by tenant and outcome (ok, rejected, error, cancelled)",
             explicit_bucket_boundaries_advisory=n.DURATION_BUCKETS_S,
         )
         self.token_usage = m.create_histogram(
             "gen_ai.client.token.usage",
             "{token}",
-            "Tokens per request by type (input, output)",
+            "Tokens per request by tenant and type (input, output); _sum: tokens per tenant",
             explicit_bucket_boundaries_advisory=n.TOKEN_BUCKETS,
         )
         self.store_duration = m.create_histogram(
@@ -175,11 +169,16 @@ class Telemetry:
         self, req: QueuedRequest, model: ServedModel, *, prompt: str | None = None
     ) -> GenerateObservation | NoopObservation:
         """Observe one Generate call from queueing to the end (no-op when disabled)."""
-        from service.telemetry.observation import NOOP_OBSERVATION, GenerateObservation
+        from service.telemetry.observation import (
+            NOOP_OBSERVATION,
+            RPC_SCOPE,
+            GenerateObservation,
+        )
 
-        if not self.enabled:
+        scope = RPC_SCOPE.get()
+        if scope is None:  # telemetry off, or called outside the interceptor
             return NOOP_OBSERVATION
-        return GenerateObservation(self, req, model, prompt)
+        return GenerateObservation(self, scope, req, model, prompt)
 
     async def start(self) -> None:
         """Start serving the Prometheus endpoint, when configured."""

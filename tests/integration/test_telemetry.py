@@ -90,8 +90,12 @@ async def test_one_trace_from_the_client_through_sglang_http(
     assert attrs["rpc.grpc.status_code"] == 0
     assert 0 <= attrs["fairgate.queue.wait_s"] <= attrs["fairgate.time_to_first_token_s"]
     assert server.status.status_code is StatusCode.UNSET
-    assert [e.name for e in server.events] == ["gen_ai.first_token", "gen_ai.finish"]
-    assert [e.name for e in queue.events] == ["quota.checked", "admitted"]
+    assert [e.name for e in server.events] == ["gen_ai.first_token"]
+    queue_attrs = queue.attributes or {}
+    assert queue_attrs["fairgate.quota.result"] == "ok"
+    assert queue_attrs["fairgate.admission.in_flight_requests"] == 1
+    assert queue.end_time is not None and engine.start_time is not None
+    assert queue.end_time <= engine.start_time
     assert (engine.attributes or {})["gen_ai.usage.output_tokens"] == 12
     # Prompts and outputs are not recorded by default.
     for span in spans:
@@ -102,19 +106,26 @@ async def test_one_trace_from_the_client_through_sglang_http(
     # Metrics match what was done.
     assert (
         captured.value(
-            "fairgate.tokens", {"fairgate.tenant": "team-a", "gen_ai.token.type": "output"}
+            "gen_ai.client.token.usage",
+            {"fairgate.tenant": "team-a", "gen_ai.token.type": "output"},
+            "sum",
         )
         == 12
     )
     assert (
         captured.value(
-            "fairgate.tokens", {"fairgate.tenant": "team-a", "gen_ai.token.type": "input"}
+            "gen_ai.client.token.usage",
+            {"fairgate.tenant": "team-a", "gen_ai.token.type": "input"},
+            "sum",
         )
         == usage.prompt_tokens
     )
     assert captured.value("fairgate.admissions", {"fairgate.tenant": "team-a"}) == 1
     assert (
-        captured.value("fairgate.requests", {"fairgate.tenant": "team-a", "fairgate.outcome": "ok"})
+        captured.value(
+            "gen_ai.server.request.duration",
+            {"fairgate.tenant": "team-a", "fairgate.outcome": "ok"},
+        )
         == 1
     )
     assert captured.value("gen_ai.server.time_to_first_token", {"fairgate.tenant": "team-a"}) == 1
@@ -210,7 +221,7 @@ async def test_rejections_by_reason_and_queue_depth(
         )
         == 1
     )
-    assert captured.value("fairgate.requests", {"fairgate.outcome": "rejected"}) == 3
+    assert captured.value("gen_ai.server.request.duration", {"fairgate.outcome": "rejected"}) == 3
     # A quota rejection is not a server error on the span.
     rejected = [
         s
@@ -303,7 +314,7 @@ async def test_prometheus_scrape_endpoint(start_server: StartServer) -> None:
         text = await resp.text()
     lines = text.splitlines()
     assert any(
-        line.startswith("fairgate_tokens_total{")
+        line.startswith("gen_ai_client_token_usage_sum{")
         and 'fairgate_tenant="team-p"' in line
         and 'gen_ai_token_type="output"' in line
         and line.endswith(" 7.0")
