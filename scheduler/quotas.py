@@ -134,6 +134,10 @@ class QuotaLedger:
         """Tenants with usage records (every tenant that ever sent a request)."""
         return list(self._usage)
 
+    def usages(self) -> list[TenantUsage]:
+        """Every tenant seen so far (a snapshot list; for metrics readers)."""
+        return list(self._usage.values())
+
     def _usage_of(self, cfg: TenantConfig) -> TenantUsage:
         usage = self._usage.get(cfg.tenant_id)
         if usage is None:

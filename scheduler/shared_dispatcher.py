@@ -42,7 +42,7 @@ from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.errors import QueueTimeout, QuotaExceeded, StoreUnavailable
 from scheduler.memory_store import MemoryStore
-from scheduler.quotas import check_caps
+from scheduler.quotas import TenantUsage, check_caps
 from scheduler.request import QueuedRequest
 from scheduler.shared_local import Entry, LocalQueues
 from scheduler.store import BucketLimits, Lease, Settlement, Step, StepOutcome, Store
@@ -91,6 +91,10 @@ class _QuotaView:
 
     tenants: TenantRegistry
     open_reservations: int = 0
+
+    def usages(self) -> list[TenantUsage]:
+        """Per-tenant usage lives in the shared store; none is kept locally."""
+        return []
 
 
 @dataclass(slots=True)

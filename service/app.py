@@ -28,6 +28,7 @@ from service.models import ModelRegistry, ServedModel
 from service.servicer import InferenceServicer
 from service.settings import Settings
 from service.shared_state import AnyDispatcher, build_dispatcher
+from service.telemetry import Telemetry, build_telemetry
 from service.tenant_directory import TenantDirectory
 from service.tls import server_credentials
 from service.tokenizer import load_tokenizer
@@ -63,6 +64,7 @@ class App:
         health: HealthServicer,
         port: int,
         directory: TenantDirectory | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
         self.server = server
@@ -72,6 +74,7 @@ class App:
         self.port = port
         self.directory = directory
         self._tasks: list[asyncio.Task[None]] = []
+        self.telemetry = telemetry or Telemetry.disabled()
         self._stopped = asyncio.Event()
         self._refresh: asyncio.Task[None] | None = None
 
@@ -81,7 +84,9 @@ class App:
         return f"{host}:{self.port}"
 
     @classmethod
-    async def start(cls, settings: Settings) -> App:
+    async def start(cls, settings: Settings, telemetry: Telemetry | None = None) -> App:
+        """`telemetry`: defaults to what the OTEL_* environment configures."""
+        telemetry = telemetry or build_telemetry(settings)
         engine, model_name = build_engine(settings)
         await engine.start()
         # SGLang engines learn the served model's name when they start.
@@ -122,6 +127,7 @@ class App:
             vocab_size=cap.vocab_size,
         )
         models = ModelRegistry([model], default=model_name)
+        telemetry.watch_model(model)
         directory.attach([dispatcher])
         auth = Authenticator(
             directory,
@@ -130,10 +136,12 @@ class App:
             tenant_header=settings.tenant_header,
         )
         server = grpc.aio.server(
-            options=_server_options(settings), interceptors=[AuthInterceptor(auth)]
+            options=_server_options(settings),
+            # The telemetry span wraps authentication, so refusals are traced too.
+            interceptors=[*telemetry.interceptors(), AuthInterceptor(auth)],
         )
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(
-            InferenceServicer(settings, models), server
+            InferenceServicer(settings, models, telemetry), server
         )
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             AdminServicer(directory, models, settings.policy), server
@@ -156,10 +164,11 @@ class App:
             port = server.add_secure_port(settings.listen, creds)
         if port == 0:
             raise OSError(f"could not bind {settings.listen}")
+        await telemetry.start()
         await server.start()
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-        app = cls(settings, server, engine, models, health, port, directory)
+        app = cls(settings, server, engine, models, health, port, directory, telemetry)
         if settings.tenant_sync_interval_s > 0:
             app._tasks.append(
                 asyncio.create_task(
@@ -202,6 +211,7 @@ class App:
             if isinstance(model.dispatcher, SharedDispatcher):
                 await model.dispatcher.aclose()  # hands Redis the last settlements
         await self.engine.aclose()
+        await self.telemetry.aclose()
         log.info("fairgate stopped")
 
     async def wait_stopped(self) -> None:

@@ -32,6 +32,7 @@ from scheduler.tenant_store import (
     VersionConflict,
 )
 from service.engines.protocol import EngineError
+from service.telemetry.status import record_abort
 
 ERROR_DOMAIN = "fairgate.dev"
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
@@ -173,5 +174,6 @@ def _map_scheduling(exc: SchedulingError) -> MappedStatus:
 
 async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> NoReturn:
     st = map_error(exc)
+    record_abort(exc, st.code)
     await context.abort(st.code, st.message, trailing_metadata=st.trailing_metadata())
     raise AssertionError("context.abort returned")  # pragma: no cover

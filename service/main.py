@@ -9,6 +9,7 @@ import sys
 
 from service.app import App
 from service.settings import Settings
+from service.telemetry.logs import configure_logging
 
 
 async def serve(settings: Settings) -> None:
@@ -31,9 +32,7 @@ async def serve(settings: Settings) -> None:
 
 def run(settings: Settings) -> int:
     """Serve until stopped; returns the process exit code (2: bad configuration)."""
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level, settings.log_format)
     try:
         asyncio.run(serve(settings))
     except (ValueError, FileNotFoundError) as exc:

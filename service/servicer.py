@@ -25,6 +25,7 @@ from service.auth import current_identity
 from service.engines.protocol import EngineError, EngineRequest, FinishKind
 from service.models import ModelRegistry
 from service.settings import Settings
+from service.telemetry import Telemetry
 from service.validation import validate_generate
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,15 @@ _FINISH = {
 }
 
 
+_FINISH_NAMES = {
+    pb.FINISH_REASON_UNSPECIFIED: "unspecified",
+    pb.FINISH_REASON_STOP: "stop",
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_CANCELLED: "cancelled",
+    pb.FINISH_REASON_ERROR: "error",
+}
+
+
 def _duration(seconds: float) -> duration_pb2.Duration:
     d = duration_pb2.Duration()
     d.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
@@ -46,9 +56,12 @@ def _duration(seconds: float) -> duration_pb2.Duration:
 
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
-    def __init__(self, settings: Settings, models: ModelRegistry) -> None:
+    def __init__(
+        self, settings: Settings, models: ModelRegistry, telemetry: Telemetry | None = None
+    ) -> None:
         self.settings = settings
         self.models = models
+        self.telemetry = telemetry or Telemetry.disabled()
 
     def _tenant(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
         # Set by service/auth.py's interceptor (API key, or the header in open
@@ -86,6 +99,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             priority=params.priority,
             deadline_s=received_s + remaining_s if remaining_s is not None else None,
         )
+        obs = self.telemetry.start_generate(queued, params.model, prompt=params.prompt_text)
         try:
             await dispatcher.admit(queued)
         except RequestTooLarge as exc:
@@ -104,6 +118,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             # SGLang: larger is more urgent.
             priority=1 - int(params.priority),
         )
+        obs.admitted(engine_req, dispatcher.budget)
         sent_tokens = 0
         first_token_s: float | None = None
         prompt_tokens = len(params.prompt_ids)
@@ -121,6 +136,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                     if chunk.text or chunk.token_ids:
                         if first_token_s is None:
                             first_token_s = time.monotonic()
+                            obs.first_token()
+                        if obs.capture_content:
+                            obs.output_text(chunk.text)
                         delta = pb.TokenDelta(text=chunk.text, index=sent_tokens)
                         if request.return_token_ids:
                             delta.token_ids.extend(chunk.token_ids)
@@ -140,6 +158,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             failure = exc
         finally:
             dispatcher.finish(queued)
+            obs.engine_ended(prompt_tokens, sent_tokens, cached_tokens)
         if final is None:
             if failure is None:
                 failure = EngineError("the engine ended the stream without a finish reason")
@@ -162,6 +181,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         if first_token_s is not None:
             final.timings.time_to_first_token.CopyFrom(_duration(first_token_s - received_s))
         final.timings.total.CopyFrom(_duration(done_s - received_s))
+        obs.finished(_FINISH_NAMES[final.finish_reason], failure)
         yield pb.GenerateResponse(result=final)
         if final.finish_reason == pb.FINISH_REASON_ERROR and failure is not None:
             # The partial result above carries the usage; the status says it failed.

@@ -123,6 +123,13 @@ class Settings:
     keepalive_timeout_s: float = 10.0
     max_concurrent_streams: int = 0
     log_level: str = "INFO"
+    # Observability (OTLP exporters are configured with the standard OTEL_* variables).
+    # "text", or "json": one object per line with trace_id and span_id.
+    log_format: str = "text"
+    # Prometheus scrape endpoint host:port ("" = off; port 0 picks a free one).
+    metrics_listen: str = ""
+    # Put prompts and outputs on spans (off: never recorded).
+    telemetry_capture_content: bool = False
 
     def validate(self) -> Settings:
         problems = []
@@ -170,6 +177,10 @@ class Settings:
             problems.append("replicas must be >= 1")
         if self.redis_lease_ttl_s < 2 * self.redis_heartbeat_s or self.redis_heartbeat_s <= 0:
             problems.append("redis_lease_ttl_s must be at least twice redis_heartbeat_s (> 0)")
+        if self.log_format not in ("text", "json"):
+            problems.append("log_format must be text or json")
+        if self.metrics_listen and ":" not in self.metrics_listen:
+            problems.append("metrics_listen must be host:port")
         if problems:
             raise ValueError("invalid settings: " + "; ".join(problems))
         return self

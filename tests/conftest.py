@@ -12,6 +12,7 @@ from fairgate import AsyncClient
 
 from service.app import App
 from service.settings import Settings
+from service.telemetry import Telemetry
 from tests.redis_server import RedisServer, find_redis_server
 
 StartServer = Callable[..., Awaitable[App]]
@@ -19,13 +20,14 @@ StartServer = Callable[..., Awaitable[App]]
 
 @pytest.fixture
 async def start_server() -> AsyncIterator[StartServer]:
-    """Start servers with setting overrides; all are stopped at teardown."""
+    """Start servers with setting overrides (and optionally a `telemetry`); all are
+    stopped at teardown. Telemetry is off unless given (the OTEL_* environment is ignored)."""
     apps: list[App] = []
 
-    async def _start(**overrides: Any) -> App:
+    async def _start(telemetry: Telemetry | None = None, **overrides: Any) -> App:
         base = Settings(listen="127.0.0.1:0", sim_time_scale=0.0, shutdown_grace_s=1.0)
         settings = dataclasses.replace(base, **overrides).validate()
-        app = await App.start(settings)
+        app = await App.start(settings, telemetry or Telemetry.disabled())
         apps.append(app)
         return app
 

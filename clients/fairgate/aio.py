@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 
 from fairgate._convert import build_request, call_metadata, convert_model, convert_response
+from fairgate._tracing import CallSpan
 from fairgate.errors import from_rpc_error
 from fairgate.tls import TlsArg, aio_channel
 from fairgate.types import Completion, Delta, ModelInfo, Result
@@ -56,18 +57,26 @@ class AsyncClient:
         self, prompt: str | Sequence[int], *, timeout_s: float | None = None, **options: Any
     ) -> AsyncIterator[Delta | Result]:
         """Stream token deltas, then one `Result`."""
+        request = build_request(prompt, **options)
+        span = CallSpan("Generate", request.model)
         call = self._stub.Generate(
-            build_request(prompt, **options),
-            metadata=self._metadata,
+            request,
+            metadata=span.metadata(self._metadata),
             timeout=timeout_s if timeout_s is not None else self._timeout_s,
         )
         try:
             async for resp in call:
-                yield convert_response(resp)
+                event = convert_response(resp)
+                if isinstance(event, Result):
+                    span.result(event)
+                yield event
         except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
+            error = from_rpc_error(exc)
+            span.failed(error)
+            raise error from None
         finally:
             call.cancel()
+            span.end()
 
     async def complete(self, prompt: str | Sequence[int], **options: Any) -> Completion:
         """Generate and collect the whole completion."""

@@ -57,11 +57,20 @@ async def _serve(mode: str, overrides: dict[str, str]) -> None:
         from service.app import App
         from service.settings import Settings
 
+        # telemetry=off|on|env: none, everything on with exporters that discard, OTEL_*.
+        telemetry_mode = overrides.pop("telemetry", "env")
         env = {f"FAIRGATE_{k.upper()}": v for k, v in overrides.items()}
         settings = Settings.from_env(env, listen="127.0.0.1:0", log_level="WARNING")
-        app = await App.start(settings)
+        from fairgate.bench.telemetry_server import bench_telemetry
+
+        telemetry, report = bench_telemetry(telemetry_mode, settings)
+        app = await App.start(settings, telemetry)
         port = app.port
-        stop = app.stop
+
+        async def stop(grace_s: float) -> None:
+            await app.stop(grace_s)
+            report()
+
     print(f"PORT {port}", flush=True)
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, sys.stdin.read)

@@ -307,6 +307,20 @@ def bench_store(
     asyncio.run(store_main(redis_url, intervals, tenants, concurrency, seconds))
 
 
+@bench_app.command("telemetry")
+def bench_telemetry(
+    concurrency: Annotated[str, typer.Option(help="comma-separated stream counts")] = "1,64",
+    tokens: Annotated[int, typer.Option(help="tokens per stream")] = 256,
+    duration: Annotated[float, typer.Option(help="seconds per measurement")] = 2.0,
+    rounds: Annotated[int, typer.Option(help="alternating rounds per cell")] = 5,
+) -> None:
+    """Streamed throughput and TTFT with OpenTelemetry fully on vs off."""
+    from fairgate.bench.telemetry import main as bench_main
+
+    levels = [int(x) for x in concurrency.split(",") if x.strip()]
+    asyncio.run(bench_main(levels, tokens, duration, rounds))
+
+
 def _fail(exc: FairgateError) -> None:
     typer.echo(f"error: {exc}", err=True)
     for field, desc in exc.field_violations:

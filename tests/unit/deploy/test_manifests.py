@@ -89,3 +89,34 @@ def test_compose_has_the_stack() -> None:
         source = mount.split(":", 1)[0]
         if source.startswith("./"):
             assert (DEPLOY / source).is_file(), source
+
+
+def test_grafana_dashboard_is_provisioned_and_uses_our_metrics() -> None:
+    import json
+
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    mounts = compose["services"]["grafana"]["volumes"]
+    assert "./observability/grafana/dashboards:/etc/grafana/dashboards:ro" in mounts
+    provider = yaml.safe_load(
+        (DEPLOY / "observability/grafana/provisioning/dashboards/fairgate.yaml").read_text()
+    )
+    assert provider["providers"][0]["options"]["path"] == "/etc/grafana/dashboards"
+    dash = json.loads((DEPLOY / "observability/grafana/dashboards/fairgate.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    for metric in (
+        "fairgate_queue_depth",
+        "fairgate_queue_wait_seconds_bucket",
+        "fairgate_rejections_total",
+        "fairgate_admissions_total",
+        "gen_ai_server_time_to_first_token_seconds_bucket",
+        "gen_ai_server_time_per_output_token_seconds_bucket",
+        "gen_ai_client_token_usage_sum",
+        "fairgate_engine_in_flight",
+        "fairgate_engine_kv_tokens",
+    ):
+        assert metric in exprs, metric
+    datasources = yaml.safe_load(
+        (DEPLOY / "observability/grafana/provisioning/datasources/prometheus.yaml").read_text()
+    )
+    uids = {d["uid"] for d in datasources["datasources"]}
+    assert all(p["datasource"]["uid"] in uids for p in dash["panels"])

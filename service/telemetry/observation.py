@@ -1,0 +1,334 @@
+"""One RPC's telemetry: the server span (`RpcScope`) and, for Generate, its
+children and metrics (`GenerateObservation`).
+
+Span tree of one Generate call:
+
+    fairgate.v1.InferenceService/Generate   SERVER  (parent: the caller's traceparent)
+      fairgate.queue                         INTERNAL  quota check → queue wait → admission
+      text_completion <model>                CLIENT    the engine call; its context is
+                                                       sent on (traceparent to SGLang)
+    events on the server span: gen_ai.first_token (and, opted in, the content)
+
+Cost matters (every request pays it): attributes are gathered in dicts and
+set once per span, and metric attribute sets are built once per request.
+
+Quota rejections and client errors leave the status unset with
+`error.type` / `fairgate.rejection.reason` attributes; ERROR is for server
+faults only (the gRPC server-span rule of the RPC conventions).
+"""
+
+from __future__ import annotations
+
+import time
+from contextvars import ContextVar
+from typing import TYPE_CHECKING
+
+import grpc
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
+
+from service.telemetry import names as n
+
+if TYPE_CHECKING:
+    from scheduler.budget import AdmissionBudget
+    from scheduler.request import QueuedRequest
+    from service.engines.protocol import EngineRequest
+    from service.models import ServedModel
+    from service.telemetry.telemetry import Telemetry
+
+# Codes the caller caused (or a quota): not a server error on the span.
+CLIENT_CODES = frozenset(
+    {
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.UNAUTHENTICATED,
+    }
+)
+REJECTION_CODES = CLIENT_CODES - {grpc.StatusCode.CANCELLED}
+
+
+class RpcScope:
+    """The server span of one RPC; set in a context variable by the interceptor."""
+
+    __slots__ = (
+        "attrs",
+        "code",
+        "generate",
+        "is_generate",
+        "span",
+        "start_s",
+        "telemetry",
+        "tenant_hint",
+    )
+
+    def __init__(
+        self, telemetry: Telemetry, span: trace.Span, tenant_hint: str, *, is_generate: bool
+    ) -> None:
+        self.telemetry = telemetry
+        self.is_generate = is_generate
+        self.span = span
+        self.start_s = time.monotonic()
+        self.tenant_hint = tenant_hint
+        # Span attributes, set once when the RPC ends.
+        self.attrs: dict[str, AttributeValue] = {}
+        self.code: grpc.StatusCode | None = None
+        self.generate: GenerateObservation | None = None
+
+    def aborted(self, exc: Exception, code: grpc.StatusCode) -> None:
+        """The servicer ends the RPC with `code` because of `exc` (service/errors.py)."""
+        self.code = code
+        reason = str(getattr(exc, "reason", "") or type(exc).__name__)
+        self.attrs[n.ERROR_TYPE] = reason
+        if code in REJECTION_CODES:
+            limit = str(getattr(exc, "limit", "") or "")
+            self.attrs[n.REJECTION_REASON] = reason
+            if limit:
+                self.attrs[n.REJECTION_LIMIT] = limit
+            if self.generate is not None:
+                self.generate.rejected(reason, limit)
+            elif self.is_generate:  # refused before it was queued (validation, tenant)
+                attrs = {n.TENANT: self.tenant_hint, n.REJECTION_REASON: reason}
+                if limit:
+                    attrs[n.REJECTION_LIMIT] = limit
+                self.telemetry.rejections.add(1, attrs)
+        elif code not in CLIENT_CODES:
+            self.span.set_status(Status(StatusCode.ERROR, f"{code.name}: {exc}"))
+
+    def close(self, code: grpc.StatusCode, exc: BaseException | None) -> None:
+        code = self.code or code
+        self.attrs[n.RPC_GRPC_STATUS_CODE] = code.value[0]
+        # Not through errors.abort: an unexpected failure.
+        if self.code is None and code not in CLIENT_CODES and code is not grpc.StatusCode.OK:
+            self.attrs[n.ERROR_TYPE] = type(exc).__name__ if exc else code.name
+            self.span.set_status(Status(StatusCode.ERROR, code.name))
+        if self.generate is not None:
+            self.generate.close(code)
+        elif self.is_generate:
+            outcome = _outcome(code, "rejected" if code in REJECTION_CODES else "error")
+            self.attrs[n.OUTCOME] = outcome
+            self.telemetry.duration.record(
+                time.monotonic() - self.start_s,
+                {n.TENANT: self.tenant_hint, n.OUTCOME: outcome, n.ERROR_TYPE: code.name},
+            )
+        self.span.set_attributes(self.attrs)
+        self.span.end()
+
+
+def _outcome(code: grpc.StatusCode, otherwise: str) -> str:
+    if code is grpc.StatusCode.OK:
+        return "ok"
+    if code is grpc.StatusCode.CANCELLED:
+        return "cancelled"
+    return otherwise
+
+
+RPC_SCOPE: ContextVar[RpcScope | None] = ContextVar("fairgate_rpc_scope", default=None)
+
+
+class NoopObservation:
+    """What the servicer calls when telemetry is off: nothing happens."""
+
+    __slots__ = ()
+    capture_content = False
+
+    def admitted(self, engine_req: EngineRequest, budget: AdmissionBudget) -> None:
+        pass
+
+    def first_token(self) -> None:
+        pass
+
+    def output_text(self, text: str) -> None:
+        pass
+
+    def engine_ended(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> None:
+        pass
+
+    def finished(self, finish_reason: str, failure: Exception | None) -> None:
+        pass
+
+
+NOOP_OBSERVATION = NoopObservation()
+
+
+class GenerateObservation(NoopObservation):
+    __slots__ = (
+        "_completion",
+        "_engine_attrs",
+        "_engine_span",
+        "_first_token_s",
+        "_metric_attrs",
+        "_model",
+        "_outcome",
+        "_output_tokens",
+        "_priority",
+        "_queue_span",
+        "_req",
+        "_scope",
+        "_tel",
+        "capture_content",
+    )
+
+    def __init__(
+        self,
+        tel: Telemetry,
+        scope: RpcScope,
+        req: QueuedRequest,
+        model: ServedModel,
+        prompt: str | None,
+    ) -> None:
+        self._tel = tel
+        self._scope = scope
+        scope.generate = self
+        self._req = req
+        self._model = model
+        self.capture_content = tel.capture_content
+        self._completion: list[str] = []
+        self._engine_span: trace.Span | None = None
+        self._engine_attrs: dict[str, AttributeValue] = {}
+        self._first_token_s: float | None = None
+        self._output_tokens = 0
+        self._outcome = ""
+        self._priority = req.priority.name.lower()
+        self._metric_attrs = {n.TENANT: req.tenant_id, n.GEN_AI_REQUEST_MODEL: model.name}
+        scope.attrs.update(
+            {
+                n.GEN_AI_OPERATION: n.OPERATION_TEXT_COMPLETION,
+                n.GEN_AI_REQUEST_MODEL: model.name,
+                n.GEN_AI_REQUEST_MAX_TOKENS: req.max_tokens,
+                n.REQUEST_ID: req.request_id,
+                n.PRIORITY: self._priority,
+                n.TENANT: req.tenant_id,
+            }
+        )
+        if prompt is not None and tel.capture_content:
+            scope.span.add_event("gen_ai.content.prompt", {n.PROMPT_CONTENT: prompt})
+        self._queue_span: trace.Span | None = tel.tracer.start_span(
+            "fairgate.queue", trace.set_span_in_context(scope.span), SpanKind.INTERNAL
+        )
+
+    def _resolved_tenant(self) -> str:
+        # The dispatcher resolves "" to the default tenant when it queues the request.
+        tenant = self._req.tenant_id
+        if self._metric_attrs[n.TENANT] != tenant:
+            self._metric_attrs = {**self._metric_attrs, n.TENANT: tenant}
+            self._scope.attrs[n.TENANT] = tenant
+        return tenant
+
+    # -- scheduler ----------------------------------------------------------------
+    def admitted(self, engine_req: EngineRequest, budget: AdmissionBudget) -> None:
+        """Admitted into the engine: close the queue span, open the engine span."""
+        tenant = self._resolved_tenant()
+        wait_s = time.monotonic() - self._scope.start_s
+        tel = self._tel
+        by_class = {n.TENANT: tenant, n.PRIORITY: self._priority}
+        tel.admissions.add(1, by_class)
+        tel.queue_wait.record(wait_s, by_class)
+        self._scope.attrs[n.QUEUE_WAIT_S] = wait_s
+        if self._queue_span is not None:
+            self._queue_span.set_attributes(
+                {
+                    n.QUOTA_RESULT: "ok",
+                    n.QUEUE_WAIT_S: wait_s,
+                    n.IN_FLIGHT_REQUESTS: budget.in_flight_requests,
+                    n.IN_FLIGHT_KV_TOKENS: budget.in_flight_kv_tokens,
+                }
+            )
+            self._queue_span.end()
+            self._queue_span = None
+        engine = tel.tracer.start_span(
+            f"{n.OPERATION_TEXT_COMPLETION} {self._model.name}",
+            trace.set_span_in_context(self._scope.span),
+            SpanKind.CLIENT,
+            {
+                n.GEN_AI_OPERATION: n.OPERATION_TEXT_COMPLETION,
+                n.GEN_AI_REQUEST_MODEL: self._model.name,
+                n.ENGINE_KIND: self._model.engine.kind,
+            },
+        )
+        self._engine_span = engine
+        # W3C context for the engine: SGLang's HTTP headers, the in-process engine.
+        propagate.inject(engine_req.trace_headers, trace.set_span_in_context(engine))
+
+    def rejected(self, reason: str, limit: str) -> None:
+        tenant = self._resolved_tenant()
+        self._outcome = "rejected"
+        attrs = {n.TENANT: tenant, n.REJECTION_REASON: reason}
+        if limit:
+            attrs[n.REJECTION_LIMIT] = limit
+        self._tel.rejections.add(1, attrs)
+        if self._queue_span is not None:
+            self._queue_span.set_attributes({**attrs, n.QUOTA_RESULT: reason})
+            self._queue_span.end()
+            self._queue_span = None
+
+    # -- engine ---------------------------------------------------------------------
+    def first_token(self) -> None:
+        now_s = time.monotonic()
+        self._first_token_s = now_s
+        ttft_s = now_s - self._scope.start_s
+        self._tel.ttft.record(ttft_s, self._metric_attrs)
+        self._scope.attrs[n.TTFT_S] = ttft_s
+        self._scope.span.add_event("gen_ai.first_token")
+
+    def output_text(self, text: str) -> None:
+        if self.capture_content:
+            self._completion.append(text)
+
+    def engine_ended(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> None:
+        """The engine stream is over (finished, failed or cancelled): usage is final."""
+        self._output_tokens = completion_tokens
+        usage = {
+            n.GEN_AI_INPUT_TOKENS: prompt_tokens,
+            n.GEN_AI_OUTPUT_TOKENS: completion_tokens,
+            n.CACHED_TOKENS: cached_tokens,
+        }
+        self._scope.attrs.update(usage)
+        self._engine_attrs.update(usage)
+        record = self._tel.token_usage.record
+        attrs = self._metric_attrs
+        record(prompt_tokens, {**attrs, n.GEN_AI_TOKEN_TYPE: "input"})
+        record(completion_tokens, {**attrs, n.GEN_AI_TOKEN_TYPE: "output"})
+
+    def finished(self, finish_reason: str, failure: Exception | None) -> None:
+        """The final result is about to be sent (`failure`: the engine failed mid-stream)."""
+        now_s = time.monotonic()
+        reasons = (finish_reason,)
+        self._scope.attrs[n.GEN_AI_FINISH_REASONS] = reasons
+        if self._completion:
+            self._scope.span.add_event(
+                "gen_ai.content.completion", {n.COMPLETION_CONTENT: "".join(self._completion)}
+            )
+        if self._first_token_s is not None and self._output_tokens > 1:
+            per_token_s = (now_s - self._first_token_s) / (self._output_tokens - 1)
+            self._tel.tpot.record(per_token_s, self._metric_attrs)
+        engine = self._engine_span
+        if engine is not None:
+            self._engine_attrs[n.GEN_AI_FINISH_REASONS] = reasons
+            if failure is not None:
+                self._engine_attrs[n.ERROR_TYPE] = type(failure).__name__
+                engine.set_status(Status(StatusCode.ERROR, str(failure)))
+            engine.set_attributes(self._engine_attrs)
+            engine.end()
+            self._engine_span = None
+
+    def close(self, code: grpc.StatusCode) -> None:
+        """The RPC is over (called by the server span's scope)."""
+        outcome = _outcome(code, self._outcome or "error")
+        for span in (self._queue_span, self._engine_span):
+            if span is not None:  # cancelled while queued or streaming
+                span.set_attribute(n.OUTCOME, outcome)
+                span.end()
+        self._queue_span = self._engine_span = None
+        self._scope.attrs[n.OUTCOME] = outcome
+        attrs = {**self._metric_attrs, n.OUTCOME: outcome}
+        if outcome != "ok":
+            attrs[n.ERROR_TYPE] = code.name
+        self._tel.duration.record(time.monotonic() - self._scope.start_s, attrs)

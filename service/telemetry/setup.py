@@ -1,0 +1,174 @@
+"""Build `Telemetry` from the standard OTEL_* environment and fairgate's settings.
+
+- `OTEL_SDK_DISABLED=true`: nothing is installed (no interceptor, no work).
+- `OTEL_TRACES_EXPORTER` / `OTEL_METRICS_EXPORTER`: comma-separated among
+  `otlp`, `console`, `none` (metrics also `prometheus`). Unset, they are
+  `otlp` when an OTLP endpoint is configured (`OTEL_EXPORTER_OTLP_ENDPOINT` or
+  the per-signal variable) and `none` otherwise, so a bare `fairgate serve`
+  does not retry against a collector that is not there.
+- OTLP is sent over gRPC, or HTTP with `OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf`;
+  endpoint, headers, timeout, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
+  `OTEL_BSP_*`, `OTEL_METRIC_EXPORT_INTERVAL` are read by the SDK itself.
+- The Prometheus scrape endpoint is on when `FAIRGATE_METRICS_LISTEN` is set
+  (or `prometheus` is among the metrics exporters: then on 127.0.0.1:9464).
+
+Exports run on the SDK's background threads: a collector that is down or
+slow never delays a request.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from service.settings import Settings
+from service.telemetry.prometheus import MetricsEndpoint
+from service.telemetry.telemetry import Telemetry
+
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
+TRACE_EXPORTERS = ("otlp", "console", "none")
+METRIC_EXPORTERS = ("otlp", "console", "prometheus", "none")
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _exporters(env: Mapping[str, str], signal: str, allowed: tuple[str, ...]) -> list[str]:
+    raw = env.get(f"OTEL_{signal.upper()}_EXPORTER")
+    if raw is None:
+        endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(
+            f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
+        )
+        return ["otlp"] if endpoint else []
+    names = [x.strip().lower() for x in raw.split(",") if x.strip()]
+    unknown = [x for x in names if x not in allowed]
+    if unknown:
+        raise ValueError(
+            f"OTEL_{signal.upper()}_EXPORTER: unsupported {', '.join(unknown)} "
+            f"(supported: {', '.join(allowed)})"
+        )
+    return [x for x in names if x != "none"]
+
+
+def _protocol(env: Mapping[str, str], signal: str) -> str:
+    proto = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or env.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"
+    )
+    proto = proto.strip().lower()
+    if proto not in ("grpc", "http/protobuf"):
+        raise ValueError(f"OTLP protocol {proto!r} is not supported (grpc, http/protobuf)")
+    return proto
+
+
+def _otlp_options(env: Mapping[str, str], signal: str, http: bool) -> dict[str, Any]:
+    """Endpoint and timeout from `env` (the SDK itself would read only os.environ)."""
+    opts: dict[str, Any] = {}
+    specific = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
+    general = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if specific:
+        opts["endpoint"] = specific
+    elif general:
+        opts["endpoint"] = general.rstrip("/") + f"/v1/{signal}" if http else general
+    timeout = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_TIMEOUT") or env.get(
+        "OTEL_EXPORTER_OTLP_TIMEOUT"
+    )
+    if timeout:
+        opts["timeout"] = float(timeout)
+    return opts
+
+
+def _span_exporter(name: str, env: Mapping[str, str]) -> Any:
+    if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if _protocol(env, "traces") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(**_otlp_options(env, "traces", http=False))
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpSpanExporter,
+    )
+
+    return HttpSpanExporter(**_otlp_options(env, "traces", http=True))
+
+
+def _metric_exporter(name: str, env: Mapping[str, str]) -> Any:
+    if name == "console":
+        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+
+        return ConsoleMetricExporter()
+    if _protocol(env, "metrics") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter(**_otlp_options(env, "metrics", http=False))
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HttpMetricExporter,
+    )
+
+    return HttpMetricExporter(**_otlp_options(env, "metrics", http=True))
+
+
+def _millis(env: Mapping[str, str], key: str) -> float | None:
+    raw = env.get(key)
+    return float(raw) if raw else None
+
+
+def build_telemetry(settings: Settings, environ: Mapping[str, str] | None = None) -> Telemetry:
+    env = os.environ if environ is None else environ
+    if _truthy(env.get("OTEL_SDK_DISABLED")):
+        return Telemetry.disabled()
+    trace_names = _exporters(env, "traces", TRACE_EXPORTERS)
+    metric_names = _exporters(env, "metrics", METRIC_EXPORTERS)
+    metrics_listen = settings.metrics_listen
+    if "prometheus" in metric_names:
+        metric_names.remove("prometheus")
+        metrics_listen = metrics_listen or DEFAULT_METRICS_LISTEN
+    if not trace_names and not metric_names and not metrics_listen:
+        return Telemetry.disabled()
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or "fairgate"})
+    shutdown: list[Callable[[], None]] = []
+    tracer_provider = None
+    if trace_names:
+        tracer_provider = TracerProvider(resource=resource)
+        for name in trace_names:
+            processor = BatchSpanProcessor(
+                _span_exporter(name, env),
+                schedule_delay_millis=_millis(env, "OTEL_BSP_SCHEDULE_DELAY"),
+            )
+            tracer_provider.add_span_processor(processor)
+        shutdown.append(tracer_provider.shutdown)
+    interval_ms = _millis(env, "OTEL_METRIC_EXPORT_INTERVAL")
+    readers: list[MetricReader] = [
+        PeriodicExportingMetricReader(_metric_exporter(name, env), interval_ms)
+        for name in metric_names
+    ]
+    endpoint = None
+    if metrics_listen:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry(auto_describe=True)
+        readers.append(PrometheusMetricReader(registry=registry))
+        endpoint = MetricsEndpoint(metrics_listen, registry)
+    meter_provider = None
+    if readers:
+        meter_provider = MeterProvider(metric_readers=readers, resource=resource)
+        shutdown.append(meter_provider.shutdown)
+    return Telemetry(
+        tracer_provider,
+        meter_provider,
+        capture_content=settings.telemetry_capture_content,
+        tenant_header=settings.tenant_header,
+        shutdown=shutdown,
+        metrics_endpoint=endpoint,
+    )
