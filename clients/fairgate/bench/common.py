@@ -10,14 +10,15 @@ from contextlib import asynccontextmanager
 
 
 @asynccontextmanager
-async def server_process(mode: str, **settings: object) -> AsyncIterator[str]:
-    """Start `fairgate.bench.servers` in a child process; yield its address."""
-    args = [f"{k}={v}" for k, v in settings.items()]
+async def child_server(module: str, *args: str) -> AsyncIterator[int]:
+    """Run `python -m module args` until the block ends; yield the port it announces.
+
+    The child prints `PORT <n>` when ready and exits when its stdin closes.
+    """
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "fairgate.bench.servers",
-        mode,
+        module,
         *args,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
@@ -26,8 +27,8 @@ async def server_process(mode: str, **settings: object) -> AsyncIterator[str]:
     try:
         line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
         if not line.startswith("PORT "):
-            raise RuntimeError(f"benchmark server {mode!r} failed to start: {line!r}")
-        yield f"127.0.0.1:{int(line.split()[1])}"
+            raise RuntimeError(f"{module} {' '.join(args)} failed to start: {line!r}")
+        yield int(line.split()[1])
     finally:
         proc.stdin.close()
         try:
@@ -35,6 +36,14 @@ async def server_process(mode: str, **settings: object) -> AsyncIterator[str]:
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+@asynccontextmanager
+async def server_process(mode: str, **settings: object) -> AsyncIterator[str]:
+    """Start `fairgate.bench.servers` in a child process; yield its address."""
+    args = [f"{k}={v}" for k, v in settings.items()]
+    async with child_server("fairgate.bench.servers", mode, *args) as port:
+        yield f"127.0.0.1:{port}"
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -16,12 +16,12 @@ measured in one run, and the ratios to the in-process path are printed.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 
+from fairgate.bench.common import child_server
 from service.engines.protocol import EngineRequest, SamplingOptions
 from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
 from service.engines.simulator.core import SimConfig
@@ -47,27 +47,8 @@ async def stand_in(max_running: int, kv_tokens: int, incremental: bool) -> Async
     ]
     if incremental:
         args.append("--incremental-streaming-output")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "service.engines.simulator.http_server",
-        *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert proc.stdout is not None and proc.stdin is not None
-    try:
-        line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
-        if not line.startswith("PORT "):
-            raise RuntimeError(f"sim-server failed to start: {line!r}")
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+    async with child_server("service.engines.simulator.http_server", *args) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 async def _drive(
