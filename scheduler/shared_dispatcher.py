@@ -73,6 +73,8 @@ class SharedDispatcher(SharedPump):
         self.health = StoreHealth()
         self.admitted_total = 0
         self.decisions_total = 0
+        # Candidates the store held out of the fair-share reserve (reserve.py).
+        self.reserve_holds_total = 0
         # Largest batched counter increment sent at once: how stale a tenant's counter
         # was for the other replicas (weighted tokens).
         self.max_charge_lag = 0.0

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
@@ -26,7 +27,7 @@ from scheduler.errors import StoreUnavailable
 from scheduler.memory_store import MemoryStore
 from scheduler.request import QueuedRequest
 from scheduler.shared_local import Entry, LocalQueues
-from scheduler.shared_options import Pending, SharedOptions, StoreHealth
+from scheduler.shared_options import Pending, QuotaView, SharedOptions, StoreHealth
 from scheduler.store import BucketLimits, Lease, Step, Store
 
 # The dispatcher's logger: operators filter on one name for the whole replica.
@@ -41,6 +42,8 @@ class SharedFailover(ABC):
     replica_id: str
     budget: AdmissionBudget
     health: StoreHealth
+    quotas: QuotaView
+    reserve_holds_total: int
     _local: LocalQueues
     _entries: dict[str, Entry]
     _shared: Pending
@@ -63,6 +66,14 @@ class SharedFailover(ABC):
 
     @abstractmethod
     def _after_offer(self, admitted: list[str], step: Step) -> None: ...
+
+    def _new_step(self, limits: AdmissionLimits) -> Step:
+        o = self.options
+        return Step(limits, w_in=o.w_in, reserve_fraction=o.reserve_fraction)
+
+    def _weights(self, tenants: Iterable[str]) -> dict[str, float]:
+        """The tenants' weights, for the store's fair-share reserve."""
+        return {t: self.quotas.tenants.weight_of(t) for t in tenants}
 
     def _share(self, buckets: BucketLimits) -> BucketLimits:
         return buckets.share(self.options.replicas)
@@ -91,7 +102,8 @@ class SharedFailover(ABC):
                 for e in self._entries.values()
                 if e.started
             ]
-            fb.step_now(self.replica_id, Step(self.budget.limits, renew=renew))
+            weights = self._weights({lease.tenant_id for lease in renew})
+            fb.step_now(self.replica_id, Step(self.budget.limits, renew=renew, weights=weights))
             self._fallback = fb
             self._full_until_s = -math.inf
             return
@@ -115,16 +127,20 @@ class SharedFailover(ABC):
                 return
             entries = [self._entries[self._lease_of(h)] for h in heads]
             cands = [e.candidate(self._share(e.buckets)) for e in entries]
-            step = Step(self._local_limits(), w_in=self.options.w_in, candidates=cands)
+            step = self._new_step(self._local_limits())
+            step.candidates = cands
             out = fb.step_now(self.replica_id, step)
             now_s = self.clock.now_s()
             self._local.mirror.update(out.counters)
             for i, wait_s in out.blocked.items():
                 until = now_s + (self.options.poll_s if math.isinf(wait_s) else wait_s)
                 self._local.pause(cands[i].tenant_id, until)
+            self.reserve_holds_total += len(out.held)
             if out.admitted is None:
                 if out.full:
                     self._full_until_s = math.inf  # a local finish kicks the pump
+                elif out.held:
+                    self._full_until_s = now_s + self.options.poll_s
                 return
             entry = entries[out.admitted]
             c = cands[out.admitted]
@@ -136,8 +152,9 @@ class SharedFailover(ABC):
         """Try the store; if it answers, reconcile and go back to shared decisions."""
         self._next_probe_s = self.clock.now_s() + self.options.retry_s
         in_flight = [e for e in self._entries.values() if e.started]
-        step = self._take_pending(Step(self.budget.limits, w_in=self.options.w_in))
+        step = self._take_pending(self._new_step(self.budget.limits))
         step.renew = [Lease(e.lease_id, e.req.tenant_id, e.req.kv_tokens) for e in in_flight]
+        step.weights = self._weights({e.req.tenant_id for e in in_flight})
         step.backlogged = []
         try:
             out = await self.store.step(self.replica_id, step)

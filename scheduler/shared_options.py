@@ -19,6 +19,8 @@ class SharedOptions:
     failure_mode: FailureMode = "open"
     # Replicas in the fleet: the fail-open fallback enforces limits ÷ replicas.
     replicas: int = 1
+    # Fair-share reserve (reserve.py), applied fleet-wide by the store.
+    reserve_fraction: float = 0.0
     w_in: float = 1.0
     w_out: float = 2.0
     flush_s: float = 0.005

@@ -76,7 +76,7 @@ class SharedPump(SharedFailover):
         return step
 
     def _build_step(self, now_s: float) -> Step:
-        step = self._take_pending(Step(self.budget.limits, w_in=self.options.w_in))
+        step = self._take_pending(self._new_step(self.budget.limits))
         self.max_charge_lag = max(self.max_charge_lag, *step.charges.values(), 0.0)
         eligible = set(self._local.eligible())
         step.announce = sorted(eligible - self._announced)
@@ -88,6 +88,8 @@ class SharedPump(SharedFailover):
                 for e in self._entries.values()
                 if e.started
             ]
+        named = {*step.announce, *(step.backlogged or ()), *(x.tenant_id for x in step.renew or ())}
+        step.weights = self._weights(named)
         if now_s >= self._full_until_s:
             heads = self._local.heads(self.options.max_candidates)
             step.candidates = [
@@ -135,7 +137,10 @@ class SharedPump(SharedFailover):
         for i, wait_s in out.blocked.items():
             until = now_s + (self.options.poll_s if math.isinf(wait_s) else wait_s)
             self._local.pause(step.candidates[i].tenant_id, until)
-        if out.full:
+        self.reserve_holds_total += len(out.held)
+        if out.full or (out.held and out.admitted is None):
+            # Held out of the reserve: room or shares change when a request
+            # ends (a local finish kicks the pump; others' are polled).
             self._full_until_s = now_s + self.options.poll_s
         self._after_offer(admitted, step)
         if admitted:
