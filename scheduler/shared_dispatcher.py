@@ -49,6 +49,7 @@ from scheduler.shared_options import (
 from scheduler.shared_pump import SharedPump
 from scheduler.store import BucketLimits, Step, Store
 from scheduler.tenants import TenantRegistry
+from scheduler.timers import AsyncioTimers, Timers
 
 __all__ = ["FailureMode", "SharedDispatcher", "SharedOptions", "StoreHealth"]
 
@@ -62,9 +63,12 @@ class SharedDispatcher(SharedPump):
         options: SharedOptions,
         *,
         tenants: TenantRegistry | None = None,
+        timers: Timers | None = None,
     ) -> None:
+        """`timers`: wake-ups on `clock` (default: the running event loop's)."""
         self.store = store
         self.clock = clock
+        self.timers: Timers = timers or AsyncioTimers(clock)
         self.options = options
         self.replica_id = options.replica_id
         self.quotas = QuotaView(tenants or TenantRegistry.permissive())
@@ -174,7 +178,8 @@ class SharedDispatcher(SharedPump):
         self.quotas.open_reservations += 1
         self._local.push(req)
         if q.max_queue_wait_s is not None:
-            entry.expiry = loop.call_later(q.max_queue_wait_s, self._expire, entry)
+            expires_s = req.arrival_s + q.max_queue_wait_s
+            entry.expiry = self.timers.call_at(expires_s, lambda: self._expire(entry))
         self._kick()
         try:
             await entry.fut

@@ -29,6 +29,7 @@ from scheduler.request import QueuedRequest
 from scheduler.shared_local import Entry, LocalQueues
 from scheduler.shared_options import Pending, QuotaView, SharedOptions, StoreHealth
 from scheduler.store import BucketLimits, Lease, Step, Store
+from scheduler.timers import Timers
 
 # The dispatcher's logger: operators filter on one name for the whole replica.
 log = logging.getLogger("scheduler.shared_dispatcher")
@@ -38,6 +39,7 @@ class SharedFailover(ABC):
     # State owned by SharedDispatcher.
     store: Store
     clock: Clock
+    timers: Timers
     options: SharedOptions
     replica_id: str
     budget: AdmissionBudget

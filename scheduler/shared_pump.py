@@ -14,7 +14,6 @@ A mixin: `SharedDispatcher` (shared_dispatcher.py) owns the state.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 
@@ -35,11 +34,11 @@ class SharedPump(SharedFailover):
     _closing: bool
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while not self._closing:
-            delay_s = self._next_due_s() - self.clock.now_s()
+            due_s = self._next_due_s()
+            delay_s = due_s - self.clock.now_s()
             if delay_s > 0:
-                timer = loop.call_later(delay_s, self._wake.set) if delay_s < 3600 else None
+                timer = self.timers.call_at(due_s, self._wake.set) if delay_s < 3600 else None
                 await self._wake.wait()
                 if timer is not None:
                     timer.cancel()

@@ -9,14 +9,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from scheduler.budget import AdmissionLimits
-from scheduler.clock import MonotonicClock
-from scheduler.errors import QuotaExceeded
+from scheduler.clock import FakeClock, MonotonicClock
+from scheduler.errors import QueueTimeout, QuotaExceeded
 from scheduler.memory_store import MemoryStore
 from scheduler.redis_store import RedisStore
 from scheduler.request import QueuedRequest
 from scheduler.shared_dispatcher import SharedDispatcher, SharedOptions
 from scheduler.store import Store
 from scheduler.tenants import TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.timers import ManualTimers
 from tests.helpers import eventually
 from tests.redis_server import free_port
 
@@ -185,3 +186,33 @@ async def test_fail_open_gives_each_replica_half_a_tenants_buckets(
     await eventually(lambda: len(drv.running("tk")) == 2, what="half of 400 tokens admitted")
     await asyncio.sleep(0.05)
     assert len(drv.running("tk")) == 2 and drv.d.queued == 2
+
+
+# -- injected time --------------------------------------------------------------------
+async def test_queue_wait_and_pump_wake_ups_run_on_the_injected_clock() -> None:
+    clock = FakeClock(100.0)
+    timers = ManualTimers(clock)
+    tenants = TenantRegistry([TenantConfig("t", quotas=TenantQuotas(max_queue_wait_s=5.0))])
+    d = SharedDispatcher(
+        MemoryStore(clock),
+        AdmissionLimits(1, 1000),
+        clock,
+        SharedOptions("r1", poll_s=0.5),
+        tenants=tenants,
+        timers=timers,
+    )
+    await d.start()
+    first = QueuedRequest("1", "t", 10, 10)
+    await asyncio.wait_for(d.admit(first), 1.0)
+    second = asyncio.create_task(d.admit(QueuedRequest("2", "t", 10, 10)))
+    await eventually(lambda: d.queued == 1 and timers.next_s() == 100.5, what="full: poll")
+    clock.set(104.9)
+    timers.run_due()
+    await asyncio.sleep(0.02)
+    assert not second.done() and timers.next_s() == 105.0  # its queue-wait expiry
+    clock.set(105.0)
+    timers.run_due()
+    with pytest.raises(QueueTimeout):
+        await asyncio.wait_for(second, 1.0)
+    d.finish(first)
+    await d.aclose()
