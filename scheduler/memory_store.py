@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from scheduler.clock import Clock
+from scheduler.reserve import below_share, in_reserve
 from scheduler.store import (
     BucketLimits,
     Lease,
@@ -63,6 +64,9 @@ class MemoryStore:
         self.in_flight = 0
         self.in_flight_kv = 0
         self.concurrency: dict[str, int] = {}
+        self.kv_by_tenant: dict[str, int] = {}
+        # tenant -> weight (for the reserve's shares; unknown: 1)
+        self.weights: dict[str, float] = {}
         self.done: dict[str, float] = {}
         # (tenant, "r" | "t") -> bucket
         self.buckets: dict[tuple[str, str], _Bucket] = {}
@@ -109,6 +113,7 @@ class MemoryStore:
         self.in_flight += 1
         self.in_flight_kv += kv
         self.concurrency[tenant] = self.concurrency.get(tenant, 0) + 1
+        self.kv_by_tenant[tenant] = self.kv_by_tenant.get(tenant, 0) + kv
 
     def _release(self, lease_id: str) -> None:
         lease = self.leases.pop(lease_id, None)
@@ -117,6 +122,10 @@ class MemoryStore:
         self.in_flight -= 1
         self.in_flight_kv -= lease.kv_tokens
         self.concurrency[lease.tenant_id] -= 1
+        self.kv_by_tenant[lease.tenant_id] -= lease.kv_tokens
+        if self.concurrency[lease.tenant_id] <= 0:
+            del self.concurrency[lease.tenant_id]
+            del self.kv_by_tenant[lease.tenant_id]
 
     def _expire(self, now_s: float) -> None:
         for lid in [lid for lid, lease in self.leases.items() if lease.expires_s <= now_s]:
@@ -171,6 +180,7 @@ class MemoryStore:
             out.counters[tenant] = self.counters.get(tenant, 0.0)
         for lease in step.renew or ():
             self._renew(lease, now_s)
+        self.weights.update(step.weights)
         self._decide(step, now_s, out)
         out.in_flight = self.in_flight
         return out
@@ -179,6 +189,8 @@ class MemoryStore:
         cands = step.candidates
         for c in cands:
             out.counters[c.tenant_id] = self.counters.get(c.tenant_id, 0.0)
+            self.weights[c.tenant_id] = c.weight
+        active_weight: float | None = None
         order = sorted(range(len(cands)), key=lambda i: (out.counters[cands[i].tenant_id], i))
         for i in order:
             c = cands[i]
@@ -202,6 +214,17 @@ class MemoryStore:
             ):
                 out.full = True
                 return
+            if step.reserve_fraction > 0 and in_reserve(
+                step.reserve_fraction, lim, self.in_flight, self.in_flight_kv, c.kv_tokens
+            ):
+                if active_weight is None:
+                    active_weight = self._active_weight(step)
+                share = c.weight / active_weight
+                tenant_in_flight = self.concurrency.get(c.tenant_id, 0)
+                tenant_kv = self.kv_by_tenant.get(c.tenant_id, 0)
+                if not below_share(share, lim, tenant_in_flight, tenant_kv, c.kv_tokens):
+                    out.held.append(i)
+                    continue
             if c.take_buckets:
                 self._add(c.tenant_id, -1.0, -float(c.kv_tokens), c.buckets, now_s)
             counter = out.counters[c.tenant_id]
@@ -211,6 +234,17 @@ class MemoryStore:
             self._open(c.lease_id, c.tenant_id, c.kv_tokens, now_s)
             out.admitted = i
             return
+
+    def _active_weight(self, step: Step) -> float:
+        """Sum of the weights of the tenants active anywhere: backlogged on a
+        replica, in flight, or offered in this step (summed in name order, as
+        the Redis script does, so both round alike)."""
+        active = {t for (_, t) in self.backlog} | set(self.concurrency)
+        active |= {c.tenant_id for c in step.candidates}
+        total = 0.0
+        for tenant in sorted(active):
+            total += self.weights.get(tenant, 1.0)
+        return total
 
     async def reserve(
         self, lease_id: str, tenant_id: str, tokens: int, buckets: BucketLimits

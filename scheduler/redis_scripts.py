@@ -73,14 +73,16 @@ STEP = (
     + r"""
 -- Keys (all under P = 'fg:{domain}'): :vtc counters, :floor, :bl backlog
 -- (member replica \0 tenant -> expiry ms), :ls lease expiries, :lt lease -> tenant,
--- :lk lease -> kv tokens, :in in-flight (n, kv, c:<tenant>), :done settled ids,
--- :epoch, :b:<tenant> buckets.
+-- :lk lease -> kv tokens, :in in-flight (n, kv, c:<tenant>, kv:<tenant>), :done
+-- settled ids, :epoch, :w tenant -> weight, :b:<tenant> buckets.
 local VTC, FLOOR, BL = P .. ':vtc', P .. ':floor', P .. ':bl'
 local LS, LT, LK, IN, DONE = P .. ':ls', P .. ':lt', P .. ':lk', P .. ':in', P .. ':done'
+local W = P .. ':w'
 local replica = ARGV[2]
 local lease_ttl, bl_ttl, done_ttl = num(ARGV[3]), num(ARGV[4]), num(ARGV[5])
 local max_req, max_kv, w_in = num(ARGV[6]), num(ARGV[7]), num(ARGV[8])
-local i = 9
+local reserve_fraction = num(ARGV[9])
+local i = 10
 local function nxt() local v = ARGV[i]; i = i + 1; return v end
 
 local state_lost = 0
@@ -92,7 +94,11 @@ local function release(id)
   local kv = tonumber(redis.call('HGET', LK, id)) or 0
   redis.call('HINCRBY', IN, 'n', -1)
   redis.call('HINCRBY', IN, 'kv', -kv)
-  redis.call('HINCRBY', IN, 'c:' .. tenant, -1)
+  if redis.call('HINCRBY', IN, 'c:' .. tenant, -1) <= 0 then
+    redis.call('HDEL', IN, 'c:' .. tenant, 'kv:' .. tenant)
+  else
+    redis.call('HINCRBY', IN, 'kv:' .. tenant, -kv)
+  end
   redis.call('HDEL', LT, id)
   redis.call('HDEL', LK, id)
   redis.call('ZREM', LS, id)
@@ -104,6 +110,7 @@ local function open(id, tenant, kv)
   redis.call('HINCRBY', IN, 'n', 1)
   redis.call('HINCRBY', IN, 'kv', kv)
   redis.call('HINCRBY', IN, 'c:' .. tenant, 1)
+  redis.call('HINCRBY', IN, 'kv:' .. tenant, kv)
 end
 local function counter(tenant) return tonumber(redis.call('HGET', VTC, tenant)) or 0 end
 
@@ -164,22 +171,66 @@ for _ = 1, nr do
     open(id, tenant, kv)
   end
 end
+-- weights (for the reserve's shares)
+for _ = 1, num(nxt()) do
+  local tenant, w = nxt(), nxt()
+  redis.call('HSET', W, tenant, w)
+end
 -- the decision
 local nc = num(nxt())
 local cands = {}
 for k = 1, nc do
-  local c = {id = nxt(), tenant = nxt(), weight = num(nxt()), prompt = num(nxt()),
-    kv = num(nxt()), take = nxt() == '1', rr = opt(nxt()), rb = opt(nxt()),
-    tr = opt(nxt()), tb = opt(nxt()), maxc = opt(nxt()), idx = k - 1}
+  local c = {id = nxt(), tenant = nxt()}
+  local w = nxt()
+  redis.call('HSET', W, c.tenant, w)
+  c.weight, c.prompt, c.kv, c.take = num(w), num(nxt()), num(nxt()), nxt() == '1'
+  c.rr, c.rb, c.tr, c.tb, c.maxc = opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt())
+  c.idx = k - 1
   c.counter = counter(c.tenant)
   counters[c.tenant] = c.counter
   cands[k] = c
+end
+-- the fair-share reserve (reserve.py: in_reserve, below_share; memory_store.py)
+local function in_reserve(n_now, kv_now, c)
+  local reserve_req = math.ceil(max_req * reserve_fraction)
+  local reserve_kv = max_kv * reserve_fraction
+  return n_now + 1 > max_req - reserve_req or kv_now + c.kv > max_kv - reserve_kv
+end
+local active_weight = nil
+local function get_active_weight()
+  -- tenants backlogged anywhere, in flight, or offered now; summed in name order
+  if active_weight then return active_weight end
+  local seen, names = {}, {}
+  local function add(tenant)
+    if not seen[tenant] then seen[tenant] = true; table.insert(names, tenant) end
+  end
+  for _, m in ipairs(redis.call('ZRANGE', BL, 0, -1)) do
+    add(string.sub(m, string.find(m, '\0', 1, true) + 1))
+  end
+  local flat = redis.call('HGETALL', IN)
+  for k = 1, #flat, 2 do
+    if string.sub(flat[k], 1, 2) == 'c:' then add(string.sub(flat[k], 3)) end
+  end
+  for _, c in ipairs(cands) do add(c.tenant) end
+  table.sort(names)
+  active_weight = 0
+  for _, tenant in ipairs(names) do
+    active_weight = active_weight + (tonumber(redis.call('HGET', W, tenant)) or 1)
+  end
+  return active_weight
+end
+local function below_share(c)
+  local share = c.weight / get_active_weight()
+  local tn = tonumber(redis.call('HGET', IN, 'c:' .. c.tenant)) or 0
+  if share >= 1 - 1e-9 or tn == 0 then return true end
+  local tkv = tonumber(redis.call('HGET', IN, 'kv:' .. c.tenant)) or 0
+  return tn < share * max_req and tkv + c.kv <= share * max_kv
 end
 table.sort(cands, function(a, b)
   if a.counter ~= b.counter then return a.counter < b.counter end
   return a.idx < b.idx
 end)
-local admitted, full, blocked = -1, 0, {}
+local admitted, full, blocked, held = -1, 0, {}, {}
 local n = tonumber(redis.call('HGET', IN, 'n')) or 0
 local kv = tonumber(redis.call('HGET', IN, 'kv')) or 0
 for _, c in ipairs(cands) do
@@ -196,6 +247,11 @@ for _, c in ipairs(cands) do
   end
   if not skip then
     if n >= max_req or (n > 0 and kv + c.kv > max_kv) then full = 1; break end
+    if reserve_fraction > 0 and in_reserve(n, kv, c) and not below_share(c) then
+      table.insert(held, tostring(c.idx)); skip = true
+    end
+  end
+  if not skip then
     if c.take then bucket_add(c.tenant, -1, -c.kv, c.rr, c.rb, c.tr, c.tb) end
     local floor = tonumber(redis.call('GET', FLOOR)) or 0
     if c.counter > floor then redis.call('SET', FLOOR, fmt(c.counter)) end
@@ -210,7 +266,7 @@ for _, c in ipairs(cands) do
 end
 local flat = {}
 for tenant, c in pairs(counters) do table.insert(flat, tenant); table.insert(flat, fmt(c)) end
-return {admitted, full, blocked, flat, settled, state_lost, n}
+return {admitted, full, blocked, flat, settled, state_lost, n, held}
 """
 )
 

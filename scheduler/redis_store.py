@@ -9,7 +9,8 @@ prefix p (default "fg"); `{D}` is the Redis Cluster hash tag:
     p:{D}:bl         ZSET   "replica\\0tenant" -> expiry ms (backlog heartbeats)
     p:{D}:ls         ZSET   lease id -> expiry ms (in-flight leases)
     p:{D}:lt / :lk   HASH   lease id -> tenant / KV tokens
-    p:{D}:in         HASH   n, kv, c:<tenant> (fleet-wide in-flight counts)
+    p:{D}:in         HASH   n, kv, c:<tenant>, kv:<tenant> (fleet-wide in-flight counts)
+    p:{D}:w          HASH   tenant -> weight (shares of the fair-share reserve)
     p:{D}:done       ZSET   settled lease id -> expiry ms (idempotent settlement)
     p:{D}:epoch      STRING exists while the state is intact (detects a wiped Redis)
     p:{D}:b:<tenant> HASH   token buckets: rl, rts (requests), tl, tts (tokens)
@@ -161,7 +162,7 @@ class RedisStore:
         return cls(connect(url, timeout_s=timeout_s), **kwargs)
 
     def _keys(self, tenants: set[str]) -> list[str]:
-        fixed = ["vtc", "floor", "bl", "ls", "lt", "lk", "in", "done", "epoch"]
+        fixed = ["vtc", "floor", "bl", "ls", "lt", "lk", "in", "done", "epoch", "w"]
         return [f"{self.base}:{k}" for k in fixed] + [f"{self.base}:b:{t}" for t in sorted(tenants)]
 
     async def _eval(self, script: _Script, keys: list[str], args: list[str]) -> Any:
@@ -187,6 +188,7 @@ class RedisStore:
             str(step.limits.max_requests),
             str(step.limits.max_kv_tokens),
             repr(step.w_in),
+            repr(float(step.reserve_fraction)),
         ]
         tenants: set[str] = set()
         args.append(str(len(step.settlements)))
@@ -208,20 +210,24 @@ class RedisStore:
         args.append(str(len(renew)))
         for lease in renew:
             args += [lease.lease_id, lease.tenant_id, str(lease.kv_tokens)]
+        args.append(str(len(step.weights)))
+        for tenant, weight in step.weights.items():
+            args += [tenant, repr(float(weight))]
         args.append(str(len(step.candidates)))
         for c in step.candidates:
             tenants.add(c.tenant_id)
-            args += [c.lease_id, c.tenant_id, repr(c.weight), str(c.prompt_tokens)]
+            args += [c.lease_id, c.tenant_id, repr(float(c.weight)), str(c.prompt_tokens)]
             args += [str(c.kv_tokens), "1" if c.take_buckets else "0", *_limits(c.buckets)]
             args.append(_num(c.max_concurrent))
         raw = await self._eval(_STEP, self._keys(tenants), args)
-        admitted, full, blocked, flat, settled, state_lost, n = raw
+        admitted, full, blocked, flat, settled, state_lost, n, held = raw
         out = StepOutcome(
             admitted=None if int(admitted) < 0 else int(admitted),
             full=bool(int(full)),
             settled=int(settled),
             state_lost=bool(int(state_lost)),
             in_flight=int(n),
+            held=[int(_s(x)) for x in held],
         )
         for k in range(0, len(blocked), 2):
             w = float(_s(blocked[k + 1]))

@@ -12,7 +12,11 @@ tokens are below its weighted share of the engine may take it. Shares are
 split among *active* tenants (queued or in flight). A tenant alone is never
 held back, so the gate stays work-conserving for a single tenant; with
 several active tenants, at most the reserve sits idle while nobody under
-share needs it.
+share needs it. Nor is a tenant with nothing in flight (else a request larger
+than its share of the KV would wait until every other tenant went idle).
+
+`in_reserve` and `below_share` are the rule alone; the shared stores
+(`memory_store.py`, the Redis STEP script) apply it fleet-wide.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scheduler.budget import AdmissionBudget
+from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.request import QueuedRequest
 
 
@@ -86,24 +90,49 @@ class FairShareReserve:
         if not self.enabled:
             return True
         limits = budget.limits
-        reserve_requests = math.ceil(limits.max_requests * self.fraction)
-        reserve_kv = limits.max_kv_tokens * self.fraction
-        in_reserve = (
-            budget.in_flight_requests + 1 > limits.max_requests - reserve_requests
-            or budget.in_flight_kv_tokens + req.kv_tokens > limits.max_kv_tokens - reserve_kv
-        )
-        if not in_reserve:
+        if not in_reserve(
+            self.fraction,
+            limits,
+            budget.in_flight_requests,
+            budget.in_flight_kv_tokens,
+            req.kv_tokens,
+        ):
             return True
         load = self._load.get(req.tenant_id)
         if load is None or self._active_weight <= 0:
             return True
         share = self.weight_of(req.tenant_id) / self._active_weight
-        if share >= 1.0 - 1e-9:
-            return True  # alone: never held back
-        below = (
-            load.in_flight < share * limits.max_requests
-            and load.kv_tokens + req.kv_tokens <= share * limits.max_kv_tokens
-        )
+        below = below_share(share, limits, load.in_flight, load.kv_tokens, req.kv_tokens)
         if not below:
             self.holds_total += 1
         return below
+
+
+# The rule itself, shared with the stores' fleet-wide decision (memory_store.py
+# and the Redis STEP script, which must compute the same).
+def in_reserve(
+    fraction: float, limits: AdmissionLimits, in_flight: int, in_flight_kv: int, kv_tokens: int
+) -> bool:
+    """Would admitting `kv_tokens` more take the engine into its last `fraction`?"""
+    reserve_requests = math.ceil(limits.max_requests * fraction)
+    reserve_kv = limits.max_kv_tokens * fraction
+    return (
+        in_flight + 1 > limits.max_requests - reserve_requests
+        or in_flight_kv + kv_tokens > limits.max_kv_tokens - reserve_kv
+    )
+
+
+def below_share(
+    share: float, limits: AdmissionLimits, tenant_in_flight: int, tenant_kv: int, kv_tokens: int
+) -> bool:
+    """Is a tenant with weighted `share` of the engine below it with one more request?
+
+    Alone (share 1) always; a tenant with nothing in flight always (a request
+    larger than its share of the KV must not wait for the others to go idle).
+    """
+    if share >= 1.0 - 1e-9 or tenant_in_flight == 0:
+        return True
+    return (
+        tenant_in_flight < share * limits.max_requests
+        and tenant_kv + kv_tokens <= share * limits.max_kv_tokens
+    )

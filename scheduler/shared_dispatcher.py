@@ -18,14 +18,10 @@ While the engine is full, a replica learns of room freed by other replicas by
 polling (`poll_s`); its own finishes wake it at once. Tenants over their
 fleet-wide quota are paused locally until the store says they may go.
 
-Store failure (`failure_mode`): "open" continues with a local `MemoryStore`
-holding this replica's share of the limits (buckets and engine room ÷
-`replicas`) and local fairness; "closed" refuses new requests with
-StoreUnavailable (UNAVAILABLE) and rejects the queued ones. Either way,
-streams in flight continue; their settlements wait. When the store answers
-again, the replica reconciles: replays settlements (idempotent), sends the
-counter charges it owes, re-registers every in-flight request's lease, and
-resumes. Every transition is logged and counted in `health`.
+Store failure (`failure_mode`, fail-open or fail-closed) and the
+reconciliation when the store answers again: shared_failover.py. Options and
+small state types: shared_options.py; local queues and per-request
+bookkeeping: shared_local.py.
 """
 
 from __future__ import annotations
@@ -33,82 +29,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 import math
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import replace
 
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.errors import QueueTimeout, QuotaExceeded, StoreUnavailable
 from scheduler.memory_store import MemoryStore
-from scheduler.quotas import TenantUsage, check_caps
+from scheduler.quotas import check_caps
 from scheduler.request import QueuedRequest
 from scheduler.shared_local import Entry, LocalQueues
-from scheduler.store import BucketLimits, Lease, Settlement, Step, StepOutcome, Store
+from scheduler.shared_options import (
+    FailureMode,
+    Pending,
+    QuotaView,
+    SharedOptions,
+    StoreHealth,
+)
+from scheduler.shared_pump import SharedPump
+from scheduler.store import BucketLimits, Step, Store
 from scheduler.tenants import TenantRegistry
-from scheduler.vtc import DEFAULT_BATCH_EVERY_N
+from scheduler.timers import AsyncioTimers, Timers
 
-log = logging.getLogger(__name__)
-
-FailureMode = Literal["open", "closed"]
+__all__ = ["FailureMode", "SharedDispatcher", "SharedOptions", "StoreHealth"]
 
 
-@dataclass(frozen=True, slots=True)
-class SharedOptions:
-    replica_id: str
-    failure_mode: FailureMode = "open"
-    # Replicas in the fleet: the fail-open fallback enforces limits ÷ replicas.
-    replicas: int = 1
-    w_in: float = 1.0
-    w_out: float = 2.0
-    flush_s: float = 0.005
-    poll_s: float = 0.02
-    heartbeat_s: float = 1.0
-    retry_s: float = 0.5
-    max_candidates: int = 16
-    batch_every_n: int | None = DEFAULT_BATCH_EVERY_N
-
-
-@dataclass(slots=True)
-class StoreHealth:
-    """The store's state as this replica sees it (exported by the observability work)."""
-
-    mode: Literal["ok", "open", "closed"] = "ok"
-    transitions_total: int = 0
-    last_error: str = ""
-    reconciled_settlements: int = 0
-    reconciled_leases: int = 0
-
-    @property
-    def degraded(self) -> bool:
-        return self.mode != "ok"
-
-
-@dataclass(slots=True)
-class _QuotaView:
-    """What the service reads from `dispatcher.quotas`."""
-
-    tenants: TenantRegistry
-    open_reservations: int = 0
-
-    def usages(self) -> list[TenantUsage]:
-        """Per-tenant usage lives in the shared store; none is kept locally."""
-        return []
-
-
-@dataclass(slots=True)
-class _Pending:
-    """Work for the next step to the shared store."""
-
-    settlements: list[Settlement] = field(default_factory=list)
-    charges: dict[str, float] = field(default_factory=dict)
-
-    def charge(self, tenant_id: str, delta: float) -> None:
-        self.charges[tenant_id] = self.charges.get(tenant_id, 0.0) + delta
-
-
-class SharedDispatcher:
+class SharedDispatcher(SharedPump):
     def __init__(
         self,
         store: Store,
@@ -117,17 +63,22 @@ class SharedDispatcher:
         options: SharedOptions,
         *,
         tenants: TenantRegistry | None = None,
+        timers: Timers | None = None,
     ) -> None:
+        """`timers`: wake-ups on `clock` (default: the running event loop's)."""
         self.store = store
         self.clock = clock
+        self.timers: Timers = timers or AsyncioTimers(clock)
         self.options = options
         self.replica_id = options.replica_id
-        self.quotas = _QuotaView(tenants or TenantRegistry.permissive())
+        self.quotas = QuotaView(tenants or TenantRegistry.permissive())
         # This replica's in-flight requests (the fleet's count lives in the store).
         self.budget = AdmissionBudget(limits)
         self.health = StoreHealth()
         self.admitted_total = 0
         self.decisions_total = 0
+        # Candidates the store held out of the fair-share reserve (reserve.py).
+        self.reserve_holds_total = 0
         # Largest batched counter increment sent at once: how stale a tenant's counter
         # was for the other replicas (weighted tokens).
         self.max_charge_lag = 0.0
@@ -135,7 +86,7 @@ class SharedDispatcher:
         self._entries: dict[str, Entry] = {}  # lease id -> entry (queued or in flight)
         self._lease_ids: dict[int, str] = {}  # id(request) -> lease id
         self._seq = itertools.count(1)
-        self._shared = _Pending()  # for the shared store
+        self._shared = Pending()  # for the shared store
         self._announced: set[str] = set()
         self._offered: set[str] = set()  # lease ids in the step awaiting its answer
         self._full_until_s = -math.inf
@@ -227,7 +178,8 @@ class SharedDispatcher:
         self.quotas.open_reservations += 1
         self._local.push(req)
         if q.max_queue_wait_s is not None:
-            entry.expiry = loop.call_later(q.max_queue_wait_s, self._expire, entry)
+            expires_s = req.arrival_s + q.max_queue_wait_s
+            entry.expiry = self.timers.call_at(expires_s, lambda: self._expire(entry))
         self._kick()
         try:
             await entry.fut
@@ -350,114 +302,7 @@ class SharedDispatcher:
         if entry.in_shared or entry.buckets_shared:
             self._shared.settlements.append(s if entry.buckets_shared else none)
 
-    # -- the pump --------------------------------------------------------------------
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._closing:
-            delay_s = self._next_due_s() - self.clock.now_s()
-            if delay_s > 0:
-                timer = loop.call_later(delay_s, self._wake.set) if delay_s < 3600 else None
-                await self._wake.wait()
-                if timer is not None:
-                    timer.cancel()
-            self._wake.clear()
-            now_s = self.clock.now_s()
-            self._local.resume_due(now_s)
-            if self.health.mode == "ok":
-                await self._shared_tick(now_s)
-            else:
-                if now_s >= self._next_probe_s:
-                    await self._probe()
-                if self.health.mode == "open":
-                    self._local_tick()
-
-    def _next_due_s(self) -> float:
-        p = self._shared
-        if self.health.mode != "ok":
-            due = self._next_probe_s
-            if self.health.mode == "open" and self._local.eligible():
-                due = min(due, self._full_until_s)
-            return min(due, self._local.next_resume_s())
-        if p.settlements or set(self._local.eligible()) != self._announced:
-            return -math.inf
-        due = self._next_heartbeat_s
-        if p.charges:
-            due = min(due, self._next_flush_s)
-        if self._local.eligible():
-            due = min(due, self._full_until_s)
-        return min(due, self._local.next_resume_s())
-
-    def _take_pending(self, step: Step) -> Step:
-        step.settlements, self._shared.settlements = self._shared.settlements, []
-        step.charges, self._shared.charges = self._shared.charges, {}
-        return step
-
-    def _build_step(self, now_s: float) -> Step:
-        step = self._take_pending(Step(self.budget.limits, w_in=self.options.w_in))
-        self.max_charge_lag = max(self.max_charge_lag, *step.charges.values(), 0.0)
-        eligible = set(self._local.eligible())
-        step.announce = sorted(eligible - self._announced)
-        step.withdraw = sorted(self._announced - eligible)
-        if now_s >= self._next_heartbeat_s:
-            step.backlogged = sorted(self._announced & eligible)
-            step.renew = [
-                Lease(e.lease_id, e.req.tenant_id, e.req.kv_tokens)
-                for e in self._entries.values()
-                if e.started
-            ]
-        if now_s >= self._full_until_s:
-            heads = self._local.heads(self.options.max_candidates)
-            step.candidates = [
-                self._entries[self._lease_of(h)].candidate(self._entries[self._lease_of(h)].buckets)
-                for h in heads
-            ]
-        return step
-
-    async def _shared_tick(self, now_s: float) -> None:
-        step = self._build_step(now_s)
-        if step.is_empty():
-            return
-        previous = set(self._announced)
-        self._announced = (self._announced | set(step.announce)) - set(step.withdraw)
-        self._offered = {c.lease_id for c in step.candidates}
-        try:
-            out = await self.store.step(self.replica_id, step)
-        except StoreUnavailable as exc:
-            self._announced = previous
-            self._shared.settlements[:0] = step.settlements
-            for tenant, delta in step.charges.items():
-                self._shared.charge(tenant, delta)
-            self._offered = set()
-            self._went_down(exc)
-            self._after_offer([], step)
-            return
-        finally:
-            self._next_flush_s = math.inf
-        self._offered = set()
-        if step.renew is not None:
-            self._next_heartbeat_s = now_s + self.options.heartbeat_s
-        self._apply(step, out, now_s)
-
-    def _apply(self, step: Step, out: StepOutcome, now_s: float) -> None:
-        self.decisions_total += bool(step.candidates)
-        self._local.mirror.update(out.counters)
-        if out.state_lost:
-            if self._contacted:
-                log.warning("shared state was lost (Redis restarted empty?): re-registering")
-            self._next_heartbeat_s = -math.inf
-            self._announced = set()
-            self._wake.set()
-        self._contacted = True
-        admitted = [step.candidates[out.admitted].lease_id] if out.admitted is not None else []
-        for i, wait_s in out.blocked.items():
-            until = now_s + (self.options.poll_s if math.isinf(wait_s) else wait_s)
-            self._local.pause(step.candidates[i].tenant_id, until)
-        if out.full:
-            self._full_until_s = now_s + self.options.poll_s
-        self._after_offer(admitted, step)
-        if admitted:
-            self._wake.set()
-
+    # -- decisions made (by the store, or the fail-open fallback) ---------------------
     def _after_offer(self, admitted: list[str], step: Step) -> None:
         """Start what was admitted; settle what was dropped while the step was away."""
         for c in step.candidates:
@@ -495,107 +340,3 @@ class SharedDispatcher:
         self.budget.reserve(entry.req)
         self.admitted_total += 1
         entry.fut.set_result(None)
-
-    # -- failure and recovery ------------------------------------------------------
-    def _share(self, buckets: BucketLimits) -> BucketLimits:
-        return buckets.share(self.options.replicas)
-
-    def _went_down(self, exc: StoreUnavailable) -> None:
-        if self.health.mode != "ok":
-            return
-        mode = self.options.failure_mode
-        self.health.mode = mode
-        self.health.transitions_total += 1
-        self.health.last_error = str(exc)
-        self._next_probe_s = self.clock.now_s() + self.options.retry_s
-        log.warning(
-            "shared store unavailable (%s): failing %s (%s)",
-            exc,
-            mode,
-            f"local limits ÷ {self.options.replicas} replicas"
-            if mode == "open"
-            else "new requests get UNAVAILABLE",
-        )
-        if mode == "open":
-            fb = MemoryStore(self.clock, lease_ttl_s=math.inf)
-            fb.seed_counters(self._local.mirror)
-            renew = [
-                Lease(e.lease_id, e.req.tenant_id, e.req.kv_tokens)
-                for e in self._entries.values()
-                if e.started
-            ]
-            fb.step_now(self.replica_id, Step(self.budget.limits, renew=renew))
-            self._fallback = fb
-            self._full_until_s = -math.inf
-            return
-        for entry in [e for e in self._entries.values() if e.queued and e.wanted]:
-            self._drop(entry)
-            entry.fut.set_exception(
-                StoreUnavailable("the shared state store became unreachable while queued")
-            )
-
-    def _local_limits(self) -> AdmissionLimits:
-        lim, n = self.budget.limits, max(1, self.options.replicas)
-        return AdmissionLimits(max(1, lim.max_requests // n), max(1, lim.max_kv_tokens // n))
-
-    def _local_tick(self) -> None:
-        """Fail-open: decide against the local fallback, this replica's share of everything."""
-        fb = self._fallback
-        assert fb is not None
-        while True:
-            heads = self._local.heads(self.options.max_candidates)
-            if not heads:
-                return
-            entries = [self._entries[self._lease_of(h)] for h in heads]
-            cands = [e.candidate(self._share(e.buckets)) for e in entries]
-            step = Step(self._local_limits(), w_in=self.options.w_in, candidates=cands)
-            out = fb.step_now(self.replica_id, step)
-            now_s = self.clock.now_s()
-            self._local.mirror.update(out.counters)
-            for i, wait_s in out.blocked.items():
-                until = now_s + (self.options.poll_s if math.isinf(wait_s) else wait_s)
-                self._local.pause(cands[i].tenant_id, until)
-            if out.admitted is None:
-                if out.full:
-                    self._full_until_s = math.inf  # a local finish kicks the pump
-                return
-            entry = entries[out.admitted]
-            c = cands[out.admitted]
-            entry.in_shared = False
-            self._shared.charge(c.tenant_id, self.options.w_in * c.prompt_tokens / c.weight)
-            self._after_offer([c.lease_id], step)
-
-    async def _probe(self) -> None:
-        """Try the store; if it answers, reconcile and go back to shared decisions."""
-        self._next_probe_s = self.clock.now_s() + self.options.retry_s
-        in_flight = [e for e in self._entries.values() if e.started]
-        step = self._take_pending(Step(self.budget.limits, w_in=self.options.w_in))
-        step.renew = [Lease(e.lease_id, e.req.tenant_id, e.req.kv_tokens) for e in in_flight]
-        step.backlogged = []
-        try:
-            out = await self.store.step(self.replica_id, step)
-        except StoreUnavailable:
-            self._shared.settlements[:0] = step.settlements
-            for tenant, delta in step.charges.items():
-                self._shared.charge(tenant, delta)
-            return
-        for e in in_flight:
-            e.in_shared = True  # adopted: its settlement releases the shared lease
-        was = self.health.mode
-        self.health.mode = "ok"
-        self.health.transitions_total += 1
-        self.health.reconciled_settlements += out.settled
-        self.health.reconciled_leases += len(step.renew)
-        self._fallback = None
-        self._announced = set()
-        self._next_probe_s = math.inf
-        self._next_heartbeat_s = self.clock.now_s() + self.options.heartbeat_s
-        self._full_until_s = -math.inf
-        self._local.mirror.update(out.counters)
-        log.warning(
-            "shared store back after failing %s: reconciled %d settlements, %d leases",
-            was,
-            out.settled,
-            len(step.renew),
-        )
-        self._wake.set()

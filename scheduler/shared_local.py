@@ -18,6 +18,7 @@ from scheduler.request import QueuedRequest
 from scheduler.store import BucketLimits, Candidate, Settlement
 from scheduler.tenant_queue import TenantQueue
 from scheduler.tenants import TenantConfig
+from scheduler.timers import TimerHandle
 
 
 @dataclass(slots=True, eq=False)
@@ -38,7 +39,7 @@ class Entry:
     in_shared: bool = True
     # Its bucket charges were made in the shared store (refunds go there).
     buckets_shared: bool = False
-    expiry: asyncio.TimerHandle | None = None
+    expiry: TimerHandle | None = None
 
     @property
     def wanted(self) -> bool:

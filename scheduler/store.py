@@ -10,9 +10,12 @@ replica's pending settlements and batched output charges, refreshes its
 backlog and leases, then makes at most one admission decision among the
 candidates (the heads of this replica's eligible tenants): the candidate
 whose tenant has the smallest counter and whose quotas allow it gets a lease
-if the engine has room fleet-wide. `reserve` takes a reject-mode request's
-buckets at arrival. Both are atomic: one Lua script in Redis, plain code in
-memory.
+if the engine has room fleet-wide (and, in the engine's last
+`reserve_fraction`, only if its tenant is below its weighted share: the
+fair-share reserve of `reserve.py`, with shares split among the tenants
+active anywhere — backlogged on a replica, in flight, or offered).
+`reserve` takes a reject-mode request's buckets at arrival. Both are atomic:
+one Lua script in Redis, plain code in memory.
 
 Implementations: `memory_store.MemoryStore` (one replica; also the fail-open
 fallback) and `redis_store.RedisStore`. The embedded single-replica server
@@ -106,6 +109,9 @@ class Settlement:
 class Step:
     limits: AdmissionLimits
     w_in: float = 1.0
+    # Fair-share reserve (see reserve.py): the last `reserve_fraction` of the
+    # room goes only to tenants below their weighted share of it.
+    reserve_fraction: float = 0.0
     settlements: list[Settlement] = field(default_factory=list)
     # Weighted counter increments (w_out * tokens / weight), batched per tenant.
     charges: dict[str, float] = field(default_factory=dict)
@@ -117,6 +123,9 @@ class Step:
     backlogged: list[str] | None = None
     # Heartbeat: every lease this replica holds (renewed, or re-created if missing).
     renew: list[Lease] | None = None
+    # Tenant weights the store remembers for the reserve's shares (candidates
+    # carry their own): send those of announced, backlogged and renewed tenants.
+    weights: dict[str, float] = field(default_factory=dict)
     candidates: list[Candidate] = field(default_factory=list)
 
     def is_empty(self) -> bool:
@@ -127,6 +136,7 @@ class Step:
             or self.withdraw
             or self.backlogged is not None
             or self.renew is not None
+            or self.weights
             or self.candidates
         )
 
@@ -140,6 +150,10 @@ class StepOutcome:
     # Candidate index -> seconds until its quotas may allow it (inf: a request of
     # its tenant must finish first, max_concurrent).
     blocked: dict[int, float] = field(default_factory=dict)
+    # Candidate indices held out of the reserve: the decision would have taken
+    # the engine into its last `reserve_fraction` while their tenant is at or
+    # above its weighted share of it (fleet-wide) and other tenants are active.
+    held: list[int] = field(default_factory=list)
     # Counters of the candidates' and announced tenants (after the step).
     counters: dict[str, float] = field(default_factory=dict)
     # Settlements applied now (duplicates are skipped).

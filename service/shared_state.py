@@ -60,6 +60,7 @@ async def build_dispatcher(
             replica_id=replica_id(),
             failure_mode=mode,
             replicas=settings.replicas,
+            reserve_fraction=settings.fair_reserve_fraction,
             w_in=settings.vtc_w_in,
             w_out=settings.vtc_w_out,
             flush_s=settings.redis_flush_ms / 1000,

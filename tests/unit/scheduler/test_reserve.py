@@ -65,6 +65,15 @@ def test_weights_set_the_share_and_kv_counts_too() -> None:
     assert reserve.allows(_req("small"), budget)
 
 
+def test_a_tenant_with_nothing_in_flight_is_never_held() -> None:
+    budget = AdmissionBudget(AdmissionLimits(8, 1000))
+    reserve = FairShareReserve(0.125, lambda t: 1.0)
+    _fill(reserve, budget, "a", 3)  # 300 KV tokens
+    big = _req("b", kv=600)  # above b's half of the KV, and into the KV reserve
+    reserve.on_queued(big)
+    assert reserve.allows(big, budget)
+
+
 def test_bookkeeping_returns_to_zero_and_zero_fraction_is_off() -> None:
     reserve = FairShareReserve(0.0, lambda t: 1.0)
     budget = AdmissionBudget(AdmissionLimits(1, 10))

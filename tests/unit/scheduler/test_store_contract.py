@@ -13,7 +13,15 @@ from scheduler.budget import AdmissionLimits
 from scheduler.clock import MonotonicClock
 from scheduler.memory_store import MemoryStore
 from scheduler.redis_store import RedisStore
-from scheduler.store import BucketLimits, Candidate, Lease, Settlement, Step, Store
+from scheduler.store import (
+    BucketLimits,
+    Candidate,
+    Lease,
+    Settlement,
+    Step,
+    StepOutcome,
+    Store,
+)
 from scheduler.tenants import TenantConfig, TenantQuotas
 
 LIMITS = AdmissionLimits(max_requests=2, max_kv_tokens=1000)
@@ -174,6 +182,91 @@ async def test_tenant_config_is_published(store: Store) -> None:
     assert got is not None and got["weight"] == "2.0"
     assert got["quotas.tokens_per_min"] == "600"
     assert await store.get_tenant("nobody") is None
+
+
+# -- the fair-share reserve (the rule of reserve.py, fleet-wide) -------------------
+ROOM = AdmissionLimits(max_requests=8, max_kv_tokens=100_000)
+
+
+async def fill(
+    store: Store, tenant: str, n: int, limits: AdmissionLimits = ROOM, **kw: object
+) -> None:
+    for k in range(n):
+        step = Step(limits, reserve_fraction=0.125, candidates=[cand(f"{tenant}{k}", tenant, **kw)])
+        assert (await store.step("r1", step)).admitted == 0
+
+
+async def offer(
+    store: Store,
+    *cands: Candidate,
+    replica: str = "r1",
+    limits: AdmissionLimits = ROOM,
+    **kw: object,
+) -> StepOutcome:
+    step = Step(limits, reserve_fraction=0.125, candidates=list(cands), **kw)  # type: ignore[arg-type]
+    return await store.step(replica, step)
+
+
+async def test_reserve_holds_an_over_share_tenant_while_another_is_backlogged(
+    store: Store,
+) -> None:
+    await fill(store, "flood", 6)
+    await store.step("r2", Step(ROOM, announce=["victim"]))  # backlogged on another replica
+    assert (await offer(store, cand("f6", "flood"))).admitted == 0  # 7th of 8: not the reserve
+    out = await offer(store, cand("f7", "flood"))  # the 8th slot is the reserve; 7 >= 8 / 2
+    assert out.admitted is None and out.held == [0] and not out.full and out.blocked == {}
+    # Held candidates fall through to the next one in counter order, on any replica.
+    step = {"charges": {"victim": 100.0}, "replica": "r2"}  # the victim's counter is larger
+    out = await offer(store, cand("f7", "flood"), cand("v0", "victim"), **step)
+    assert out.admitted == 1 and out.held == [0]
+    assert out.counters["victim"] > out.counters["flood"]
+    assert (await store.snapshot()).in_flight == 8
+
+
+async def test_reserve_never_holds_a_tenant_alone(store: Store) -> None:
+    await fill(store, "flood", 8)
+    out = await offer(store, cand("f8", "flood"))
+    assert out.full and out.held == []
+
+
+async def test_reserve_counts_tenants_in_flight_elsewhere_as_active(store: Store) -> None:
+    await fill(store, "flood", 6)
+    assert (await offer(store, cand("v0", "victim"), replica="r2")).admitted == 0  # in flight
+    out = await offer(store, cand("f6", "flood"))
+    assert out.admitted is None and out.held == [0]
+    # The victim's request ends: the flood is alone again and takes the reserve.
+    await store.step("r2", Step(ROOM, settlements=[Settlement("v0", "victim")]))
+    assert (await offer(store, cand("f6", "flood"))).admitted == 0
+
+
+async def test_reserve_shares_follow_weights_and_kv(store: Store) -> None:
+    room = AdmissionLimits(max_requests=100, max_kv_tokens=1000)
+    await fill(store, "big", 9, limits=room, weight=3.0)  # 900 KV: the next 100 is the reserve
+    await store.step("r2", Step(room, announce=["small"], weights={"small": 1.0}))
+    # big's share is 3 / 4 of 1000 KV tokens: over it, held; small is below.
+    out = await offer(store, cand("b9", "big", weight=3.0), limits=room)
+    assert out.held == [0] and out.admitted is None
+    # With small's weight at 1/3, big's share is 9 / 10 = 900: still over.
+    await store.step("r2", Step(room, weights={"small": 1 / 3}))
+    assert (await offer(store, cand("b9", "big", weight=3.0), limits=room)).held == [0]
+    # small no longer backlogged anywhere: big is alone.
+    await store.step("r2", Step(room, withdraw=["small"]))
+    assert (await offer(store, cand("b9", "big", weight=3.0), limits=room)).admitted == 0
+
+
+async def test_reserve_never_holds_a_tenant_with_nothing_in_flight(store: Store) -> None:
+    room = AdmissionLimits(max_requests=8, max_kv_tokens=1000)
+    await fill(store, "a", 1, limits=room, kv=300)
+    await store.step("r2", Step(room, announce=["b"]))
+    # 600 KV tokens is above b's half of the engine, but b has nothing in flight.
+    assert (await offer(store, cand("b0", "b", kv=600), limits=room)).admitted == 0
+
+
+async def test_reserve_fraction_zero_holds_nobody(store: Store) -> None:
+    await fill(store, "flood", 7)
+    await store.step("r2", Step(ROOM, announce=["victim"]))
+    out = await store.step("r1", Step(ROOM, candidates=[cand("f7", "flood")]))
+    assert out.admitted == 0 and out.held == []
 
 
 # -- Redis only ----------------------------------------------------------------

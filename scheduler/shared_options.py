@@ -1,0 +1,69 @@
+"""Options and small state types of `SharedDispatcher` (shared_dispatcher.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from scheduler.quotas import TenantUsage
+from scheduler.store import Settlement
+from scheduler.tenants import TenantRegistry
+from scheduler.vtc import DEFAULT_BATCH_EVERY_N
+
+FailureMode = Literal["open", "closed"]
+
+
+@dataclass(frozen=True, slots=True)
+class SharedOptions:
+    replica_id: str
+    failure_mode: FailureMode = "open"
+    # Replicas in the fleet: the fail-open fallback enforces limits ÷ replicas.
+    replicas: int = 1
+    # Fair-share reserve (reserve.py), applied fleet-wide by the store.
+    reserve_fraction: float = 0.0
+    w_in: float = 1.0
+    w_out: float = 2.0
+    flush_s: float = 0.005
+    poll_s: float = 0.02
+    heartbeat_s: float = 1.0
+    retry_s: float = 0.5
+    max_candidates: int = 16
+    batch_every_n: int | None = DEFAULT_BATCH_EVERY_N
+
+
+@dataclass(slots=True)
+class StoreHealth:
+    """The store's state as this replica sees it (exported by the observability work)."""
+
+    mode: Literal["ok", "open", "closed"] = "ok"
+    transitions_total: int = 0
+    last_error: str = ""
+    reconciled_settlements: int = 0
+    reconciled_leases: int = 0
+
+    @property
+    def degraded(self) -> bool:
+        return self.mode != "ok"
+
+
+@dataclass(slots=True)
+class QuotaView:
+    """What the service reads from `dispatcher.quotas`."""
+
+    tenants: TenantRegistry
+    open_reservations: int = 0
+
+    def usages(self) -> list[TenantUsage]:
+        """Per-tenant usage lives in the shared store; none is kept locally."""
+        return []
+
+
+@dataclass(slots=True)
+class Pending:
+    """Work for the next step to the shared store."""
+
+    settlements: list[Settlement] = field(default_factory=list)
+    charges: dict[str, float] = field(default_factory=dict)
+
+    def charge(self, tenant_id: str, delta: float) -> None:
+        self.charges[tenant_id] = self.charges.get(tenant_id, 0.0) + delta

@@ -1,0 +1,218 @@
+"""SharedDispatcher on a real store, driven by hand: the fair-share reserve
+fleet-wide, and the divided limits of fail-open."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from scheduler.budget import AdmissionLimits
+from scheduler.clock import FakeClock, MonotonicClock
+from scheduler.errors import QueueTimeout, QuotaExceeded
+from scheduler.memory_store import MemoryStore
+from scheduler.redis_store import RedisStore
+from scheduler.request import QueuedRequest
+from scheduler.shared_dispatcher import SharedDispatcher, SharedOptions
+from scheduler.store import Store
+from scheduler.tenants import TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.timers import ManualTimers
+from tests.helpers import eventually
+from tests.redis_server import free_port
+
+MakeStore = Callable[[], Awaitable[Store]]
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make_store(request: pytest.FixtureRequest) -> MakeStore:
+    async def make() -> Store:
+        if request.param == "memory":
+            return MemoryStore(MonotonicClock())
+        return RedisStore.from_url(request.getfixturevalue("redis_url"), domain="sd")
+
+    return make
+
+
+class Driver:
+    """A dispatcher whose requests the test admits and finishes by hand."""
+
+    def __init__(self, d: SharedDispatcher) -> None:
+        self.d = d
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.reqs: dict[str, QueuedRequest] = {}
+        self.finished: set[str] = set()
+
+    def submit(self, request_id: str, tenant: str, kv: int = 100) -> asyncio.Task[None]:
+        req = QueuedRequest(request_id, tenant, kv // 2, kv - kv // 2)
+        self.reqs[request_id] = req
+        self.tasks[request_id] = asyncio.create_task(self.d.admit(req))
+        return self.tasks[request_id]
+
+    def running(self, tenant: str) -> list[str]:
+        return [
+            rid
+            for rid, t in self.tasks.items()
+            if t.done() and not t.cancelled() and not t.exception() and rid not in self.finished
+            if self.reqs[rid].tenant_id == tenant
+        ]
+
+    def finish(self, request_id: str) -> None:
+        self.finished.add(request_id)
+        self.d.finish(self.reqs[request_id])
+
+    async def aclose(self) -> None:
+        for t in self.tasks.values():
+            t.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        for tenant in {r.tenant_id for r in self.reqs.values()}:
+            for rid in self.running(tenant):
+                self.finish(rid)
+        await self.d.aclose()
+
+
+@pytest.fixture
+async def drivers() -> AsyncIterator[list[Driver]]:
+    made: list[Driver] = []
+    yield made
+    for drv in made:
+        await drv.aclose()
+
+
+async def start(
+    drivers: list[Driver],
+    store: Store,
+    limits: AdmissionLimits,
+    tenants: TenantRegistry | None = None,
+    **options: object,
+) -> Driver:
+    opts = SharedOptions("r1", poll_s=0.005, **options)  # type: ignore[arg-type]
+    d = SharedDispatcher(store, limits, MonotonicClock(), opts, tenants=tenants)
+    await d.start()
+    drivers.append(Driver(d))
+    return drivers[-1]
+
+
+# -- the fair-share reserve --------------------------------------------------------
+async def victim_waits_for_a_flood_end(drv: Driver) -> bool:
+    """A flood fills the 8 slots alone; a victim queues (the first wave: it must
+    wait for a flood request to end). Once its first request runs, does its
+    second wait for another flood request to end?"""
+    for k in range(24):
+        drv.submit(f"f{k}", "flood")
+    await eventually(lambda: drv.d.in_flight == 8, what="the flood fills the engine")
+    first = drv.submit("v1", "victim")
+    await asyncio.sleep(0.03)
+    assert not first.done()  # the first wave holds every slot
+    while not first.done():
+        drv.finish(drv.running("flood")[0])
+        await asyncio.sleep(0.03)
+    drv.finish(drv.running("flood")[0])  # a slot frees while only the flood is queued
+    await asyncio.sleep(0.03)
+    second = drv.submit("v2", "victim")
+    try:
+        await asyncio.wait_for(asyncio.shield(second), 0.3)
+    except TimeoutError:
+        return True
+    return False
+
+
+async def test_reserve_admits_a_victim_beside_a_flood_without_waiting(
+    make_store: MakeStore, drivers: list[Driver]
+) -> None:
+    drv = await start(
+        drivers, await make_store(), AdmissionLimits(8, 100_000), reserve_fraction=1 / 8
+    )
+    assert not await victim_waits_for_a_flood_end(drv)
+    assert drv.d.in_flight == 8 and len(drv.running("flood")) == 6
+    assert drv.d.reserve_holds_total > 0
+
+
+async def test_without_the_reserve_the_victim_waits(
+    make_store: MakeStore, drivers: list[Driver]
+) -> None:
+    drv = await start(drivers, await make_store(), AdmissionLimits(8, 100_000))
+    assert await victim_waits_for_a_flood_end(drv)
+
+
+# -- fail-open: this replica's share of the limits ------------------------------------
+def dead_redis() -> RedisStore:
+    return RedisStore.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
+
+
+@pytest.mark.parametrize(("kv", "admitted"), [(100, 4), (200, 2)])
+async def test_fail_open_admits_half_the_engine_room_with_two_replicas(
+    drivers: list[Driver], kv: int, admitted: int
+) -> None:
+    # 8 slots and 1000 KV tokens: alone while Redis is down, 4 slots and 500 KV.
+    drv = await start(drivers, dead_redis(), AdmissionLimits(8, 1000), replicas=2, retry_s=60.0)
+    for k in range(8):
+        drv.submit(f"r{k}", "t", kv=kv)
+    await eventually(lambda: drv.d.health.mode == "open", what="failing open")
+    await eventually(lambda: drv.d.in_flight == admitted, what=f"{admitted} admitted")
+    await asyncio.sleep(0.05)
+    assert drv.d.in_flight == admitted and drv.d.queued == 8 - admitted
+    drv.finish(drv.running("t")[0])  # a local finish frees local room
+    await eventually(lambda: drv.d.in_flight == admitted, what="refilled")
+    assert drv.d.queued == 7 - admitted
+
+
+async def test_fail_open_gives_each_replica_half_a_tenants_buckets(
+    drivers: list[Driver],
+) -> None:
+    tenants = TenantRegistry(
+        [
+            # Reject mode: 4 requests of burst, refilling once an hour.
+            TenantConfig("rq", quotas=TenantQuotas(requests_per_s=1 / 3600, requests_burst=4)),
+            # Wait mode: 400 tokens of burst, refilling 1 token a minute.
+            TenantConfig(
+                "tk",
+                over_quota="wait",
+                quotas=TenantQuotas(tokens_per_min=1, tokens_burst=400),
+            ),
+        ]
+    )
+    drv = await start(
+        drivers, dead_redis(), AdmissionLimits(100, 100_000), tenants, replicas=2, retry_s=60.0
+    )
+    for k in range(2):
+        await asyncio.wait_for(drv.submit(f"rq{k}", "rq"), 1.0)
+    assert drv.d.health.mode == "open"
+    with pytest.raises(QuotaExceeded) as err:
+        await drv.submit("rq2", "rq")  # half the burst of 4 is gone
+    assert err.value.limit == "requests_per_s"
+    for k in range(4):
+        drv.submit(f"tk{k}", "tk", kv=100)
+    await eventually(lambda: len(drv.running("tk")) == 2, what="half of 400 tokens admitted")
+    await asyncio.sleep(0.05)
+    assert len(drv.running("tk")) == 2 and drv.d.queued == 2
+
+
+# -- injected time --------------------------------------------------------------------
+async def test_queue_wait_and_pump_wake_ups_run_on_the_injected_clock() -> None:
+    clock = FakeClock(100.0)
+    timers = ManualTimers(clock)
+    tenants = TenantRegistry([TenantConfig("t", quotas=TenantQuotas(max_queue_wait_s=5.0))])
+    d = SharedDispatcher(
+        MemoryStore(clock),
+        AdmissionLimits(1, 1000),
+        clock,
+        SharedOptions("r1", poll_s=0.5),
+        tenants=tenants,
+        timers=timers,
+    )
+    await d.start()
+    first = QueuedRequest("1", "t", 10, 10)
+    await asyncio.wait_for(d.admit(first), 1.0)
+    second = asyncio.create_task(d.admit(QueuedRequest("2", "t", 10, 10)))
+    await eventually(lambda: d.queued == 1 and timers.next_s() == 100.5, what="full: poll")
+    clock.set(104.9)
+    timers.run_due()
+    await asyncio.sleep(0.02)
+    assert not second.done() and timers.next_s() == 105.0  # its queue-wait expiry
+    clock.set(105.0)
+    timers.run_due()
+    with pytest.raises(QueueTimeout):
+        await asyncio.wait_for(second, 1.0)
+    d.finish(first)
+    await d.aclose()
