@@ -25,8 +25,15 @@ from typing import Any
 
 from aiohttp import web
 
-from service.engines.protocol import EngineError, EngineRequest, FinishKind, SamplingOptions
+from service.engines.protocol import EngineError, EngineRequest
 from service.engines.simulator.engine import SimulatedEngine
+from service.engines.simulator.sglang_wire import (
+    InvalidRequest,
+    error_object,
+    finish_reason,
+    parse_generate,
+    sse_data,
+)
 from service.tokenizer import ApproxTokenizer
 
 VERSION = "0.5.23-fairgate-sim"
@@ -53,10 +60,6 @@ class Record:
     traceparents: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)  # via /abort_request
     disconnected: list[str] = field(default_factory=list)  # client went away mid-stream
-
-
-class _Invalid(ValueError):
-    pass
 
 
 class SimServer:
@@ -123,75 +126,6 @@ class SimServer:
         await self.stop()
 
     # -- /generate ------------------------------------------------------------
-    def _engine_request(self, body: Any) -> tuple[EngineRequest, bool]:
-        if not isinstance(body, dict):
-            raise _Invalid("the request body must be a JSON object")
-        text, ids = body.get("text"), body.get("input_ids")
-        if isinstance(text, list) or (ids and isinstance(ids[0], list)):
-            raise _Invalid("batch requests are not supported by the stand-in")
-        if text is None and ids is None:
-            raise _Invalid("Either text or input_ids should be provided.")
-        if ids is not None:
-            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-                raise _Invalid("input_ids must be a list of integers")
-            prompt_ids = list(ids)
-        else:
-            if not isinstance(text, str):
-                raise _Invalid("text must be a string")
-            prompt_ids = self.tokenizer.encode(text)
-        if not prompt_ids:
-            raise _Invalid("The input is empty.")
-        sp = body.get("sampling_params") or {}
-        if not isinstance(sp, dict):
-            raise _Invalid("sampling_params must be an object")
-        try:
-            stop = sp.get("stop") or ()
-            sampling = SamplingOptions(
-                temperature=float(sp.get("temperature", 1.0)),
-                top_p=float(sp.get("top_p", 1.0)),
-                top_k=int(sp.get("top_k", -1)),
-                min_p=float(sp.get("min_p", 0.0)),
-                stop=(stop,) if isinstance(stop, str) else tuple(stop),
-                stop_token_ids=tuple(int(t) for t in sp.get("stop_token_ids") or ()),
-                seed=None if sp.get("sampling_seed") is None else int(sp["sampling_seed"]),
-                ignore_eos=bool(sp.get("ignore_eos", False)),
-                min_tokens=int(sp.get("min_new_tokens", 0)),
-                frequency_penalty=float(sp.get("frequency_penalty", 0.0)),
-                presence_penalty=float(sp.get("presence_penalty", 0.0)),
-                repetition_penalty=float(sp.get("repetition_penalty", 1.0)),
-            )
-            max_new = int(sp.get("max_new_tokens", 128))
-        except (TypeError, ValueError) as exc:
-            raise _Invalid(f"invalid sampling_params: {exc}") from exc
-        if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or max_new < 0:
-            raise _Invalid("temperature must be >= 0, top_p in (0, 1], max_new_tokens >= 0")
-        if sampling.top_k == 0 or sampling.top_k < -1:
-            raise _Invalid("top_k must be -1 (disabled) or at least 1")
-        context = self.engine.core.max_context
-        if len(prompt_ids) >= context:
-            raise _Invalid(
-                f"The input ({len(prompt_ids)} tokens) is longer than the model's context "
-                f"length ({context} tokens)."
-            )
-        if len(prompt_ids) + max_new > context:
-            raise _Invalid(
-                f"Requested token count exceeds the model's maximum context length of "
-                f"{context} tokens. You requested a total of {len(prompt_ids) + max_new} tokens"
-            )
-        priority = body.get("priority")
-        rid = body.get("rid") or uuid.uuid4().hex
-        if not isinstance(rid, str):
-            raise _Invalid("rid must be a string")
-        req = EngineRequest(
-            request_id=rid,
-            prompt_token_ids=prompt_ids,
-            max_tokens=max_new,
-            sampling=sampling,
-            prompt_text=text,
-            priority=int(priority) if isinstance(priority, int) else 0,
-        )
-        return req, bool(body.get("stream", False))
-
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         trace = request.headers.get("traceparent")
         if trace:
@@ -203,14 +137,14 @@ class SimServer:
         self.record.requests.append(body if isinstance(body, dict) else {"body": body})
         stream = isinstance(body, dict) and bool(body.get("stream"))
         try:
-            req, stream = self._engine_request(body)
+            req, stream = parse_generate(body, self.tokenizer, self.engine.core.max_context)
             if req.request_id in self._live:
-                raise _Invalid(f"Duplicate request ID: {req.request_id}")
-        except _Invalid as exc:
+                raise InvalidRequest(f"Duplicate request ID: {req.request_id}")
+        except InvalidRequest as exc:
             if not stream:
                 return _error(400, str(exc))
             resp = await _sse(request)
-            await resp.write(_data({"error": _err_obj(400, str(exc))}) + DONE)
+            await resp.write(sse_data({"error": error_object(400, str(exc))}) + DONE)
             await resp.write_eof()
             return resp
         if not stream:
@@ -241,7 +175,7 @@ class SimServer:
                         continue
                     if f.drop_meta_info:
                         out.pop("meta_info")
-                    await resp.write(_data(out))
+                    await resp.write(sse_data(out))
                     sent += 1
             await resp.write(DONE)
             await resp.write_eof()
@@ -273,7 +207,7 @@ class SimServer:
                     meta["completion_tokens"] = ch.completion_tokens
                     meta["prompt_tokens"] = ch.prompt_tokens
                     if ch.finish is not None:
-                        meta["finish_reason"] = _finish_reason(ch.finish, ch.stop_matched, req)
+                        meta["finish_reason"] = finish_reason(ch.finish, ch.stop_matched, req)
                         meta["e2e_latency"] = time.monotonic() - started_s
                     yield {
                         "text": ch.text if incremental else text,
@@ -405,27 +339,8 @@ class SimServer:
         )
 
 
-def _finish_reason(kind: FinishKind, matched: str, req: EngineRequest) -> dict[str, Any]:
-    if kind is FinishKind.STOP:
-        if matched and matched in req.sampling.stop:
-            return {"type": "stop", "matched": matched}
-        # A stop token id, or EOS (id 0 in the simulator's vocabulary).
-        return {"type": "stop", "matched": int(matched) if matched.isdigit() else 0}
-    if kind is FinishKind.LENGTH:
-        return {"type": "length", "length": req.max_tokens}
-    return {"type": "abort", "message": f"Abort request {req.request_id}", "status_code": None}
-
-
-def _data(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
-def _err_obj(code: int, message: str) -> dict[str, Any]:
-    return {"message": message, "type": "invalid_request_error", "code": code, "retryable": False}
-
-
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": _err_obj(status, message)}, status=status)
+    return web.json_response({"error": error_object(status, message)}, status=status)
 
 
 async def _sse(request: web.Request) -> web.StreamResponse:
