@@ -4,14 +4,40 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True)
+class ServerProcess:
+    address: str
+    pid: int
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system, all threads) the server has used so far (Linux)."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return math.nan
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 @asynccontextmanager
 async def server_process(mode: str, **settings: object) -> AsyncIterator[str]:
     """Start `fairgate.bench.servers` in a child process; yield its address."""
+    async with server_child(mode, **settings) as server:
+        yield server.address
+
+
+@asynccontextmanager
+async def server_child(mode: str, **settings: object) -> AsyncIterator[ServerProcess]:
+    """Start `fairgate.bench.servers` in a child process; yield its address and pid."""
     args = [f"{k}={v}" for k, v in settings.items()]
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -27,7 +53,7 @@ async def server_process(mode: str, **settings: object) -> AsyncIterator[str]:
         line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
         if not line.startswith("PORT "):
             raise RuntimeError(f"benchmark server {mode!r} failed to start: {line!r}")
-        yield f"127.0.0.1:{int(line.split()[1])}"
+        yield ServerProcess(f"127.0.0.1:{int(line.split()[1])}", proc.pid)
     finally:
         proc.stdin.close()
         try:
