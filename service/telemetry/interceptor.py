@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import propagate
 from opentelemetry.trace import SpanKind
 
 from service.telemetry import names as n
@@ -96,7 +96,7 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
         async def traced(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             scope = self._open(method, metadata)
             scope_token = RPC_SCOPE.set(scope)
-            ctx_token = otel_context.attach(trace.set_span_in_context(scope.span))
+            ctx_token = otel_context.attach(scope.ctx)
             failure: BaseException | None = None
             try:
                 async for response in behavior(request, context):
@@ -117,7 +117,7 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
         async def traced(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             scope = self._open(method, metadata)
             scope_token = RPC_SCOPE.set(scope)
-            ctx_token = otel_context.attach(trace.set_span_in_context(scope.span))
+            ctx_token = otel_context.attach(scope.ctx)
             failure: BaseException | None = None
             try:
                 return await behavior(request, context)

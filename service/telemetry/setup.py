@@ -85,9 +85,9 @@ def _span_exporter(name: str, env: Mapping[str, str]) -> Any:
 
         return ConsoleSpanExporter()
     if _protocol(env, "traces") == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from service.telemetry.otlp import OtlpGrpcSpanExporter
 
-        return OTLPSpanExporter(**_otlp_options(env, "traces", http=False))
+        return OtlpGrpcSpanExporter(**_otlp_options(env, "traces", http=False))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpSpanExporter,
     )
@@ -109,6 +109,34 @@ def _metric_exporter(name: str, env: Mapping[str, str]) -> Any:
     )
 
     return HttpMetricExporter(**_otlp_options(env, "metrics", http=True))
+
+
+def exemplar_filter(env: Mapping[str, str]) -> Any:
+    """`OTEL_METRICS_EXEMPLAR_FILTER`, default `always_off` (the SDK's is `trace_based`).
+
+    Trace-based exemplars copy the current span's ids into every histogram
+    record made while a span is current (all of this service's records): a
+    measurable share of the per-request telemetry cost, for a link from a
+    metric point to one trace that Prometheus scrapes do not carry anyway.
+    """
+    from opentelemetry.sdk.metrics import (
+        AlwaysOffExemplarFilter,
+        AlwaysOnExemplarFilter,
+        ExemplarFilter,
+        TraceBasedExemplarFilter,
+    )
+
+    name = (env.get("OTEL_METRICS_EXEMPLAR_FILTER") or "always_off").strip().lower()
+    filters: dict[str, Callable[[], ExemplarFilter]] = {
+        "always_off": AlwaysOffExemplarFilter,
+        "always_on": AlwaysOnExemplarFilter,
+        "trace_based": TraceBasedExemplarFilter,
+    }
+    if name not in filters:
+        raise ValueError(
+            f"OTEL_METRICS_EXEMPLAR_FILTER: unsupported {name} (supported: {', '.join(filters)})"
+        )
+    return filters[name]()
 
 
 def _millis(env: Mapping[str, str], key: str) -> float | None:
@@ -162,7 +190,9 @@ def build_telemetry(settings: Settings, environ: Mapping[str, str] | None = None
         endpoint = MetricsEndpoint(metrics_listen, registry)
     meter_provider = None
     if readers:
-        meter_provider = MeterProvider(metric_readers=readers, resource=resource)
+        meter_provider = MeterProvider(
+            metric_readers=readers, resource=resource, exemplar_filter=exemplar_filter(env)
+        )
         shutdown.append(meter_provider.shutdown)
     return Telemetry(
         tracer_provider,

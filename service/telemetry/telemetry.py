@@ -19,6 +19,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from service.telemetry import names as n
+from service.telemetry.observation import MetricAttrs
 
 if TYPE_CHECKING:
     import grpc
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from service.telemetry.prometheus import MetricsEndpoint
 
 INSTRUMENTATION_NAME = "fairgate.service"
+# Cached metric attribute sets (tenants x models); past this, start over.
+_MAX_ATTR_SETS = 10_000
 
 
 class Telemetry:
@@ -47,6 +50,11 @@ class Telemetry:
         self.tenant_header = tenant_header
         self._shutdown = list(shutdown)
         self._models: list[ServedModel] = []
+        # Admissions by (tenant, priority): counted here, read by the
+        # observable counter on the metric reader's thread (an SDK record per
+        # request costs ~10 µs; this costs a dict update).
+        self._admissions: dict[tuple[str, str], int] = {}
+        self._metric_attrs: dict[tuple[str, str], MetricAttrs] = {}
         self._store_mode: Callable[[], str] | None = None
         self.metrics_endpoint = metrics_endpoint
         self.tracer = (tracer_provider or trace.NoOpTracerProvider()).get_tracer(
@@ -62,8 +70,11 @@ class Telemetry:
     # -- instruments ----------------------------------------------------------
     def _create_instruments(self) -> None:
         m = self.meter
-        self.admissions = m.create_counter(
-            "fairgate.admissions", "{request}", "Requests admitted to the engine"
+        m.create_observable_counter(
+            "fairgate.admissions",
+            [self._admissions_counter],
+            "{request}",
+            "Requests admitted to the engine",
         )
         self.rejections = m.create_counter(
             "fairgate.rejections", "{request}", "Requests refused before streaming, by reason"
@@ -131,6 +142,20 @@ class Telemetry:
             "1",
             "1 for the state store's current failure mode (normal, fail-open, fail-closed)",
         )
+
+    # -- per-request helpers (GenerateObservation) ------------------------------
+    def admitted(self, tenant: str, priority: str) -> None:
+        key = (tenant, priority)
+        self._admissions[key] = self._admissions.get(key, 0) + 1
+
+    def metric_attrs(self, tenant: str, model: str) -> MetricAttrs:
+        """The metric attribute sets of (tenant, model), built once."""
+        attrs = self._metric_attrs.get((tenant, model))
+        if attrs is None:
+            if len(self._metric_attrs) >= _MAX_ATTR_SETS:
+                self._metric_attrs.clear()
+            attrs = self._metric_attrs[(tenant, model)] = MetricAttrs(tenant, model)
+        return attrs
 
     # -- wiring -----------------------------------------------------------------
     def watch_model(self, model: ServedModel) -> None:
@@ -219,6 +244,10 @@ class Telemetry:
             hook()
 
     # -- gauge callbacks (run on the metric reader's thread) ---------------------
+    def _admissions_counter(self, _: CallbackOptions) -> Iterable[Observation]:
+        for (tenant, priority), count in self._admissions.copy().items():
+            yield Observation(count, {n.TENANT: tenant, n.PRIORITY: priority})
+
     def _queue_depth(self, _: CallbackOptions) -> Iterable[Observation]:
         for model in list(self._models):
             for usage in model.dispatcher.quotas.usages():

@@ -4,14 +4,33 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True)
+class ServerProcess:
+    address: str
+    pid: int
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system, all threads) the server has used so far (Linux)."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return math.nan
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 @asynccontextmanager
-async def child_server(module: str, *args: str) -> AsyncIterator[int]:
-    """Run `python -m module args` until the block ends; yield the port it announces.
+async def child_server(module: str, *args: str) -> AsyncIterator[ServerProcess]:
+    """Run `python -m module args` until the block ends; yield its loopback address and pid.
 
     The child prints `PORT <n>` when ready and exits when its stdin closes.
     """
@@ -28,7 +47,7 @@ async def child_server(module: str, *args: str) -> AsyncIterator[int]:
         line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
         if not line.startswith("PORT "):
             raise RuntimeError(f"{module} {' '.join(args)} failed to start: {line!r}")
-        yield int(line.split()[1])
+        yield ServerProcess(f"127.0.0.1:{int(line.split()[1])}", proc.pid)
     finally:
         proc.stdin.close()
         try:
@@ -39,11 +58,18 @@ async def child_server(module: str, *args: str) -> AsyncIterator[int]:
 
 
 @asynccontextmanager
+async def server_child(mode: str, **settings: object) -> AsyncIterator[ServerProcess]:
+    """Start `fairgate.bench.servers` in a child process; yield its address and pid."""
+    args = [f"{k}={v}" for k, v in settings.items()]
+    async with child_server("fairgate.bench.servers", mode, *args) as server:
+        yield server
+
+
+@asynccontextmanager
 async def server_process(mode: str, **settings: object) -> AsyncIterator[str]:
     """Start `fairgate.bench.servers` in a child process; yield its address."""
-    args = [f"{k}={v}" for k, v in settings.items()]
-    async with child_server("fairgate.bench.servers", mode, *args) as port:
-        yield f"127.0.0.1:{port}"
+    async with server_child(mode, **settings) as server:
+        yield server.address
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -47,8 +47,8 @@ async def stand_in(max_running: int, kv_tokens: int, incremental: bool) -> Async
     ]
     if incremental:
         args.append("--incremental-streaming-output")
-    async with child_server("service.engines.simulator.http_server", *args) as port:
-        yield f"http://127.0.0.1:{port}"
+    async with child_server("service.engines.simulator.http_server", *args) as server:
+        yield f"http://{server.address}"
 
 
 async def _drive(

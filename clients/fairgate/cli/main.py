@@ -311,10 +311,10 @@ def bench_store(
 def bench_telemetry(
     concurrency: Annotated[str, typer.Option(help="comma-separated stream counts")] = "1,64",
     tokens: Annotated[int, typer.Option(help="tokens per stream")] = 256,
-    duration: Annotated[float, typer.Option(help="seconds per measurement")] = 2.0,
-    rounds: Annotated[int, typer.Option(help="alternating rounds per cell")] = 5,
+    duration: Annotated[float, typer.Option(help="seconds per measurement")] = 1.5,
+    rounds: Annotated[int, typer.Option(help="alternating rounds per cell")] = 8,
 ) -> None:
-    """Streamed throughput and TTFT with OpenTelemetry fully on vs off."""
+    """Streamed throughput, server CPU per request and TTFT with OpenTelemetry fully on vs off."""
     from fairgate.bench.telemetry import main as bench_main
 
     levels = [int(x) for x in concurrency.split(",") if x.strip()]

@@ -60,3 +60,15 @@ def test_json_logs_carry_trace_and_span_ids() -> None:
     assert line["span_id"] == format(ctx.span_id, "016x")
     assert line["tenant"] == "team-a"
     assert "trace_id" not in json.loads(JsonFormatter().format(record))
+
+
+def test_exemplars_are_off_unless_asked_for() -> None:
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, TraceBasedExemplarFilter
+
+    from service.telemetry.setup import exemplar_filter
+
+    assert isinstance(exemplar_filter({}), AlwaysOffExemplarFilter)
+    on = exemplar_filter({"OTEL_METRICS_EXEMPLAR_FILTER": "trace_based"})
+    assert isinstance(on, TraceBasedExemplarFilter)
+    with pytest.raises(ValueError, match="OTEL_METRICS_EXEMPLAR_FILTER"):
+        exemplar_filter({"OTEL_METRICS_EXEMPLAR_FILTER": "sometimes"})
