@@ -20,7 +20,10 @@ How a write works (optimistic concurrency on the store revision):
    difference and set the revision to R + 1; otherwise nothing is written
    and the write is retried from 1 on the newer snapshot (where a stale
    etag then fails with VersionConflict, as it would in memory).
-So each mutation is one atomic script and a batch is all-or-nothing. Why not
+So each mutation is one atomic script and a batch is all-or-nothing.
+COMMIT writes the new revision it is given: normally R + 1; `restore` uses it
+to put back a replica's last snapshot when Redis lost the data (restarted
+empty), at a revision above what every replica has seen. Why not
 put the rules themselves in Lua: they would be a second copy of
 `apply_writes` (version checks, the default-tenant invariant, keys deleted
 with their tenant, rotation) that could drift from the in-memory store; admin
@@ -37,6 +40,7 @@ the snapshot it last loaded).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -67,21 +71,21 @@ return {m[1] or '0', m[2] or '', m[3] or '0',
 """
 
 COMMIT = r"""
--- KEYS: meta, tenants, keys. ARGV: expected revision, default ('' = none),
--- keys issued, then counted lists: tenants set (id, json), tenants deleted,
--- keys set (id, json), keys deleted.
+-- KEYS: meta, tenants, keys. ARGV: expected revision, new revision,
+-- default ('' = none), keys issued, then counted lists: tenants set (id, json),
+-- tenants deleted, keys set (id, json), keys deleted.
 local rev = tonumber(redis.call('HGET', KEYS[1], 'rev') or '0')
 if rev ~= tonumber(ARGV[1]) then return {0, rev} end
-local i = 4
+local i = 5
 local function nxt() local v = ARGV[i]; i = i + 1; return v end
 for _, h in ipairs({KEYS[2], KEYS[3]}) do
   for _ = 1, tonumber(nxt()) do local id = nxt(); redis.call('HSET', h, id, nxt()) end
   for _ = 1, tonumber(nxt()) do redis.call('HDEL', h, nxt()) end
 end
-redis.call('HSET', KEYS[1], 'rev', rev + 1, 'issued', ARGV[3])
-if ARGV[2] == '' then redis.call('HDEL', KEYS[1], 'default')
-else redis.call('HSET', KEYS[1], 'default', ARGV[2]) end
-return {1, rev + 1}
+redis.call('HSET', KEYS[1], 'rev', ARGV[2], 'issued', ARGV[4])
+if ARGV[3] == '' then redis.call('HDEL', KEYS[1], 'default')
+else redis.call('HSET', KEYS[1], 'default', ARGV[3]) end
+return {1, tonumber(ARGV[2])}
 """
 
 _READ, _COMMIT = _Script.of(READ), _Script.of(COMMIT)
@@ -230,7 +234,8 @@ class RedisTenantStore:
         """Write `new` over `old` if the store is still at old's revision."""
         if new is old:
             return True  # nothing changed: no write, no revision bump
-        args = [str(old.revision), new.default_tenant_id or "", str(new.keys_issued_total)]
+        args = [str(old.revision), str(new.revision), new.default_tenant_id or ""]
+        args.append(str(new.keys_issued_total))
         args += _diff(old.tenants, new.tenants, _tenant_json)
         args += _diff(old.keys, new.keys, _key_json)
         ok, _rev = await self._eval(_COMMIT, args)
@@ -277,6 +282,16 @@ class RedisTenantStore:
             lambda s: with_rotation(s, old_key_id, new, old_expires_at_s)
         )
         return record
+
+    async def restore(self, last: TenantSnapshot, found: TenantSnapshot) -> TenantSnapshot:
+        """Write back `last` (a replica's last loaded snapshot) over a store that lost its
+        data (`found`, at a lower revision), under a revision above both, so every
+        replica reloads it. Conditional on `found.revision`: of several replicas that
+        notice, one restores; the others get VersionConflict and re-read."""
+        new = dataclasses.replace(last, revision=max(last.revision, found.revision) + 1)
+        if not await self._commit(found, new):
+            raise VersionConflict("the tenant store changed meanwhile", current=-1)
+        return new
 
     async def aclose(self) -> None:
         await self._r.aclose()
