@@ -3,6 +3,7 @@ by every replica in Redis (store=redis)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -20,6 +21,7 @@ from scheduler.tenants import TenantRegistry
 from service.settings import Settings
 
 AnyDispatcher = Dispatcher | SharedDispatcher
+log = logging.getLogger(__name__)
 
 
 def replica_id() -> str:
@@ -29,6 +31,11 @@ def replica_id() -> str:
 def build_tenant_store(settings: Settings) -> TenantStore:
     """Tenants and key hashes: per process, or in Redis for the whole fleet."""
     if settings.store == "redis":
+        if not settings.api_key_pepper:
+            log.warning(
+                "store=redis without FAIRGATE_API_KEY_PEPPER: API keys issued here will not "
+                "verify on other replicas, nor after a restart"
+            )
         return RedisTenantStore.from_url(
             settings.redis_url, timeout_s=settings.redis_timeout_s, prefix=settings.redis_prefix
         )
