@@ -10,6 +10,9 @@ Optimistic concurrency: each tenant has a `version` (1 when created, +1 per
 change). A write may name the version it expects; if the tenant changed since,
 the write fails with VersionConflict and nothing in the batch is applied.
 The store keeps only hashes of API keys, never their secrets.
+
+The rules live once, in the pure functions below (`apply_writes`,
+`with_key`, `with_expiry`, `with_rotation`); both stores apply them.
 """
 
 from __future__ import annotations
@@ -184,97 +187,120 @@ class InMemoryTenantStore:
         expected_revision: int | None = None,
     ) -> TenantSnapshot:
         async with self._lock:
-            snap = self._snap
-            if expected_revision is not None and snap.revision != expected_revision:
-                raise VersionConflict(
-                    "the tenants changed while this change was prepared; read them again",
-                    current=snap.revision,
-                )
-            tenants = dict(snap.tenants)
-            keys = dict(snap.keys)
-            default = snap.default_tenant_id
-            for w in writes:
-                if isinstance(w, PutTenant):
-                    tid = w.config.tenant_id
-                    _check_version(tid, tenants.get(tid), w.expected_version)
-                    old = tenants.get(tid)
-                    tenants[tid] = TenantRecord(
-                        config=w.config,
-                        version=old.version + 1 if old else 1,
-                        created_at_s=old.created_at_s if old else now_s,
-                        updated_at_s=now_s,
-                    )
-                elif isinstance(w, DeleteTenant):
-                    old = tenants.get(w.tenant_id)
-                    if old is None:
-                        raise NotFound(f"no tenant {w.tenant_id!r}", tenant_id=w.tenant_id)
-                    _check_version(w.tenant_id, old, w.expected_version)
-                    del tenants[w.tenant_id]
-                    keys = {k: r for k, r in keys.items() if r.tenant_id != w.tenant_id}
-                else:
-                    default = w.tenant_id
-            if default is not None and default not in tenants:
-                raise StoreConstraint(
-                    f"the default tenant {default!r} would not exist; "
-                    "set another default tenant first (or none)",
-                    tenant_id=default,
-                )
-            self._snap = dataclasses.replace(
-                snap,
-                revision=snap.revision + 1,
-                tenants=tenants,
-                keys=keys,
-                default_tenant_id=default,
-            )
+            self._snap = apply_writes(self._snap, writes, now_s, expected_revision)
             return self._snap
 
     async def add_key(self, record: ApiKeyRecord) -> None:
         async with self._lock:
-            self._add_key(record)
-
-    def _add_key(self, record: ApiKeyRecord) -> None:
-        snap = self._snap
-        if record.tenant_id not in snap.tenants:
-            raise NotFound(f"no tenant {record.tenant_id!r}", tenant_id=record.tenant_id)
-        if record.key_id in snap.keys:
-            raise AlreadyExists(f"key {record.key_id!r} exists", key_id=record.key_id)
-        self._snap = dataclasses.replace(
-            snap,
-            revision=snap.revision + 1,
-            keys={**snap.keys, record.key_id: record},
-            keys_issued_total=snap.keys_issued_total + 1,
-        )
+            self._snap = with_key(self._snap, record)
 
     async def expire_key(self, key_id: str, at_s: float) -> ApiKeyRecord:
         async with self._lock:
-            return self._expire_key(key_id, at_s)
-
-    def _expire_key(self, key_id: str, at_s: float) -> ApiKeyRecord:
-        snap = self._snap
-        old = snap.keys.get(key_id)
-        if old is None:
-            raise NotFound(f"no API key {key_id!r}", key_id=key_id)
-        if old.expires_at_s is not None and old.expires_at_s <= at_s:
-            return old
-        new = dataclasses.replace(old, expires_at_s=at_s)
-        self._snap = dataclasses.replace(
-            snap, revision=snap.revision + 1, keys={**snap.keys, key_id: new}
-        )
-        return new
+            self._snap, record = with_expiry(self._snap, key_id, at_s)
+            return record
 
     async def rotate_key(
         self, old_key_id: str, new: ApiKeyRecord, old_expires_at_s: float
     ) -> ApiKeyRecord:
         async with self._lock:
-            saved = self._snap
-            try:
-                if old_key_id not in saved.keys:
-                    raise NotFound(f"no API key {old_key_id!r}", key_id=old_key_id)
-                self._add_key(new)
-                return self._expire_key(old_key_id, old_expires_at_s)
-            except StoreError:
-                self._snap = saved
-                raise
+            self._snap, record = with_rotation(self._snap, old_key_id, new, old_expires_at_s)
+            return record
+
+
+# -- the rules, as pure functions: snapshot in, next snapshot out --------------
+# Every store applies them (the Redis store on the snapshot it read, then
+# commits the result only if the revision has not moved), so the semantics
+# cannot drift between implementations. A write that changes nothing returns
+# the same snapshot object (no revision bump).
+
+
+def apply_writes(
+    snap: TenantSnapshot,
+    writes: Sequence[TenantWrite],
+    now_s: float,
+    expected_revision: int | None = None,
+) -> TenantSnapshot:
+    """All of `writes` applied to `snap` (revision + 1), or a StoreError."""
+    if expected_revision is not None and snap.revision != expected_revision:
+        raise VersionConflict(
+            "the tenants changed while this change was prepared; read them again",
+            current=snap.revision,
+        )
+    tenants = dict(snap.tenants)
+    keys = dict(snap.keys)
+    default = snap.default_tenant_id
+    for w in writes:
+        if isinstance(w, PutTenant):
+            tid = w.config.tenant_id
+            _check_version(tid, tenants.get(tid), w.expected_version)
+            old = tenants.get(tid)
+            tenants[tid] = TenantRecord(
+                config=w.config,
+                version=old.version + 1 if old else 1,
+                created_at_s=old.created_at_s if old else now_s,
+                updated_at_s=now_s,
+            )
+        elif isinstance(w, DeleteTenant):
+            old = tenants.get(w.tenant_id)
+            if old is None:
+                raise NotFound(f"no tenant {w.tenant_id!r}", tenant_id=w.tenant_id)
+            _check_version(w.tenant_id, old, w.expected_version)
+            del tenants[w.tenant_id]
+            keys = {k: r for k, r in keys.items() if r.tenant_id != w.tenant_id}
+        else:
+            default = w.tenant_id
+    if default is not None and default not in tenants:
+        raise StoreConstraint(
+            f"the default tenant {default!r} would not exist; "
+            "set another default tenant first (or none)",
+            tenant_id=default,
+        )
+    return dataclasses.replace(
+        snap,
+        revision=snap.revision + 1,
+        tenants=tenants,
+        keys=keys,
+        default_tenant_id=default,
+    )
+
+
+def with_key(snap: TenantSnapshot, record: ApiKeyRecord) -> TenantSnapshot:
+    if record.tenant_id not in snap.tenants:
+        raise NotFound(f"no tenant {record.tenant_id!r}", tenant_id=record.tenant_id)
+    if record.key_id in snap.keys:
+        raise AlreadyExists(f"key {record.key_id!r} exists", key_id=record.key_id)
+    return dataclasses.replace(
+        snap,
+        revision=snap.revision + 1,
+        keys={**snap.keys, record.key_id: record},
+        keys_issued_total=snap.keys_issued_total + 1,
+    )
+
+
+def with_expiry(
+    snap: TenantSnapshot, key_id: str, at_s: float
+) -> tuple[TenantSnapshot, ApiKeyRecord]:
+    old = snap.keys.get(key_id)
+    if old is None:
+        raise NotFound(f"no API key {key_id!r}", key_id=key_id)
+    if old.expires_at_s is not None and old.expires_at_s <= at_s:
+        return snap, old
+    new = dataclasses.replace(old, expires_at_s=at_s)
+    return (
+        dataclasses.replace(snap, revision=snap.revision + 1, keys={**snap.keys, key_id: new}),
+        new,
+    )
+
+
+def with_rotation(
+    snap: TenantSnapshot, old_key_id: str, new: ApiKeyRecord, old_expires_at_s: float
+) -> tuple[TenantSnapshot, ApiKeyRecord]:
+    """`new` added and the old key expired, as one revision; returns the old key's record."""
+    if old_key_id not in snap.keys:
+        raise NotFound(f"no API key {old_key_id!r}", key_id=old_key_id)
+    added = with_key(snap, new)
+    after, old = with_expiry(added, old_key_id, old_expires_at_s)
+    return dataclasses.replace(after, revision=snap.revision + 1), old
 
 
 def _check_version(tenant_id: str, old: TenantRecord | None, expected: int | None) -> None:

@@ -2,11 +2,14 @@
 
 Writes go to the tenant store (atomic, optimistic concurrency on each
 tenant's version = etag), then `TenantDirectory.refresh()` applies them to
-this replica's dispatchers at once. Authentication happens in service/auth.py.
+this replica's dispatchers at once (other replicas follow by polling). With
+the store unreachable (Redis down) every call answers UNAVAILABLE with a
+retry delay. Authentication happens in service/auth.py.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -16,6 +19,7 @@ from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import admin_pb2_grpc as apb_grpc
 
 from scheduler.dispatcher import Dispatcher
+from scheduler.errors import StoreUnavailable
 from scheduler.tenant_store import (
     MUST_NOT_EXIST,
     ApiKeyRecord,
@@ -53,6 +57,7 @@ T = TypeVar("T")
 Ctx = grpc.aio.ServicerContext[Any, Any]
 MAX_GRACE_PERIOD_S = 7 * 24 * 3600.0
 _UPDATE_RETRIES = 3
+log = logging.getLogger(__name__)
 
 
 class AdminServicer(apb_grpc.AdminServiceServicer):
@@ -65,7 +70,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     async def _run(self, context: Ctx, work: Awaitable[T]) -> T:
         try:
             return await work
-        except (errors.ServiceError, StoreError) as exc:
+        except (errors.ServiceError, StoreError, StoreUnavailable) as exc:
             await errors.abort(context, exc)
 
     def _now(self) -> float:
@@ -73,8 +78,15 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
 
     async def _write(self, writes: list[TenantWrite], **kwargs: Any) -> TenantSnapshot:
         snap = await self.store.write_tenants(writes, now_s=self._now(), **kwargs)
-        await self.directory.refresh()
+        await self._refresh()
         return snap
+
+    async def _refresh(self) -> None:
+        """Apply a write here at once; if the store just went away, polling catches up."""
+        try:
+            await self.directory.refresh()
+        except StoreUnavailable as exc:
+            log.warning("written, but not re-read at once (polling will): %s", exc)
 
     def _tenant_proto(self, snap: TenantSnapshot, tenant_id: str) -> apb.Tenant:
         now = self._now()
@@ -105,11 +117,14 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     async def ListTenants(
         self, request: apb.ListTenantsRequest, context: Ctx
     ) -> apb.ListTenantsResponse:
-        snap = await self.store.snapshot()
-        return apb.ListTenantsResponse(
-            tenants=[self._tenant_proto(snap, tid) for tid in sorted(snap.tenants)],
-            default_tenant_id=snap.default_tenant_id or "",
-        )
+        async def work() -> apb.ListTenantsResponse:
+            snap = await self.store.snapshot()
+            return apb.ListTenantsResponse(
+                tenants=[self._tenant_proto(snap, tid) for tid in sorted(snap.tenants)],
+                default_tenant_id=snap.default_tenant_id or "",
+            )
+
+        return await self._run(context, work())
 
     async def UpdateTenant(
         self, request: apb.UpdateTenantRequest, context: Ctx
@@ -245,7 +260,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
             _check_display_name(request.display_name)
             record, secret = self._new_key(tid, request.display_name)
             await self.store.add_key(record)
-            await self.directory.refresh()
+            await self._refresh()
             return apb.IssueApiKeyResponse(key=key_to_proto(record, self._now()), secret=secret)
 
         return await self._run(context, work())
@@ -286,7 +301,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                 )
             record, secret = self._new_key(old.tenant_id, old.display_name)
             retired = await self.store.rotate_key(old.key_id, record, now + grace)
-            await self.directory.refresh()
+            await self._refresh()
             return apb.RotateApiKeyResponse(
                 key=key_to_proto(record, now), secret=secret, retired=key_to_proto(retired, now)
             )
@@ -299,7 +314,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         async def work() -> apb.RevokeApiKeyResponse:
             now = self._now()
             record = await self.store.expire_key(request.key_id, now)
-            await self.directory.refresh()
+            await self._refresh()
             return apb.RevokeApiKeyResponse(key=key_to_proto(record, now))
 
         return await self._run(context, work())
@@ -307,17 +322,20 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     async def ListApiKeys(
         self, request: apb.ListApiKeysRequest, context: Ctx
     ) -> apb.ListApiKeysResponse:
-        snap = await self.store.snapshot()
-        now = self._now()
-        keys = sorted(snap.keys.values(), key=lambda k: (k.tenant_id, k.created_at_s, k.key_id))
-        return apb.ListApiKeysResponse(
-            keys=[
-                key_to_proto(k, now)
-                for k in keys
-                if (not request.tenant_id or k.tenant_id == request.tenant_id)
-                and (request.include_inactive or k.active(now))
-            ]
-        )
+        async def work() -> apb.ListApiKeysResponse:
+            snap = await self.store.snapshot()
+            now = self._now()
+            keys = sorted(snap.keys.values(), key=lambda k: (k.tenant_id, k.created_at_s, k.key_id))
+            return apb.ListApiKeysResponse(
+                keys=[
+                    key_to_proto(k, now)
+                    for k in keys
+                    if (not request.tenant_id or k.tenant_id == request.tenant_id)
+                    and (request.include_inactive or k.active(now))
+                ]
+            )
+
+        return await self._run(context, work())
 
     # -- usage ----------------------------------------------------------------
     async def GetUsage(self, request: apb.GetUsageRequest, context: Ctx) -> apb.GetUsageResponse:

@@ -17,7 +17,6 @@ from scheduler.clock import MonotonicClock
 from scheduler.policies import PolicyOptions
 from scheduler.shared_dispatcher import SharedDispatcher
 from scheduler.tenant_file import load_tenants
-from scheduler.tenant_store import InMemoryTenantStore
 from scheduler.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
 from service.api_keys import KeyHasher
@@ -27,7 +26,12 @@ from service.engines.protocol import Engine, EngineCapacity
 from service.models import ModelRegistry, ServedModel
 from service.servicer import InferenceServicer
 from service.settings import Settings
-from service.shared_state import AnyDispatcher, build_dispatcher
+from service.shared_state import (
+    AnyDispatcher,
+    build_dispatcher,
+    build_tenant_store,
+    close_tenant_store,
+)
 from service.telemetry import Telemetry, build_telemetry
 from service.tenant_directory import TenantDirectory
 from service.tls import server_credentials
@@ -93,10 +97,10 @@ class App:
         model_name = model_name or getattr(engine, "served_model_name", "") or "default"
         cap = engine.capacity()
         clock = MonotonicClock()
-        # Tenants and key hashes live in the tenant store (in-memory for now);
-        # a tenants file seeds an empty store.
+        # Tenants and key hashes live in the tenant store (in memory, or in Redis
+        # with store=redis: shared by every replica); a tenants file seeds a new store.
         directory = TenantDirectory(
-            InMemoryTenantStore(),
+            build_tenant_store(settings),
             KeyHasher.from_setting(settings.api_key_pepper),
             fallback_default=settings.default_tenant,
         )
@@ -210,6 +214,8 @@ class App:
         for model in self.models:
             if isinstance(model.dispatcher, SharedDispatcher):
                 await model.dispatcher.aclose()  # hands Redis the last settlements
+        if self.directory is not None:
+            await close_tenant_store(self.directory.store)
         await self.engine.aclose()
         await self.telemetry.aclose()
         log.info("fairgate stopped")

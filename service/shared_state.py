@@ -1,7 +1,9 @@
-"""Settings → the dispatcher: the embedded in-memory one, or one sharing state in Redis."""
+"""Settings → the dispatcher and the tenant store: in memory (one replica), or shared
+by every replica in Redis (store=redis)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -12,15 +14,37 @@ from scheduler.clock import Clock
 from scheduler.dispatcher import Dispatcher
 from scheduler.policies import PolicyOptions, make_policy
 from scheduler.redis_store import RedisStore
+from scheduler.redis_tenant_store import RedisTenantStore
 from scheduler.shared_dispatcher import SharedDispatcher, SharedOptions
+from scheduler.tenant_store import InMemoryTenantStore, TenantStore
 from scheduler.tenants import TenantRegistry
 from service.settings import Settings
 
 AnyDispatcher = Dispatcher | SharedDispatcher
+log = logging.getLogger(__name__)
 
 
 def replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def build_tenant_store(settings: Settings) -> TenantStore:
+    """Tenants and key hashes: per process, or in Redis for the whole fleet."""
+    if settings.store == "redis":
+        if not settings.api_key_pepper:
+            log.warning(
+                "store=redis without FAIRGATE_API_KEY_PEPPER: API keys issued here will not "
+                "verify on other replicas, nor after a restart"
+            )
+        return RedisTenantStore.from_url(
+            settings.redis_url, timeout_s=settings.redis_timeout_s, prefix=settings.redis_prefix
+        )
+    return InMemoryTenantStore()
+
+
+async def close_tenant_store(store: TenantStore) -> None:
+    if isinstance(store, RedisTenantStore):
+        await store.aclose()
 
 
 async def build_dispatcher(

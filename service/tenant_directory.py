@@ -8,6 +8,14 @@ every `interval_s` so other replicas sharing a store follow within it.
 
 With no tenants in the store the registry is permissive (every tenant
 allowed, the settings' default tenant): the zero-config quick start.
+
+When the store cannot be read (Redis down), the replica keeps serving the
+last snapshot it loaded (tenants, weights, quotas, keys) and polls on; admin
+writes fail with UNAVAILABLE meanwhile. Once keys have been seen in use they
+stay required (`auto` auth) even if the store later reports none. If the
+store's revision goes backwards (a Redis that restarted without its data), the
+first replica to notice writes its last snapshot back (`restore`), so the
+fleet keeps its tenants and keys instead of falling back to an empty store.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from scheduler.errors import StoreUnavailable
 from scheduler.tenant_file import load_tenants
 from scheduler.tenant_store import (
     ApiKeyRecord,
@@ -26,6 +35,7 @@ from scheduler.tenant_store import (
     TenantSnapshot,
     TenantStore,
     TenantWrite,
+    VersionConflict,
 )
 from scheduler.tenants import TenantRegistry
 from service.api_keys import KeyHasher, key_id_of
@@ -61,6 +71,7 @@ class TenantDirectory:
         self.registry = TenantRegistry.permissive(fallback_default or None)
         self._dispatchers: list[AnyDispatcher] = []
         self._lock = asyncio.Lock()
+        self._keys_seen = False
 
     def attach(self, dispatchers: Iterable[AnyDispatcher]) -> None:
         added = list(dispatchers)
@@ -73,24 +84,52 @@ class TenantDirectory:
         return self.registry.weight_of(tenant_id)
 
     async def seed_from_file(self, path: str) -> None:
-        """Load a tenants file into an empty store (the file seeds; the store then rules)."""
+        """Load a tenants file into a store never written to (the file seeds; the store
+        then rules). Conditional on revision 0, so of replicas starting together on
+        one shared store exactly one seeds it."""
         registry = load_tenants(path)
-        if (await self.store.snapshot()).tenants:
-            log.info("tenant store already holds tenants; %s not loaded", path)
+        snap = await self.store.snapshot()
+        if snap.revision != 0 or snap.tenants:
+            log.info("tenant store in use (revision %d); %s not loaded", snap.revision, path)
             return
         writes: list[TenantWrite] = [PutTenant(cfg) for cfg in registry]
         writes.append(SetDefaultTenant(registry.default_tenant_id))
-        await self.store.write_tenants(writes, now_s=self.wall_clock())
+        try:
+            await self.store.write_tenants(
+                writes, now_s=self.wall_clock(), expected_revision=snap.revision
+            )
+        except VersionConflict:
+            log.info("tenant store seeded meanwhile by another replica; %s not loaded", path)
 
     async def refresh(self) -> None:
         async with self._lock:
             snap = await self.store.snapshot()
             if snap.revision == self.snapshot.revision:
                 return
+            if snap.revision < self.snapshot.revision:
+                snap = await self._restore(snap)
             registry = registry_of(snap, self.fallback_default)
             self.snapshot, self.registry = snap, registry
+            self._keys_seen = self._keys_seen or snap.keys_issued_total > 0
             for d in self._dispatchers:
                 d.set_tenants(registry)
+
+    async def _restore(self, found: TenantSnapshot) -> TenantSnapshot:
+        """The store went back in time (Redis restarted empty): put our snapshot back."""
+        restore = getattr(self.store, "restore", None)
+        if restore is None:
+            return found
+        log.error(
+            "tenant store lost its data (revision %d, had %d): writing this replica's last "
+            "snapshot back",
+            found.revision,
+            self.snapshot.revision,
+        )
+        try:
+            restored: TenantSnapshot = await restore(self.snapshot, found)
+        except VersionConflict:
+            return await self.store.snapshot()  # another replica restored it
+        return restored
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -98,14 +137,14 @@ class TenantDirectory:
             try:
                 if await self.store.revision() != self.snapshot.revision:
                     await self.refresh()
-            except (OSError, ConnectionError, ValueError) as exc:
+            except (StoreUnavailable, OSError, ConnectionError, ValueError) as exc:
                 log.warning("tenant store refresh failed, keeping the last config: %s", exc)
 
     # -- API keys -------------------------------------------------------------
     @property
     def keys_in_use(self) -> bool:
         """Keys were issued at some point (revoking them all does not reopen the door)."""
-        return self.snapshot.keys_issued_total > 0
+        return self._keys_seen
 
     def verify_key(self, secret: str) -> ApiKeyRecord | None:
         """The key's record if `secret` is a valid, active key; else None."""
