@@ -264,6 +264,10 @@ class Dispatcher:
             return
         entry.output_tokens += tokens
         self.policy.on_output_tokens(req, tokens)
+        # A charge can change which tenant is next (VTC): a request that was
+        # waiting behind a head too big for the room may now be the head and fit.
+        if len(self.policy) and self.budget.in_flight_requests < self.budget.limits.max_requests:
+            self.pump()
 
     def finish(self, req: QueuedRequest) -> None:
         """The admitted request left the engine (done, cancelled or failed)."""

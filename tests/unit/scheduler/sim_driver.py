@@ -288,6 +288,8 @@ class Driver:
                     continue  # cancelled during the step
                 call.output_tokens += 1
                 self.dispatcher.on_output_tokens(call.req, 1)
+                # A charge can reorder the fair queue and admit a request now.
+                self._start_admitted()
                 self.monitor.service[call.req.tenant_id] += self.w_out
                 self.monitor.update(self.backlogged())
                 fail = call.arrival.fail_after_tokens

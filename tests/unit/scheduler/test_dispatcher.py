@@ -231,3 +231,26 @@ def test_stale_expiry_wakeups_do_not_pile_up() -> None:
         d.submit(r, Waiter())  # admitted at once; its expiry wake-up goes stale
         d.finish(r)
     assert len(d._wakeups) <= 2 * 1 + 64 + 1
+
+
+def test_output_charges_can_admit_a_request_waiting_behind_an_oversized_head() -> None:
+    # Found by the property tests: a tie at arrival puts c behind a's head,
+    # which is too big for the free KV; a's output tokens then raise its
+    # counter above c's, and c (which fits) must be admitted at once, not at
+    # the next arrival or finish.
+    clock = FakeClock()
+    d = Dispatcher(
+        VtcPolicy(),
+        AdmissionBudget(AdmissionLimits(max_requests=3, max_kv_tokens=200)),
+        clock,
+        timers=ManualTimers(clock),
+    )
+    running, w_running = req("a", prompt=50, max_tokens=50), Waiter()
+    d.submit(running, w_running)
+    big, w_big = req("a", prompt=100, max_tokens=100), Waiter()
+    d.submit(big, w_big)  # 100 + 200 > 200: waits
+    small, w_small = req("c", prompt=1, max_tokens=1), Waiter()
+    d.submit(small, w_small)  # lifted to a's counter; older head a goes first
+    assert (w_big.admitted_count, w_small.admitted_count) == (0, 0)
+    d.on_output_tokens(running, 10)
+    assert w_small.admitted_count == 1 and w_big.admitted_count == 0
