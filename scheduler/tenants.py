@@ -121,6 +121,9 @@ class TenantConfig:
         return self
 
 
+_MAX_TEMPLATE_COPIES = 65536
+
+
 class TenantRegistry:
     """Tenant id → config. Immutable; build a new one to reconfigure.
 
@@ -141,6 +144,7 @@ class TenantRegistry:
                 raise ValueError(f"tenant {t.tenant_id!r} is defined twice")
             self._tenants[t.tenant_id] = t.validated()
         self.template = template.validated() if template else None
+        self._from_template: dict[str, TenantConfig] = {}
         if default_tenant_id is not None and self._lookup(default_tenant_id) is None:
             raise ValueError(f"default tenant {default_tenant_id!r} is not defined")
         self.default_tenant_id = default_tenant_id
@@ -153,7 +157,14 @@ class TenantRegistry:
     def _lookup(self, tenant_id: str) -> TenantConfig | None:
         cfg = self._tenants.get(tenant_id)
         if cfg is None and self.template is not None and tenant_id:
-            cfg = dataclasses.replace(self.template, tenant_id=tenant_id)
+            # Memoized: this runs on the hot path. Bounded, because in permissive
+            # mode any caller-chosen id lands here.
+            cfg = self._from_template.get(tenant_id)
+            if cfg is None:
+                if len(self._from_template) >= _MAX_TEMPLATE_COPIES:
+                    self._from_template.clear()
+                cfg = dataclasses.replace(self.template, tenant_id=tenant_id)
+                self._from_template[tenant_id] = cfg
         return cfg
 
     def get(self, tenant_id: str) -> TenantConfig | None:
@@ -182,8 +193,10 @@ class TenantRegistry:
         return cfg
 
     def weight_of(self, tenant_id: str) -> float:
-        cfg = self._lookup(tenant_id)
-        return cfg.weight if cfg is not None else 1.0
+        cfg = self._tenants.get(tenant_id)
+        if cfg is not None:
+            return cfg.weight
+        return self.template.weight if self.template is not None else 1.0
 
     def __iter__(self) -> Iterator[TenantConfig]:
         return iter(self._tenants.values())
