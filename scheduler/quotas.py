@@ -103,6 +103,23 @@ def check_caps(cfg: TenantConfig, req: QueuedRequest, burst: float | None) -> No
         )
 
 
+def bucket_exceeded(
+    tenant_id: str, quotas: TenantQuotas, limit: str, wait_s: float, scope: str = ""
+) -> QuotaExceeded:
+    """The refusal for a request over a rate bucket; `wait_s` is the real retry delay."""
+    rate = (
+        f"{quotas.requests_per_s:g} requests/s"
+        if limit == "requests_per_s"
+        else f"{quotas.tokens_per_min:g} tokens/min"
+    )
+    return QuotaExceeded(
+        tenant_id,
+        limit,
+        f"over its {limit} quota ({rate}{scope}); retry in {wait_s:.3f} s",
+        retry_after_s=None if math.isinf(wait_s) else wait_s,
+    )
+
+
 class QuotaLedger:
     def __init__(self, tenants: TenantRegistry, clock: Clock) -> None:
         self.tenants = tenants
@@ -212,18 +229,7 @@ class QuotaLedger:
     def _reserve_or_reject(self, usage: TenantUsage, res: Reservation) -> None:
         limit, wait_s = self._bucket_waits(usage, res)
         if wait_s > 0:
-            q = usage.config.quotas
-            rate = (
-                f"{q.requests_per_s:g} requests/s"
-                if limit == "requests_per_s"
-                else f"{q.tokens_per_min:g} tokens/min"
-            )
-            raise QuotaExceeded(
-                res.tenant_id,
-                limit,
-                f"over its {limit} quota ({rate}); retry in {wait_s:.3f} s",
-                retry_after_s=wait_s,
-            )
+            raise bucket_exceeded(res.tenant_id, usage.config.quotas, limit, wait_s)
         self._take(usage, res)
 
     # -- queued → engine ----------------------------------------------------

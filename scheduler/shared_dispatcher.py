@@ -36,7 +36,7 @@ from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.errors import QueueTimeout, QuotaExceeded, StoreUnavailable
 from scheduler.memory_store import MemoryStore
-from scheduler.quotas import check_caps
+from scheduler.quotas import bucket_exceeded, check_caps
 from scheduler.request import QueuedRequest
 from scheduler.shared_local import Entry, LocalQueues
 from scheduler.shared_options import (
@@ -211,18 +211,7 @@ class SharedDispatcher(SharedPump):
                 entry.lease_id, req.tenant_id, req.kv_tokens, self._share(entry.buckets)
             )
         if wait_s > 0:
-            q = entry.cfg.quotas
-            rate = (
-                f"{q.requests_per_s:g} requests/s"
-                if limit == "requests_per_s"
-                else f"{q.tokens_per_min:g} tokens/min"
-            )
-            raise QuotaExceeded(
-                req.tenant_id,
-                limit,
-                f"over its {limit} quota ({rate}, fleet-wide); retry in {wait_s:.3f} s",
-                retry_after_s=None if math.isinf(wait_s) else wait_s,
-            )
+            raise bucket_exceeded(req.tenant_id, entry.cfg.quotas, limit, wait_s, ", fleet-wide")
         entry.requests_taken = 1.0 if entry.buckets.requests_per_s is not None else 0.0
         entry.tokens_taken = float(req.kv_tokens) if entry.buckets.tokens_per_s else 0.0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fairgate.types import Delta, ModelInfo, Result, Timings, Usage
+from fairgate.types import Completion, Delta, ModelInfo, Result, Timings, Usage
 from fairgate.v1 import inference_pb2 as pb
 
 PRIORITIES = {
@@ -113,3 +113,26 @@ def call_metadata(tenant: str | None, api_key: str | None) -> tuple[tuple[str, s
     if tenant:
         md.append(("x-fairgate-tenant", tenant))
     return tuple(md)
+
+
+class CompletionBuilder:
+    """Accumulates a Generate stream into a Completion (shared by both clients)."""
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self._ids: list[int] = []
+        self._result: Result | None = None
+
+    def add(self, ev: Delta | Result) -> None:
+        if isinstance(ev, Delta):
+            self._parts.append(ev.text)
+            self._ids.extend(ev.token_ids)
+        else:
+            self._result = ev
+
+    def build(self) -> Completion:
+        if self._result is None:
+            raise RuntimeError("stream ended without a result")
+        return Completion(
+            text="".join(self._parts), result=self._result, token_ids=tuple(self._ids)
+        )

@@ -7,7 +7,13 @@ from typing import Any
 
 import grpc
 
-from fairgate._convert import build_request, call_metadata, convert_model, convert_response
+from fairgate._convert import (
+    CompletionBuilder,
+    build_request,
+    call_metadata,
+    convert_model,
+    convert_response,
+)
 from fairgate._tracing import CallSpan
 from fairgate.errors import from_rpc_error
 from fairgate.tls import TlsArg, aio_channel
@@ -80,18 +86,10 @@ class AsyncClient:
 
     async def complete(self, prompt: str | Sequence[int], **options: Any) -> Completion:
         """Generate and collect the whole completion."""
-        parts: list[str] = []
-        ids: list[int] = []
-        result: Result | None = None
+        builder = CompletionBuilder()
         async for ev in self.generate(prompt, **options):
-            if isinstance(ev, Delta):
-                parts.append(ev.text)
-                ids.extend(ev.token_ids)
-            else:
-                result = ev
-        if result is None:
-            raise RuntimeError("stream ended without a result")
-        return Completion(text="".join(parts), result=result, token_ids=tuple(ids))
+            builder.add(ev)
+        return builder.build()
 
     async def list_models(self) -> list[ModelInfo]:
         try:

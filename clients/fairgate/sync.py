@@ -7,7 +7,13 @@ from typing import Any
 
 import grpc
 
-from fairgate._convert import build_request, call_metadata, convert_model, convert_response
+from fairgate._convert import (
+    CompletionBuilder,
+    build_request,
+    call_metadata,
+    convert_model,
+    convert_response,
+)
 from fairgate._tracing import CallSpan
 from fairgate.errors import from_rpc_error
 from fairgate.tls import TlsArg, sync_channel
@@ -68,18 +74,10 @@ class Client:
             span.end()
 
     def complete(self, prompt: str | Sequence[int], **options: Any) -> Completion:
-        parts: list[str] = []
-        ids: list[int] = []
-        result: Result | None = None
+        builder = CompletionBuilder()
         for ev in self.generate(prompt, **options):
-            if isinstance(ev, Delta):
-                parts.append(ev.text)
-                ids.extend(ev.token_ids)
-            else:
-                result = ev
-        if result is None:
-            raise RuntimeError("stream ended without a result")
-        return Completion(text="".join(parts), result=result, token_ids=tuple(ids))
+            builder.add(ev)
+        return builder.build()
 
     def list_models(self) -> list[ModelInfo]:
         try:
