@@ -18,11 +18,20 @@ from scheduler.request import QueuedRequest
 from scheduler.tenant_queue import TenantQueue
 
 KeyFn = Callable[[str, QueuedRequest], float]
+# Secondary order among equal keys (default: the head's arrival seq).
+TieFn = Callable[[str, QueuedRequest], int]
+
+
+def _by_arrival(_tenant_id: str, head: QueuedRequest) -> int:
+    return head.seq
 
 
 class Backlog:
-    def __init__(self, key: KeyFn, *, batch_every_n: int | None = None) -> None:
+    def __init__(
+        self, key: KeyFn, *, tiebreak: TieFn = _by_arrival, batch_every_n: int | None = None
+    ) -> None:
         self._key = key
+        self._tiebreak = tiebreak
         self._batch_every_n = batch_every_n
         self._queues: dict[str, TenantQueue] = {}
         self._eligible = KeyedHeap()
@@ -46,7 +55,9 @@ class Backlog:
         if head is None or tenant_id in self.paused:
             self._eligible.discard(tenant_id)
         else:
-            self._eligible.set(tenant_id, self._key(tenant_id, head), head.seq)
+            self._eligible.set(
+                tenant_id, self._key(tenant_id, head), self._tiebreak(tenant_id, head)
+            )
 
     def push(self, req: QueuedRequest) -> None:
         self.queue(req.tenant_id).push(req)

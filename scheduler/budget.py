@@ -6,19 +6,10 @@ max output), against targets derived from the engine's reported capacity.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from scheduler.request import QueuedRequest
+from scheduler.rules import AdmissionLimits, fits
 
-
-@dataclass(frozen=True, slots=True)
-class AdmissionLimits:
-    max_requests: int
-    max_kv_tokens: int
-
-    def __post_init__(self) -> None:
-        if self.max_requests < 1 or self.max_kv_tokens < 1:
-            raise ValueError(f"admission limits must be >= 1: {self}")
+__all__ = ["AdmissionBudget", "AdmissionLimits"]
 
 
 class AdmissionBudget:
@@ -28,14 +19,7 @@ class AdmissionBudget:
         self.in_flight_kv_tokens = 0
 
     def fits(self, req: QueuedRequest) -> bool:
-        if self.in_flight_requests >= self.limits.max_requests:
-            return False
-        # An idle engine always takes the next request, however large, so a
-        # request bigger than the KV target cannot starve (validation caps it
-        # at the model's context anyway).
-        if self.in_flight_requests == 0:
-            return True
-        return self.in_flight_kv_tokens + req.kv_tokens <= self.limits.max_kv_tokens
+        return fits(self.limits, self.in_flight_requests, self.in_flight_kv_tokens, req.kv_tokens)
 
     def reserve(self, req: QueuedRequest) -> None:
         self.in_flight_requests += 1

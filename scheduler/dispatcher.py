@@ -26,13 +26,15 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from scheduler import rules
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
-from scheduler.errors import DeadlineExpired, QueueTimeout, SchedulingError
+from scheduler.errors import SchedulingError
 from scheduler.policy import QueuePolicy
 from scheduler.quotas import QuotaLedger, Reservation
 from scheduler.request import QueuedRequest
 from scheduler.reserve import FairShareReserve
+from scheduler.rules import Verdict
 from scheduler.tenants import TenantRegistry
 from scheduler.timers import AsyncioTimers, TimerHandle, Timers
 
@@ -95,7 +97,8 @@ class Dispatcher:
         """`expire_deadlines`: reject a queued request with DeadlineExpired when
         its `deadline_s` passes (off by default: the gRPC layer cancels it).
         `reserve_fraction`: share of the engine kept for tenants below their
-        fair share (see `FairShareReserve`; 0 turns it off)."""
+        fair share (see `FairShareReserve`; 0 turns it off; never applied under a
+        baseline policy, `policy.fair` False)."""
         self.policy = policy
         self.budget = budget
         self.clock = clock
@@ -103,10 +106,9 @@ class Dispatcher:
         self.timers: Timers = timers or AsyncioTimers(clock)
         self.expire_deadlines = expire_deadlines
         self.reserve = FairShareReserve(
-            reserve_fraction, lambda tenant_id: self.quotas.tenants.weight_of(tenant_id)
+            reserve_fraction if policy.fair else 0.0,
+            lambda tenant_id: self.quotas.tenants.weight_of(tenant_id),
         )
-        # Tenants over their share, held out of the reserve until the next pump.
-        self._held: set[str] = set()
         self._seq = itertools.count(1)
         self._entries: dict[int, _Entry] = {}
         # Paused tenant -> resume time (inf: at the next finish of one of its requests).
@@ -119,6 +121,8 @@ class Dispatcher:
         self.admitted_total = 0
         self.expired_total = 0
         self.pauses_total = 0
+        # Rounds stopped to keep the fair-share reserve for a tenant below its share.
+        self.holds_total = 0
 
     @property
     def queued(self) -> int:
@@ -178,13 +182,12 @@ class Dispatcher:
         self.pump()
         return True
 
+    def _deadline_s(self, req: QueuedRequest) -> float | None:
+        return req.deadline_s if self.expire_deadlines else None
+
     def _expiry_s(self, req: QueuedRequest) -> float | None:
         max_wait_s = self.quotas.max_queue_wait_s(req.tenant_id)
-        limits = [req.deadline_s if self.expire_deadlines else None]
-        if max_wait_s is not None:
-            limits.append(req.arrival_s + max_wait_s)
-        present = [t for t in limits if t is not None]
-        return min(present) if present else None
+        return rules.queue_expiry_s(req.arrival_s, max_wait_s, self._deadline_s(req))
 
     def _drop(self, entry: _Entry) -> None:
         entry.queued = False
@@ -201,7 +204,6 @@ class Dispatcher:
             return
         self._pumping = True
         try:
-            self._release_held()
             self._admit_while_room()
         finally:
             self._pumping = False
@@ -220,15 +222,14 @@ class Dispatcher:
                 self._drop(entry)
                 continue
             wait_s = self.quotas.wait_s(entry.reservation)
-            if wait_s > 0:
+            v = self._verdict(head, wait_s)
+            if v is Verdict.OWN_LIMIT:
                 self._pause(head.tenant_id, wait_s)
                 continue
-            if not self.budget.fits(head):
-                return
-            if not self.reserve.allows(head, self.budget):
-                self.policy.pause(head.tenant_id)
-                self._held.add(head.tenant_id)
-                continue
+            if v is Verdict.HOLD:
+                self.holds_total += 1
+            if v is not Verdict.ADMIT:
+                return  # full, or the reserve is kept: nobody jumps the head
             if self.policy.pop_next() is not head:
                 raise AssertionError("policy pop_next disagrees with peek_next")
             self.budget.reserve(head)
@@ -238,12 +239,19 @@ class Dispatcher:
             self.admitted_total += 1
             entry.waiter.admitted()
 
-    def _release_held(self) -> None:
-        # Shares and free room change with every event: re-judge held tenants.
-        for tenant_id in self._held:
-            if tenant_id not in self._paused_until:
-                self.policy.resume(tenant_id)
-        self._held.clear()
+    def _verdict(self, head: QueuedRequest, own_wait_s: float) -> Verdict:
+        b, fraction = self.budget, self.reserve.fraction
+        room = (b.limits, b.in_flight_requests, b.in_flight_kv_tokens, head.kv_tokens)
+        load = self.reserve.load(head.tenant_id) if rules.needs_load(fraction, *room) else None
+        return rules.verdict(own_wait_s, *room, fraction, load)
+
+    def head_verdict(self) -> Verdict | None:
+        """What the rules say of the next request in line now (None: nobody queued)."""
+        head = self.policy.peek_next()
+        entry = self._entries.get(id(head)) if head is not None else None
+        if head is None or entry is None:
+            return None
+        return self._verdict(head, self.quotas.wait_s(entry.reservation))
 
     def _pause(self, tenant_id: str, wait_s: float) -> None:
         until_s = math.inf if math.isinf(wait_s) else self.clock.now_s() + wait_s
@@ -341,25 +349,10 @@ class Dispatcher:
 
     def _expire(self, entry: _Entry, now_s: float) -> None:
         req = entry.req
-        waited_s = now_s - req.arrival_s
         max_wait_s = self.quotas.max_queue_wait_s(req.tenant_id)
-        error: SchedulingError
-        if (
-            self.expire_deadlines
-            and req.deadline_s is not None
-            and (max_wait_s is None or req.deadline_s <= req.arrival_s + max_wait_s)
-        ):
-            error = DeadlineExpired(
-                f"request {req.request_id!r}: the deadline passed after {waited_s:.3f} s "
-                "in the queue"
-            )
-        else:
-            error = QueueTimeout(
-                req.tenant_id,
-                "max_queue_wait_s",
-                f"request {req.request_id!r} waited {waited_s:.3f} s in the queue; "
-                f"the limit is {max_wait_s:g} s",
-            )
+        error = rules.queue_expired(
+            req.request_id, req.tenant_id, req.arrival_s, now_s, max_wait_s, self._deadline_s(req)
+        )
         self._drop(entry)
         self.expired_total += 1
         entry.waiter.rejected(error)

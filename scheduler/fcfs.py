@@ -14,6 +14,7 @@ from scheduler.request import QueuedRequest
 
 class FcfsPolicy:
     name = "fcfs"
+    fair = False
 
     def __init__(self) -> None:
         self._backlog = Backlog(lambda _tenant, head: float(head.priority))

@@ -8,11 +8,11 @@ Used by the contract tests, by benchmarks as the no-network baseline, and by
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from scheduler import rules
 from scheduler.clock import Clock
-from scheduler.reserve import below_share, in_reserve
+from scheduler.rules import Verdict, bucket_level, bucket_wait_s
 from scheduler.store import (
     BucketLimits,
     Lease,
@@ -20,8 +20,6 @@ from scheduler.store import (
     Step,
     StepOutcome,
     StoreSnapshot,
-    bucket_level,
-    bucket_wait_s,
     tenant_fields,
 )
 from scheduler.tenants import TenantConfig
@@ -71,6 +69,10 @@ class MemoryStore:
         # (tenant, "r" | "t") -> bucket
         self.buckets: dict[tuple[str, str], _Bucket] = {}
         self.tenants: dict[str, dict[str, str]] = {}
+        # Admissions so far, and each tenant's last one (ties between equal
+        # counters go to the tenant admitted least recently).
+        self.admissions = 0
+        self.last_admitted: dict[str, int] = {}
 
     # -- buckets ------------------------------------------------------------
     def _level(self, tenant: str, kind: str, rate: float, burst: float, now_s: float) -> float:
@@ -85,18 +87,14 @@ class MemoryStore:
     def _bucket_wait(
         self, tenant: str, tokens: int, lim: BucketLimits, now_s: float
     ) -> tuple[str, float]:
-        limit, wait = "", 0.0
+        rw = tw = None
         if lim.requests_per_s is not None and lim.requests_burst is not None:
             lvl = self._level(tenant, "r", lim.requests_per_s, lim.requests_burst, now_s)
-            w = bucket_wait_s(lvl, 1.0, lim.requests_per_s, lim.requests_burst)
-            if w > wait:
-                limit, wait = "requests_per_s", w
+            rw = bucket_wait_s(lvl, 1.0, lim.requests_per_s, lim.requests_burst)
         if lim.tokens_per_s is not None and lim.tokens_burst is not None:
             lvl = self._level(tenant, "t", lim.tokens_per_s, lim.tokens_burst, now_s)
-            w = bucket_wait_s(lvl, float(tokens), lim.tokens_per_s, lim.tokens_burst)
-            if w > wait:
-                limit, wait = "tokens_per_min", w
-        return limit, wait
+            tw = bucket_wait_s(lvl, float(tokens), lim.tokens_per_s, lim.tokens_burst)
+        return rules.binding_limit(rw, tw)
 
     def _add(self, tenant: str, req: float, tok: float, lim: BucketLimits, now_s: float) -> None:
         """Add to the buckets (negative: take, debt allowed; never above the burst)."""
@@ -155,8 +153,8 @@ class MemoryStore:
         if any(t == tenant and r != replica for (r, t) in self.backlog):
             return  # already backlogged on another replica
         floor = min((self.counters.get(t, 0.0) for t in others), default=self.floor)
-        if self.counters.get(tenant, 0.0) < floor:
-            self.counters[tenant] = floor
+        self.counters[tenant] = rules.lifted(self.counters.get(tenant, 0.0), floor)
+        self.last_admitted.pop(tenant, None)  # first among the tenants it ties with
 
     # -- the Store protocol -----------------------------------------------------
     async def step(self, replica_id: str, step: Step) -> StepOutcome:
@@ -190,47 +188,64 @@ class MemoryStore:
         for c in cands:
             out.counters[c.tenant_id] = self.counters.get(c.tenant_id, 0.0)
             self.weights[c.tenant_id] = c.weight
-        active_weight: float | None = None
-        order = sorted(range(len(cands)), key=lambda i: (out.counters[cands[i].tenant_id], i))
+        # Counter order; ties go to the tenant admitted least recently.
+        order = sorted(
+            range(len(cands)),
+            key=lambda i: (
+                out.counters[cands[i].tenant_id],
+                self.last_admitted.get(cands[i].tenant_id, 0),
+                i,
+            ),
+        )
+        lim = step.limits
         for i in order:
             c = cands[i]
             if c.lease_id in self.leases:  # a retried decision that already admitted it
                 out.admitted = i
                 return
-            if (
-                c.max_concurrent is not None
-                and self.concurrency.get(c.tenant_id, 0) >= c.max_concurrent
-            ):
-                out.blocked[i] = math.inf
-                continue
+            bucket_wait = None
             if c.take_buckets:
-                _, wait_s = self._bucket_wait(c.tenant_id, c.kv_tokens, c.buckets, now_s)
-                if wait_s > 0:
-                    out.blocked[i] = wait_s
-                    continue
-            lim = step.limits
-            if self.in_flight >= lim.max_requests or (
-                self.in_flight > 0 and self.in_flight_kv + c.kv_tokens > lim.max_kv_tokens
-            ):
-                out.full = True
-                return
-            if step.reserve_fraction > 0 and in_reserve(
+                bucket_wait = self._bucket_wait(c.tenant_id, c.kv_tokens, c.buckets, now_s)[1]
+            own_wait_s = rules.own_limit_wait_s(
+                self.concurrency.get(c.tenant_id, 0), c.max_concurrent, bucket_wait
+            )
+            load = None
+            if rules.needs_load(
                 step.reserve_fraction, lim, self.in_flight, self.in_flight_kv, c.kv_tokens
             ):
-                if active_weight is None:
-                    active_weight = self._active_weight(step)
-                share = c.weight / active_weight
-                tenant_in_flight = self.concurrency.get(c.tenant_id, 0)
-                tenant_kv = self.kv_by_tenant.get(c.tenant_id, 0)
-                if not below_share(share, lim, tenant_in_flight, tenant_kv, c.kv_tokens):
-                    out.held.append(i)
-                    continue
+                load = rules.TenantLoad(
+                    c.weight / self._active_weight(step),
+                    self.concurrency.get(c.tenant_id, 0),
+                    self.kv_by_tenant.get(c.tenant_id, 0),
+                )
+            v = rules.verdict(
+                own_wait_s,
+                lim,
+                self.in_flight,
+                self.in_flight_kv,
+                c.kv_tokens,
+                step.reserve_fraction,
+                load,
+            )
+            if v is Verdict.OWN_LIMIT:
+                out.blocked[i] = own_wait_s
+                continue
+            if v is Verdict.FULL:
+                out.full = True
+                return
+            if v is Verdict.HOLD:
+                out.held.append(i)
+                return
             if c.take_buckets:
                 self._add(c.tenant_id, -1.0, -float(c.kv_tokens), c.buckets, now_s)
             counter = out.counters[c.tenant_id]
             self.floor = max(self.floor, counter)
-            self.counters[c.tenant_id] = counter + step.w_in * c.prompt_tokens / c.weight
+            self.counters[c.tenant_id] = counter + rules.admission_charge(
+                step.w_in, c.prompt_tokens, c.weight
+            )
             out.counters[c.tenant_id] = self.counters[c.tenant_id]
+            self.admissions += 1
+            self.last_admitted[c.tenant_id] = self.admissions
             self._open(c.lease_id, c.tenant_id, c.kv_tokens, now_s)
             out.admitted = i
             return

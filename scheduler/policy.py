@@ -13,6 +13,9 @@ from scheduler.request import QueuedRequest
 
 class QueuePolicy(Protocol):
     name: str
+    # Fairgate's own fairness rules (the fair-share reserve) apply only under a
+    # fair policy: the baselines run as the engine would alone.
+    fair: bool
 
     def push(self, req: QueuedRequest) -> None:
         """Add a request to its queue; may raise RequestRejected (rate-limit baseline)."""

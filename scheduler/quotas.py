@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from scheduler.clock import Clock
 from scheduler.errors import QuotaExceeded, RequestTooLarge
 from scheduler.request import QueuedRequest
+from scheduler.rules import binding_limit, own_limit_wait_s
 from scheduler.tenants import OverQuotaMode, TenantConfig, TenantQuotas, TenantRegistry
 from scheduler.token_bucket import TokenBucket
 
@@ -204,16 +205,11 @@ class QuotaLedger:
 
     def _bucket_waits(self, usage: TenantUsage, res: Reservation) -> tuple[str, float]:
         """(binding limit, seconds until both buckets allow this reservation)."""
-        limit, wait_s = "", 0.0
-        if usage.request_bucket is not None:
-            w = usage.request_bucket.wait_s(1)
-            if w > wait_s:
-                limit, wait_s = "requests_per_s", w
-        if usage.token_bucket is not None:
-            w = usage.token_bucket.wait_s(res.tokens)
-            if w > wait_s:
-                limit, wait_s = "tokens_per_min", w
-        return limit, wait_s
+        rb, tb = usage.request_bucket, usage.token_bucket
+        return binding_limit(
+            rb.wait_s(1) if rb is not None else None,
+            tb.wait_s(res.tokens) if tb is not None else None,
+        )
 
     def _take(self, usage: TenantUsage, res: Reservation) -> None:
         # Debt allowed: callers checked `_bucket_waits` first, or must not cut a stream.
@@ -236,12 +232,12 @@ class QuotaLedger:
     def wait_s(self, res: Reservation) -> float:
         """0.0 if `res` may enter the engine now; inf: wait for a finish of its tenant."""
         usage = self._usage[res.tenant_id]
-        cap = usage.config.quotas.max_concurrent
-        if cap is not None and usage.concurrent >= cap:
-            return math.inf
-        if res.mode == "wait" and not res.started:
-            return self._bucket_waits(usage, res)[1]
-        return 0.0
+        wait_mode = res.mode == "wait" and not res.started
+        return own_limit_wait_s(
+            usage.concurrent,
+            usage.config.quotas.max_concurrent,
+            self._bucket_waits(usage, res)[1] if wait_mode else None,
+        )
 
     def start(self, res: Reservation) -> None:
         if res.started or res.settled:

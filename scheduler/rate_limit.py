@@ -17,6 +17,7 @@ from scheduler.token_bucket import TokenBucket
 
 class RateLimitPolicy(FcfsPolicy):
     name = "rate-limit"
+    fair = False
 
     def __init__(
         self, clock: Clock, requests_per_s: float = 10.0, burst: float | None = None

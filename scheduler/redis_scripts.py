@@ -77,7 +77,7 @@ STEP = (
 -- settled ids, :epoch, :w tenant -> weight, :b:<tenant> buckets.
 local VTC, FLOOR, BL = P .. ':vtc', P .. ':floor', P .. ':bl'
 local LS, LT, LK, IN, DONE = P .. ':ls', P .. ':lt', P .. ':lk', P .. ':in', P .. ':done'
-local W = P .. ':w'
+local W, LA, ADM = P .. ':w', P .. ':la', P .. ':adm'
 local replica = ARGV[2]
 local lease_ttl, bl_ttl, done_ttl = num(ARGV[3]), num(ARGV[4]), num(ARGV[5])
 local max_req, max_kv, w_in = num(ARGV[6]), num(ARGV[7]), num(ARGV[8])
@@ -156,7 +156,9 @@ for _ = 1, num(nxt()) do
   end
   if not elsewhere then
     if floor == nil then floor = tonumber(redis.call('GET', FLOOR)) or 0 end
+    -- rules.lifted
     if counter(tenant) < floor then redis.call('HSET', VTC, tenant, fmt(floor)) end
+    redis.call('HDEL', LA, tenant)  -- first among the tenants it ties with
   end
   redis.call('ZADD', BL, now + bl_ttl, replica .. '\0' .. tenant)
   counters[tenant] = counter(tenant)
@@ -187,10 +189,11 @@ for k = 1, nc do
   c.rr, c.rb, c.tr, c.tb, c.maxc = opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt())
   c.idx = k - 1
   c.counter = counter(c.tenant)
+  c.last = tonumber(redis.call('HGET', LA, c.tenant)) or 0
   counters[c.tenant] = c.counter
   cands[k] = c
 end
--- the fair-share reserve (reserve.py: in_reserve, below_share; memory_store.py)
+-- the fair-share reserve (rules.py: in_reserve, below_share; memory_store.py)
 local function in_reserve(n_now, kv_now, c)
   local reserve_req = math.ceil(max_req * reserve_fraction)
   local reserve_kv = max_kv * reserve_fraction
@@ -226,8 +229,10 @@ local function below_share(c)
   local tkv = tonumber(redis.call('HGET', IN, 'kv:' .. c.tenant)) or 0
   return tn < share * max_req and tkv + c.kv <= share * max_kv
 end
+-- counter order; ties to the tenant admitted least recently (memory_store.py)
 table.sort(cands, function(a, b)
   if a.counter ~= b.counter then return a.counter < b.counter end
+  if a.last ~= b.last then return a.last < b.last end
   return a.idx < b.idx
 end)
 local admitted, full, blocked, held = -1, 0, {}, {}
@@ -247,8 +252,9 @@ for _, c in ipairs(cands) do
   end
   if not skip then
     if n >= max_req or (n > 0 and kv + c.kv > max_kv) then full = 1; break end
+    -- held out of the reserve: the round stops (rules.verdict: HOLD)
     if reserve_fraction > 0 and in_reserve(n, kv, c) and not below_share(c) then
-      table.insert(held, tostring(c.idx)); skip = true
+      table.insert(held, tostring(c.idx)); break
     end
   end
   if not skip then
@@ -258,6 +264,7 @@ for _, c in ipairs(cands) do
     local after = c.counter + w_in * c.prompt / c.weight
     redis.call('HSET', VTC, c.tenant, fmt(after))
     counters[c.tenant] = after
+    redis.call('HSET', LA, c.tenant, redis.call('INCR', ADM))
     open(c.id, c.tenant, c.kv)
     n = n + 1
     admitted = c.idx

@@ -11,6 +11,8 @@ prefix p (default "fg"); `{D}` is the Redis Cluster hash tag:
     p:{D}:lt / :lk   HASH   lease id -> tenant / KV tokens
     p:{D}:in         HASH   n, kv, c:<tenant>, kv:<tenant> (fleet-wide in-flight counts)
     p:{D}:w          HASH   tenant -> weight (shares of the fair-share reserve)
+    p:{D}:la / :adm  HASH / STRING tenant -> ordinal of its last admission / the
+                     ordinal counter (ties between equal counters: least recent first)
     p:{D}:done       ZSET   settled lease id -> expiry ms (idempotent settlement)
     p:{D}:epoch      STRING exists while the state is intact (detects a wiped Redis)
     p:{D}:b:<tenant> HASH   token buckets: rl, rts (requests), tl, tts (tokens)
@@ -162,7 +164,7 @@ class RedisStore:
         return cls(connect(url, timeout_s=timeout_s), **kwargs)
 
     def _keys(self, tenants: set[str]) -> list[str]:
-        fixed = ["vtc", "floor", "bl", "ls", "lt", "lk", "in", "done", "epoch", "w"]
+        fixed = ["vtc", "floor", "bl", "ls", "lt", "lk", "in", "done", "epoch", "w", "la", "adm"]
         return [f"{self.base}:{k}" for k in fixed] + [f"{self.base}:b:{t}" for t in sorted(tenants)]
 
     async def _eval(self, script: _Script, keys: list[str], args: list[str]) -> Any:

@@ -1,32 +1,27 @@
-"""Fair-share reserve: the last slots of the engine go to tenants below their share.
+"""Fair-share reserve: the bookkeeping behind `rules.below_share`.
 
 Admission is not preemptive: once a flooding tenant fills every engine slot,
-a light tenant that arrives must wait for one of the flood's requests to end,
-however small its virtual counter. With equal-length requests those ends come
-in waves, so the wait is long (VTC alone leaves a modest tenant beside a 10x
-flood at ~30x its solo TTFT in our benchmark).
+a light tenant that arrives must wait for one of the flood's requests to end
+(VTC alone left a modest tenant beside a 10x flood at ~30x its solo TTFT).
+So the last `fraction` of the engine's room only takes the next tenant in
+line while it is below its weighted share of the engine (shares split among
+the *active* tenants: queued or in flight); otherwise the round stops and the
+reserve waits for a tenant that needs it (`rules.verdict`, HOLD). The rule
+never reorders VTC — it only delays the head — so it cannot cost a tenant its
+fair service, only leave at most the reserve idle.
 
-The rule: when admitting a request would leave fewer than `reserve` free
-request slots (or KV tokens), only a tenant whose in-flight requests and KV
-tokens are below its weighted share of the engine may take it. Shares are
-split among *active* tenants (queued or in flight). A tenant alone is never
-held back, so the gate stays work-conserving for a single tenant; with
-several active tenants, at most the reserve sits idle while nobody under
-share needs it. Nor is a tenant with nothing in flight (else a request larger
-than its share of the KV would wait until every other tenant went idle).
-
-`in_reserve` and `below_share` are the rule alone; the shared stores
-(`memory_store.py`, the Redis STEP script) apply it fleet-wide.
+This class keeps each active tenant's load for the in-process dispatcher; the
+shared stores keep the same counts fleet-wide (`MemoryStore`, the Redis STEP
+script).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.request import QueuedRequest
+from scheduler.rules import TenantLoad
 
 
 @dataclass(slots=True)
@@ -84,55 +79,12 @@ class FairShareReserve:
         """Tenant weights changed: recompute the active weight."""
         self._active_weight = sum(self.weight_of(t) for t in self._load)
 
-    # -- the rule -------------------------------------------------------------
-    def allows(self, req: QueuedRequest, budget: AdmissionBudget) -> bool:
-        """May `req` be admitted now? (The budget has already said it fits.)"""
-        if not self.enabled:
-            return True
-        limits = budget.limits
-        if not in_reserve(
-            self.fraction,
-            limits,
-            budget.in_flight_requests,
-            budget.in_flight_kv_tokens,
-            req.kv_tokens,
-        ):
-            return True
-        load = self._load.get(req.tenant_id)
+    # -- what the rule needs ---------------------------------------------------
+    def load(self, tenant_id: str) -> TenantLoad:
+        """The tenant's share of the engine and its part in flight."""
+        load = self._load.get(tenant_id)
         if load is None or self._active_weight <= 0:
-            return True
-        share = self.weight_of(req.tenant_id) / self._active_weight
-        below = below_share(share, limits, load.in_flight, load.kv_tokens, req.kv_tokens)
-        if not below:
-            self.holds_total += 1
-        return below
-
-
-# The rule itself, shared with the stores' fleet-wide decision (memory_store.py
-# and the Redis STEP script, which must compute the same).
-def in_reserve(
-    fraction: float, limits: AdmissionLimits, in_flight: int, in_flight_kv: int, kv_tokens: int
-) -> bool:
-    """Would admitting `kv_tokens` more take the engine into its last `fraction`?"""
-    reserve_requests = math.ceil(limits.max_requests * fraction)
-    reserve_kv = limits.max_kv_tokens * fraction
-    return (
-        in_flight + 1 > limits.max_requests - reserve_requests
-        or in_flight_kv + kv_tokens > limits.max_kv_tokens - reserve_kv
-    )
-
-
-def below_share(
-    share: float, limits: AdmissionLimits, tenant_in_flight: int, tenant_kv: int, kv_tokens: int
-) -> bool:
-    """Is a tenant with weighted `share` of the engine below it with one more request?
-
-    Alone (share 1) always; a tenant with nothing in flight always (a request
-    larger than its share of the KV must not wait for the others to go idle).
-    """
-    if share >= 1.0 - 1e-9 or tenant_in_flight == 0:
-        return True
-    return (
-        tenant_in_flight < share * limits.max_requests
-        and tenant_kv + kv_tokens <= share * limits.max_kv_tokens
-    )
+            return TenantLoad(1.0, 0, 0)
+        return TenantLoad(
+            self.weight_of(tenant_id) / self._active_weight, load.in_flight, load.kv_tokens
+        )

@@ -21,6 +21,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
+from scheduler import rules
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.errors import StoreUnavailable
@@ -147,7 +148,9 @@ class SharedFailover(ABC):
             entry = entries[out.admitted]
             c = cands[out.admitted]
             entry.in_shared = False
-            self._shared.charge(c.tenant_id, self.options.w_in * c.prompt_tokens / c.weight)
+            self._shared.charge(
+                c.tenant_id, rules.admission_charge(self.options.w_in, c.prompt_tokens, c.weight)
+            )
             self._after_offer([c.lease_id], step)
 
     async def _probe(self) -> None:

@@ -77,6 +77,9 @@ class LocalQueues:
         self._queues: dict[str, TenantQueue] = {}
         self.paused_until: dict[str, float] = {}
         self.mirror: dict[str, float] = {}
+        # Tenants withdrawn from the fleet's backlog while they still had queued
+        # requests (paused for their own limits): they rejoin without a lift.
+        self.held_back: set[str] = set()
         self._len = 0
 
     def push(self, req: QueuedRequest) -> None:

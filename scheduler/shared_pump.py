@@ -78,15 +78,23 @@ class SharedPump(SharedFailover):
         step = self._take_pending(self._new_step(self.budget.limits))
         self.max_charge_lag = max(self.max_charge_lag, *step.charges.values(), 0.0)
         eligible = set(self._local.eligible())
-        step.announce = sorted(eligible - self._announced)
+        # A tenant back from a pause for its own limits never stopped being
+        # backlogged: it rejoins without a lift (keeps its counter).
+        held = self._local.held_back & eligible
+        self._local.held_back = (self._local.held_back - eligible) & set(self._local.backlogged())
+        step.announce = sorted(eligible - self._announced - held)
         step.withdraw = sorted(self._announced - eligible)
+        self._local.held_back |= set(step.withdraw) & set(self._local.backlogged())
+        rejoin = eligible - self._announced - set(step.announce)
         if now_s >= self._next_heartbeat_s:
-            step.backlogged = sorted(self._announced & eligible)
+            step.backlogged = sorted((self._announced & eligible) | rejoin)
             step.renew = [
                 Lease(e.lease_id, e.req.tenant_id, e.req.kv_tokens)
                 for e in self._entries.values()
                 if e.started
             ]
+        elif rejoin:
+            step.backlogged = sorted(rejoin)
         named = {*step.announce, *(step.backlogged or ()), *(x.tenant_id for x in step.renew or ())}
         step.weights = self._weights(named)
         if now_s >= self._full_until_s:
@@ -102,7 +110,8 @@ class SharedPump(SharedFailover):
         if step.is_empty():
             return
         previous = set(self._announced)
-        self._announced = (self._announced | set(step.announce)) - set(step.withdraw)
+        rejoined = set(step.backlogged or ()) - self._announced
+        self._announced = (self._announced | set(step.announce) | rejoined) - set(step.withdraw)
         self._offered = {c.lease_id for c in step.candidates}
         try:
             out = await self.store.step(self.replica_id, step)

@@ -25,7 +25,6 @@ inline; `SharedDispatcher` drives a `Store`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -221,24 +220,3 @@ def tenant_fields(cfg: TenantConfig) -> dict[str, str]:
         if value is not None:
             out[f"quotas.{name}"] = repr(value)
     return out
-
-
-# -- the rules both stores implement ------------------------------------------
-EPSILON = 1e-9
-
-
-def bucket_level(level: float, updated_s: float, now_s: float, rate: float, burst: float) -> float:
-    if now_s > updated_s:
-        level = min(burst, level + (now_s - updated_s) * rate)
-    return min(level, burst)
-
-
-def bucket_wait_s(level: float, n: float, rate: float, burst: float) -> float:
-    """Seconds until `n` can be taken from a bucket at `level` (inf: never)."""
-    slack = EPSILON * max(1.0, n)
-    if n > burst + slack:
-        return math.inf
-    missing = n - level
-    if missing <= slack:
-        return 0.0
-    return missing / rate

@@ -11,10 +11,7 @@ from __future__ import annotations
 import math
 
 from scheduler.clock import Clock
-
-# Relative slack so that waiting exactly `wait_s(n)` always passes despite
-# floating-point rounding of rate * elapsed.
-_EPSILON = 1e-9
+from scheduler.rules import bucket_level, bucket_wait_s
 
 
 class TokenBucket:
@@ -34,23 +31,16 @@ class TokenBucket:
     def level(self) -> float:
         """Tokens available now (negative while in debt)."""
         now_s = self._clock.now_s()
-        elapsed_s = now_s - self._updated_s
-        if elapsed_s > 0:
-            self._level = min(self.burst, self._level + elapsed_s * self.rate_per_s)
+        if now_s > self._updated_s:
+            self._level = bucket_level(
+                self._level, self._updated_s, now_s, self.rate_per_s, self.burst
+            )
             self._updated_s = now_s
         return self._level
 
-    def _slack(self, n: float) -> float:
-        return _EPSILON * max(1.0, n)
-
     def wait_s(self, n: float) -> float:
         """Seconds until `n` could be taken (0.0 now; inf if n exceeds the burst)."""
-        if n > self.burst + self._slack(n):
-            return math.inf
-        missing = n - self.level()
-        if missing <= self._slack(n):
-            return 0.0
-        return missing / self.rate_per_s
+        return bucket_wait_s(self.level(), n, self.rate_per_s, self.burst)
 
     def try_take(self, n: float) -> float:
         """Take `n` and return 0.0, or take nothing and return the wait in seconds."""

@@ -3,17 +3,22 @@
 From "Fairness in Serving Large Language Models" (Sheng et al., OSDI 2024):
 each tenant has a counter of the service it received, in weighted tokens
 divided by its weight. Admitting a request charges w_in * prompt_tokens /
-weight; every streamed output token charges w_out / weight. The next request
-always comes from the eligible backlogged tenant with the smallest counter
-(ties: oldest head request). A tenant that becomes backlogged is lifted to
-the smallest counter among the backlogged (or, when none is, to the counter
-of the last tenant served), so idling earns no credit. The same lift applies
-when a paused tenant resumes: being held back by its own quota is not
-credit either, but it stays first in line if it was.
+weight; every streamed output token charges w_out / weight (the charges and
+the lift are stated in `rules.py`). The next request always comes from the
+eligible backlogged tenant with the smallest counter. A tenant that becomes
+backlogged is lifted to the smallest counter among the eligible backlogged
+(or, when none is, to the counter of the last tenant served), so idling
+earns no credit. A tenant paused for its own limits (max_concurrent,
+wait-mode buckets) is still backlogged: it keeps its counter and, on resume,
+its place (holding is not idling). Ties go to the tenant admitted least
+recently, a newly backlogged tenant first, so a newcomer lifted to the
+smallest counter goes before the tenant it ties with (which may be held out
+of the fair-share reserve).
 
-Guarantee (tested): two tenants backlogged over an interval receive weighted
-service (per unit weight) within 2 * max(w_in * L_in, w_out * M) / min weight
-of each other; L_in is the longest prompt, M the tokens the engine holds.
+Guarantee (tested with mixed request shapes): two tenants backlogged over an
+interval receive weighted service (per unit weight) within
+`rules.vtc_bound` = 2 * max(w_in * L_in, w_out * M) of each other; L_in is
+the longest prompt, M the tokens the engine holds.
 
 Within a tenant: FIFO, interactive before batch, with the anti-starvation
 rule of `TenantQueue` (one batch admission at least every `batch_every_n` + 1).
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from scheduler import rules
 from scheduler.backlog import Backlog
 from scheduler.request import QueuedRequest
 
@@ -35,6 +41,7 @@ def _unit_weight(_tenant_id: str) -> float:
 
 class VtcPolicy:
     name = "vtc"
+    fair = True
 
     def __init__(
         self,
@@ -50,12 +57,18 @@ class VtcPolicy:
         self.w_in = w_in
         self.w_out = w_out
         self._counters: dict[str, float] = {}
-        self._backlog = Backlog(self._key, batch_every_n=batch_every_n)
+        # Admissions so far and each tenant's last one (the tie-break).
+        self._admissions = 0
+        self._last_admitted: dict[str, int] = {}
+        self._backlog = Backlog(self._key, tiebreak=self._tie, batch_every_n=batch_every_n)
         # Counter of the last tenant served; lifts newcomers when no one is backlogged.
         self._floor = 0.0
 
     def _key(self, tenant_id: str, _head: QueuedRequest) -> float:
         return self._counters.get(tenant_id, 0.0)
+
+    def _tie(self, tenant_id: str, head: QueuedRequest) -> int:
+        return (self._last_admitted.get(tenant_id, 0) << 40) | head.seq
 
     def counter(self, tenant_id: str) -> float:
         return self._counters.get(tenant_id, 0.0)
@@ -64,12 +77,9 @@ class VtcPolicy:
         floor = self._backlog.min_key()
         if floor is None:
             floor = self._floor
-        if self._counters.get(tenant_id, 0.0) < floor:
-            self._counters[tenant_id] = floor
-
-    def _charge(self, tenant_id: str, weighted_tokens: float) -> None:
-        delta = weighted_tokens / self.weight_of(tenant_id)
-        self._counters[tenant_id] = self._counters.get(tenant_id, 0.0) + delta
+        self._counters[tenant_id] = rules.lifted(self._counters.get(tenant_id, 0.0), floor)
+        # Newly backlogged: it goes first among the tenants it ties with.
+        self._last_admitted.pop(tenant_id, None)
 
     def push(self, req: QueuedRequest) -> None:
         tid = req.tenant_id
@@ -86,7 +96,10 @@ class VtcPolicy:
             return None
         tid = head.tenant_id
         self._floor = max(self._floor, self.counter(tid))
-        self._charge(tid, self.w_in * head.prompt_tokens)
+        charge = rules.admission_charge(self.w_in, head.prompt_tokens, self.weight_of(tid))
+        self._counters[tid] = self.counter(tid) + charge
+        self._admissions += 1
+        self._last_admitted[tid] = self._admissions
         # pop() re-keys the tenant with its new counter.
         popped = self._backlog.pop()
         if popped is not head:
@@ -102,15 +115,15 @@ class VtcPolicy:
     def resume(self, tenant_id: str) -> None:
         if tenant_id not in self._backlog.paused:
             return
-        self._backlog.paused.discard(tenant_id)
-        if self._backlog.queued(tenant_id):
-            self._lift(tenant_id)
+        # No lift: held back by its own limits, it never stopped being backlogged.
         self._backlog.resume(tenant_id)
 
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
         if tokens <= 0:
             return
-        self._charge(req.tenant_id, self.w_out * tokens)
+        tid = req.tenant_id
+        charge = rules.output_charge(self.w_out, tokens, self.weight_of(tid))
+        self._counters[tid] = self.counter(tid) + charge
         if self._backlog.queued(req.tenant_id):
             self._backlog.refresh(req.tenant_id)
 

@@ -21,6 +21,7 @@ from scheduler.dispatcher import Dispatcher
 from scheduler.errors import SchedulingError
 from scheduler.policy import QueuePolicy
 from scheduler.request import Priority, QueuedRequest
+from scheduler.rules import Verdict
 from scheduler.tenants import TenantRegistry
 from scheduler.timers import ManualTimers
 from service.engines.protocol import SamplingOptions
@@ -165,7 +166,9 @@ class Driver:
         if head is not None:
             call = next(c for c in self.calls if c.req is head)
             if call.wanted():
-                assert not d.budget.fits(head), "work conservation: an admissible request waits"
+                # Work conservation: the head waits only for room, or for the reserve.
+                waits = d.head_verdict() in (Verdict.FULL, Verdict.HOLD)
+                assert waits, "work conservation: an admissible request waits"
         next_timer = self.timers.next_s()
         for tenant_id, until_s in d.paused_tenants.items():
             if math.isinf(until_s):

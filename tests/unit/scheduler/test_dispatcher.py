@@ -247,10 +247,13 @@ def test_output_charges_can_admit_a_request_waiting_behind_an_oversized_head() -
     )
     running, w_running = req("a", prompt=50, max_tokens=50), Waiter()
     d.submit(running, w_running)
+    earlier = req("c", prompt=1, max_tokens=1)
+    d.submit(earlier, Waiter())  # c was admitted after a: a wins ties from now on
+    d.finish(earlier)
     big, w_big = req("a", prompt=100, max_tokens=100), Waiter()
     d.submit(big, w_big)  # 100 + 200 > 200: waits
     small, w_small = req("c", prompt=1, max_tokens=1), Waiter()
-    d.submit(small, w_small)  # lifted to a's counter; older head a goes first
+    d.submit(small, w_small)  # lifted to a's counter; a, served less recently, goes first
     assert (w_big.admitted_count, w_small.admitted_count) == (0, 0)
     d.on_output_tokens(running, 10)
     assert w_small.admitted_count == 1 and w_big.admitted_count == 0

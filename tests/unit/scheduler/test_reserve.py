@@ -1,4 +1,5 @@
-"""Fair-share reserve: the rule alone, then a victim beside a flood on the simulator."""
+"""Fair-share reserve: the rule alone (rules.verdict on FairShareReserve's loads),
+then a victim beside a flood on the simulator."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.fcfs import FcfsPolicy
 from scheduler.request import QueuedRequest
 from scheduler.reserve import FairShareReserve
+from scheduler.rules import Verdict, needs_load, verdict
 from scheduler.vtc import VtcPolicy
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
@@ -28,12 +30,18 @@ def _fill(reserve: FairShareReserve, budget: AdmissionBudget, tenant: str, n: in
         budget.reserve(r)
 
 
+def allows(reserve: FairShareReserve, req: QueuedRequest, budget: AdmissionBudget) -> bool:
+    room = (budget.limits, budget.in_flight_requests, budget.in_flight_kv_tokens, req.kv_tokens)
+    load = reserve.load(req.tenant_id) if needs_load(reserve.fraction, *room) else None
+    return verdict(0.0, *room, reserve.fraction, load) is Verdict.ADMIT
+
+
 def test_outside_the_reserve_anyone_is_admitted() -> None:
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
     reserve = FairShareReserve(0.125, lambda t: 1.0)  # 2 of 16 slots
     _fill(reserve, budget, "flood", 13)
     reserve.on_queued(_req("victim"))
-    assert reserve.allows(_req("flood"), budget)  # 14th of 16: outside the reserve
+    assert allows(reserve, _req("flood"), budget)  # 14th of 16: outside the reserve
 
 
 def test_over_share_tenant_is_held_out_of_the_reserve() -> None:
@@ -42,16 +50,15 @@ def test_over_share_tenant_is_held_out_of_the_reserve() -> None:
     _fill(reserve, budget, "flood", 14)
     victim = _req("victim")
     reserve.on_queued(victim)
-    assert not reserve.allows(_req("flood"), budget)
-    assert reserve.allows(victim, budget)
-    assert reserve.holds_total == 1
+    assert not allows(reserve, _req("flood"), budget)
+    assert allows(reserve, victim, budget)
 
 
 def test_a_tenant_alone_is_never_held() -> None:
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
     reserve = FairShareReserve(0.125, lambda t: 1.0)
     _fill(reserve, budget, "flood", 15)
-    assert reserve.allows(_req("flood"), budget)
+    assert allows(reserve, _req("flood"), budget)
 
 
 def test_weights_set_the_share_and_kv_counts_too() -> None:
@@ -61,8 +68,8 @@ def test_weights_set_the_share_and_kv_counts_too() -> None:
     _fill(reserve, budget, "big", 9)  # 900 KV tokens: the next 100 enter the KV reserve
     reserve.on_queued(_req("small"))
     # big's share is 3/4 = 750 KV tokens: over it, held; small is well below.
-    assert not reserve.allows(_req("big"), budget)
-    assert reserve.allows(_req("small"), budget)
+    assert not allows(reserve, _req("big"), budget)
+    assert allows(reserve, _req("small"), budget)
 
 
 def test_a_tenant_with_nothing_in_flight_is_never_held() -> None:
@@ -71,7 +78,7 @@ def test_a_tenant_with_nothing_in_flight_is_never_held() -> None:
     _fill(reserve, budget, "a", 3)  # 300 KV tokens
     big = _req("b", kv=600)  # above b's half of the KV, and into the KV reserve
     reserve.on_queued(big)
-    assert reserve.allows(big, budget)
+    assert allows(reserve, big, budget)
 
 
 def test_bookkeeping_returns_to_zero_and_zero_fraction_is_off() -> None:
@@ -80,7 +87,7 @@ def test_bookkeeping_returns_to_zero_and_zero_fraction_is_off() -> None:
     r = _req("a")
     reserve.on_queued(r)
     reserve.on_admitted(r)
-    assert reserve.allows(_req("b"), budget)
+    assert allows(reserve, _req("b"), budget)
     reserve.on_finished(r)
     assert reserve._load == {} and reserve._active_weight == 0
     with pytest.raises(ValueError):

@@ -94,27 +94,31 @@ async def start(
 
 
 # -- the fair-share reserve --------------------------------------------------------
-async def victim_waits_for_a_flood_end(drv: Driver) -> bool:
+async def victim_after_the_first_wave(drv: Driver, *, reserve: bool) -> asyncio.Task[None]:
     """A flood fills the 8 slots alone; a victim queues (the first wave: it must
-    wait for a flood request to end). Once its first request runs, does its
-    second wait for another flood request to end?"""
+    wait for a flood request to end). While the victim's first request runs and
+    the flood's stream, a flood request ends: with the reserve that slot is kept
+    (the flood is over its share), without it the flood takes it. Then the
+    victim sends its second request. Judged on the dispatcher's state, not time."""
     for k in range(24):
         drv.submit(f"f{k}", "flood")
     await eventually(lambda: drv.d.in_flight == 8, what="the flood fills the engine")
     first = drv.submit("v1", "victim")
-    await asyncio.sleep(0.03)
+    decisions = drv.d.decisions_total
+    await eventually(lambda: drv.d.decisions_total > decisions, what="v1 is considered")
     assert not first.done()  # the first wave holds every slot
-    while not first.done():
-        drv.finish(drv.running("flood")[0])
-        await asyncio.sleep(0.03)
+    drv.finish(drv.running("flood")[0])
+    await eventually(first.done, what="v1 takes the freed slot (a newcomer wins the tie)")
+    for rid in drv.running("flood"):  # the flood streams: its counter moves ahead
+        drv.d.on_output_tokens(drv.reqs[rid], 20)
+    holds = drv.d.reserve_holds_total
     drv.finish(drv.running("flood")[0])  # a slot frees while only the flood is queued
-    await asyncio.sleep(0.03)
-    second = drv.submit("v2", "victim")
-    try:
-        await asyncio.wait_for(asyncio.shield(second), 0.3)
-    except TimeoutError:
-        return True
-    return False
+    if reserve:
+        await eventually(lambda: drv.d.reserve_holds_total > holds, what="the flood is held")
+        assert drv.d.in_flight == 7
+    else:
+        await eventually(lambda: drv.d.in_flight == 8, what="the flood takes the slot")
+    return drv.submit("v2", "victim")
 
 
 async def test_reserve_admits_a_victim_beside_a_flood_without_waiting(
@@ -123,16 +127,21 @@ async def test_reserve_admits_a_victim_beside_a_flood_without_waiting(
     drv = await start(
         drivers, await make_store(), AdmissionLimits(8, 100_000), reserve_fraction=1 / 8
     )
-    assert not await victim_waits_for_a_flood_end(drv)
+    second = await victim_after_the_first_wave(drv, reserve=True)
+    await eventually(second.done, what="the victim enters the reserve")
     assert drv.d.in_flight == 8 and len(drv.running("flood")) == 6
-    assert drv.d.reserve_holds_total > 0
 
 
 async def test_without_the_reserve_the_victim_waits(
     make_store: MakeStore, drivers: list[Driver]
 ) -> None:
     drv = await start(drivers, await make_store(), AdmissionLimits(8, 100_000))
-    assert await victim_waits_for_a_flood_end(drv)
+    second = await victim_after_the_first_wave(drv, reserve=False)
+    decisions = drv.d.decisions_total
+    await eventually(lambda: drv.d.decisions_total > decisions, what="v2 is considered")
+    assert not second.done()  # the engine is full: v2 waits for a flood request to end
+    drv.finish(drv.running("flood")[0])
+    await eventually(second.done, what="v2 takes the next free slot")
 
 
 # -- fail-open: this replica's share of the limits ------------------------------------

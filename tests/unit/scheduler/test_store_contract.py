@@ -215,11 +215,16 @@ async def test_reserve_holds_an_over_share_tenant_while_another_is_backlogged(
     assert (await offer(store, cand("f6", "flood"))).admitted == 0  # 7th of 8: not the reserve
     out = await offer(store, cand("f7", "flood"))  # the 8th slot is the reserve; 7 >= 8 / 2
     assert out.admitted is None and out.held == [0] and not out.full and out.blocked == {}
-    # Held candidates fall through to the next one in counter order, on any replica.
+    # A held candidate stops the round: the reserve never reorders the counters, so a
+    # victim served more than the flood waits like everyone else...
     step = {"charges": {"victim": 100.0}, "replica": "r2"}  # the victim's counter is larger
     out = await offer(store, cand("f7", "flood"), cand("v0", "victim"), **step)
-    assert out.admitted == 1 and out.held == [0]
+    assert out.admitted is None and out.held == [0]
     assert out.counters["victim"] > out.counters["flood"]
+    # ...and once the flood's streams put it ahead, the victim goes first, into the reserve.
+    step = {"charges": {"flood": 200.0}, "replica": "r2"}
+    out = await offer(store, cand("f7", "flood"), cand("v0", "victim"), **step)
+    assert out.admitted == 1 and out.held == []
     assert (await store.snapshot()).in_flight == 8
 
 

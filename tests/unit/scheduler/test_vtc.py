@@ -40,12 +40,12 @@ def test_newly_backlogged_tenant_is_lifted_no_credit_for_idling() -> None:
     for _ in range(5):
         p.pop_next()
     assert p.counter("a") == 500
-    late = req("b", prompt=100)
-    p.push(late)
+    p.push(req("b", prompt=100))
+    p.push(req("b", prompt=100))
     assert p.counter("b") == 500  # lifted to the min backlogged counter
-    # a's head (500, older) goes first, then they alternate: b banked nothing.
-    order = [p.pop_next().tenant_id for _ in range(3)]  # type: ignore[union-attr]
-    assert order == ["a", "b", "a"]
+    # The newcomer wins the tie, then they alternate: b banked nothing.
+    order = [p.pop_next().tenant_id for _ in range(4)]  # type: ignore[union-attr]
+    assert order == ["b", "a", "b", "a"]
 
 
 def test_lift_uses_last_served_counter_when_queue_is_empty() -> None:
@@ -79,17 +79,25 @@ def test_paused_tenant_is_skipped_and_keeps_its_place() -> None:
     assert len(p) == 2
 
 
-def test_resume_lifts_a_tenant_held_back_by_its_quota() -> None:
+def test_a_tenant_held_back_by_its_own_limits_keeps_its_counter_and_place() -> None:
+    # Holding is not idling: a paused tenant stays backlogged (issue #11: a
+    # pause/resume used to lift it to the others' counter, losing its credit).
     p = VtcPolicy()
     p.push(req("a"))
+    p.push(req("a"))
     p.push(req("b", prompt=10))
+    assert p.pop_next().tenant_id == "a"  # type: ignore[union-attr]
+    assert p.counter("a") == 10
     p.pause("a")
     for _ in range(5):
         p.pop_next()
         p.push(req("b", prompt=10))
     assert p.counter("b") == 50
+    p.push(req("a"))  # still backlogged while paused: a push is no lift either
     p.resume("a")
-    assert p.counter("a") == 50  # no banked credit for the time it was paused
+    assert p.counter("a") == 10  # kept
+    assert p.pop_next().tenant_id == "a"  # type: ignore[union-attr]
+    assert p.pop_next().tenant_id == "a"  # type: ignore[union-attr]
 
 
 def test_remove_charges_nothing_and_unbacklogs() -> None:

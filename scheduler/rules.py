@@ -1,0 +1,241 @@
+"""The admission rules, each stated once, as pure functions.
+
+Everything that decides whether a queued request may enter the engine lives
+here: token-bucket levels and waits, which limit binds, the VTC lift and
+charges, the engine's room, the fair-share reserve and the order in which
+they are applied (`verdict`), and the queue timeout. The in-process path
+(`Dispatcher`, `TokenBucket`, `QuotaLedger`) and the shared path
+(`MemoryStore.step`) call these functions; the Redis STEP script
+(`redis_scripts.py`) is their Lua twin, held to them by the store contract
+and differential tests.
+
+Fairness (VTC, "Fairness in Serving Large Language Models", OSDI 2024):
+admissions happen strictly in counter order — the head of the tenant with the
+smallest counter, ties to the tenant admitted least recently — and nothing
+here reorders them. A rule may only *delay* the head (its own limits pause
+its tenant without touching its counter; a full engine or the reserve stops
+the round), which is why the published bound holds for any mix of request
+shapes: two tenants continuously backlogged (and not held by their own
+limits) receive weighted service within `vtc_bound(...)` of each other.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from scheduler.errors import DeadlineExpired, QueueTimeout, SchedulingError
+
+# Relative slack so that waiting exactly `bucket_wait_s(...)` always passes
+# despite floating-point rounding of rate * elapsed.
+EPSILON = 1e-9
+
+
+# -- engine limits ---------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class AdmissionLimits:
+    max_requests: int
+    max_kv_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.max_requests < 1 or self.max_kv_tokens < 1:
+            raise ValueError(f"admission limits must be >= 1: {self}")
+
+
+# -- token buckets -------------------------------------------------------------
+def bucket_level(level: float, updated_s: float, now_s: float, rate: float, burst: float) -> float:
+    """The level of a bucket last set to `level` at `updated_s` (debt refills too)."""
+    if now_s > updated_s:
+        level = min(burst, level + (now_s - updated_s) * rate)
+    return min(level, burst)
+
+
+def bucket_wait_s(level: float, n: float, rate: float, burst: float) -> float:
+    """Seconds until `n` can be taken from a bucket at `level` (inf: never)."""
+    slack = EPSILON * max(1.0, n)
+    if n > burst + slack:
+        return math.inf
+    missing = n - level
+    if missing <= slack:
+        return 0.0
+    return missing / rate
+
+
+def binding_limit(request_wait_s: float | None, token_wait_s: float | None) -> tuple[str, float]:
+    """Which bucket binds a request: ("", 0.0) when neither, else the longer wait."""
+    limit, wait_s = "", 0.0
+    if request_wait_s is not None and request_wait_s > wait_s:
+        limit, wait_s = "requests_per_s", request_wait_s
+    if token_wait_s is not None and token_wait_s > wait_s:
+        limit, wait_s = "tokens_per_min", token_wait_s
+    return limit, wait_s
+
+
+def own_limit_wait_s(
+    concurrent: int, max_concurrent: int | None, bucket_wait: float | None
+) -> float:
+    """How long the tenant's own limits hold its head: inf until one of its requests
+    ends (max_concurrent), else the buckets' wait (wait mode), else 0."""
+    if max_concurrent is not None and concurrent >= max_concurrent:
+        return math.inf
+    return bucket_wait or 0.0
+
+
+# -- VTC ---------------------------------------------------------------------------
+def lifted(counter: float, floor: float) -> float:
+    """A tenant that becomes backlogged starts no lower than `floor` (idling earns
+    no credit). `floor`: the smallest counter among the eligible backlogged
+    tenants, or the counter of the last tenant served when none is. A tenant that
+    was only held by its own limits is not lifted: holding is not idling."""
+    return max(counter, floor)
+
+
+def admission_charge(w_in: float, prompt_tokens: int, weight: float) -> float:
+    return w_in * prompt_tokens / weight
+
+
+def output_charge(w_out: float, tokens: int, weight: float) -> float:
+    return w_out * tokens / weight
+
+
+def vtc_bound(w_in: float, w_out: float, max_prompt_tokens: int, max_kv_tokens: int) -> float:
+    """The weighted service gap allowed between two backlogged tenants, per unit
+    weight: 2 * max(w_in * L_in, w_out * M). With replicas, add the counter lag
+    (`SharedDispatcher.max_charge_lag`)."""
+    return 2 * max(w_in * max_prompt_tokens, w_out * max_kv_tokens)
+
+
+# -- engine room and the fair-share reserve -------------------------------------------
+def fits(limits: AdmissionLimits, in_flight: int, in_flight_kv: int, kv_tokens: int) -> bool:
+    """Does one more request of `kv_tokens` fit the engine's room? An idle engine
+    always takes the next request, however large, so it cannot starve."""
+    if in_flight >= limits.max_requests:
+        return False
+    return in_flight == 0 or in_flight_kv + kv_tokens <= limits.max_kv_tokens
+
+
+def in_reserve(
+    fraction: float, limits: AdmissionLimits, in_flight: int, in_flight_kv: int, kv_tokens: int
+) -> bool:
+    """Would admitting `kv_tokens` more take the engine into its last `fraction`?"""
+    reserve_requests = math.ceil(limits.max_requests * fraction)
+    reserve_kv = limits.max_kv_tokens * fraction
+    return (
+        in_flight + 1 > limits.max_requests - reserve_requests
+        or in_flight_kv + kv_tokens > limits.max_kv_tokens - reserve_kv
+    )
+
+
+def below_share(
+    share: float, limits: AdmissionLimits, tenant_in_flight: int, tenant_kv: int, kv_tokens: int
+) -> bool:
+    """Is a tenant with weighted `share` of the engine below it with one more request?
+
+    Alone (share 1) always; a tenant with nothing in flight always (a request
+    larger than its share of the KV must not wait for the others to go idle).
+    """
+    if share >= 1.0 - EPSILON or tenant_in_flight == 0:
+        return True
+    return (
+        tenant_in_flight < share * limits.max_requests
+        and tenant_kv + kv_tokens <= share * limits.max_kv_tokens
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLoad:
+    """The candidate tenant's part of the engine, for the reserve."""
+
+    share: float  # weight / sum of the weights of the active tenants
+    in_flight: int
+    kv_tokens: int
+
+
+class Verdict(enum.Enum):
+    ADMIT = "admit"
+    # Held by its own limits (max_concurrent, wait-mode buckets): its tenant is
+    # paused, keeps its counter, and the next tenant is considered.
+    OWN_LIMIT = "own_limit"
+    # The engine has no room for it: the round stops (no smaller request jumps it).
+    FULL = "full"
+    # In the reserve while at or above its share: the round stops and the reserve
+    # stays free for the tenants below theirs (never reorders VTC).
+    HOLD = "hold"
+
+
+def verdict(
+    own_wait_s: float,
+    limits: AdmissionLimits,
+    in_flight: int,
+    in_flight_kv: int,
+    kv_tokens: int,
+    reserve_fraction: float,
+    load: TenantLoad | None,
+) -> Verdict:
+    """The one order of the checks on the head of the next tenant in line.
+
+    `load` is needed only when the request would enter the reserve; callers
+    that compute it lazily pass None and ask `needs_load` first.
+    """
+    if own_wait_s > 0:
+        return Verdict.OWN_LIMIT
+    if not fits(limits, in_flight, in_flight_kv, kv_tokens):
+        return Verdict.FULL
+    if needs_load(reserve_fraction, limits, in_flight, in_flight_kv, kv_tokens):
+        if load is None:
+            raise ValueError("the reserve applies: pass the tenant's load")
+        if not below_share(load.share, limits, load.in_flight, load.kv_tokens, kv_tokens):
+            return Verdict.HOLD
+    return Verdict.ADMIT
+
+
+def needs_load(
+    reserve_fraction: float, limits: AdmissionLimits, in_flight: int, in_flight_kv: int, kv: int
+) -> bool:
+    """Does the reserve apply to this admission (so `verdict` needs the tenant's load)?"""
+    if reserve_fraction <= 0:
+        return False
+    return in_reserve(reserve_fraction, limits, in_flight, in_flight_kv, kv)
+
+
+# -- queue timeout -------------------------------------------------------------------
+def queue_expiry_s(
+    arrival_s: float, max_queue_wait_s: float | None, deadline_s: float | None
+) -> float | None:
+    """When a queued request must leave the queue (None: never)."""
+    limits = [t for t in (deadline_s,) if t is not None]
+    if max_queue_wait_s is not None:
+        limits.append(arrival_s + max_queue_wait_s)
+    return min(limits) if limits else None
+
+
+def deadline_binds(
+    arrival_s: float, max_queue_wait_s: float | None, deadline_s: float | None
+) -> bool:
+    """At expiry, is it the request's own deadline (else the tenant's max_queue_wait_s)?"""
+    if deadline_s is None:
+        return False
+    return max_queue_wait_s is None or deadline_s <= arrival_s + max_queue_wait_s
+
+
+def queue_expired(
+    request_id: str,
+    tenant_id: str,
+    arrival_s: float,
+    now_s: float,
+    max_queue_wait_s: float | None,
+    deadline_s: float | None,
+) -> SchedulingError:
+    """The error a request leaves the queue with when `queue_expiry_s` passes."""
+    waited_s = now_s - arrival_s
+    if deadline_binds(arrival_s, max_queue_wait_s, deadline_s):
+        return DeadlineExpired(
+            f"request {request_id!r}: the deadline passed after {waited_s:.3f} s in the queue"
+        )
+    return QueueTimeout(
+        tenant_id,
+        "max_queue_wait_s",
+        f"request {request_id!r} waited {waited_s:.3f} s in the queue; "
+        f"the limit is {max_queue_wait_s:g} s",
+    )
