@@ -76,8 +76,13 @@ class FairnessMonitor:
     service: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     worst: float = 0.0
     _ranges: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    # Service at the last moment at least `full_size` tenants were backlogged (0: off).
+    full_size: int = 0
+    service_while_full: dict[str, float] = field(default_factory=dict)
 
     def update(self, backlogged: set[str]) -> None:
+        if self.full_size and len(backlogged) >= self.full_size:
+            self.service_while_full = dict(self.service)
         live = sorted(backlogged)
         keep: dict[tuple[str, str], tuple[float, float]] = {}
         for i, f in enumerate(live):
