@@ -1,0 +1,118 @@
+"""Differential test: the same random traces through the in-memory rules and the
+Redis STEP script (their Lua twin); every decision must be the same.
+
+Each trace is a sequence of steps from a few replicas: announcements (lifts),
+withdrawals, output charges, settlements, and offers of candidates of mixed
+shapes and weights, some with max_concurrent or wait-mode buckets, with and
+without the fair-share reserve. After every step both stores must agree on
+what was admitted, held, blocked (and whether forever) and full, and on the
+counters. Buckets refill slowly enough that the two stores' clocks (injected
+vs Redis TIME) cannot change a verdict within a trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.budget import AdmissionLimits
+from scheduler.clock import MonotonicClock
+from scheduler.memory_store import MemoryStore
+from scheduler.redis_store import RedisStore
+from scheduler.store import BucketLimits, Candidate, Settlement, Step, StepOutcome
+
+TENANTS = ["a", "b", "c", "d"]
+REPLICAS = ["r1", "r2"]
+SLOW = BucketLimits(requests_per_s=1e-4, requests_burst=3.0, tokens_per_s=1e-4, tokens_burst=900)
+
+
+@st.composite
+def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Step]]]:
+    limits = AdmissionLimits(draw(st.integers(2, 6)), draw(st.sampled_from([400, 1000, 3000])))
+    fraction = draw(st.sampled_from([0.0, 0.25, 0.5]))
+    weights = {t: draw(st.sampled_from([1.0, 1.0, 2.0, 4.0])) for t in TENANTS}
+    steps: list[tuple[str, Step]] = []
+    admitted: list[tuple[str, str]] = []  # (lease, tenant) candidates offered so far
+    for k in range(draw(st.integers(5, 30))):
+        replica = draw(st.sampled_from(REPLICAS))
+        step = Step(limits, w_in=1.0, reserve_fraction=fraction)
+        kind = draw(st.sampled_from(["offer", "offer", "offer", "announce", "charge", "settle"]))
+        if kind == "announce":
+            step.announce = sorted(set(draw(st.lists(st.sampled_from(TENANTS), max_size=3))))
+            step.weights = {t: weights[t] for t in step.announce}
+        elif kind == "charge":
+            tenant = draw(st.sampled_from(TENANTS))
+            # Multiples of 100, like the prompts: equal counters (ties) are common.
+            step.charges = {tenant: 100.0 * draw(st.integers(1, 4))}
+        elif kind == "settle" and admitted:
+            lease, tenant = admitted[draw(st.integers(0, len(admitted) - 1))]
+            refund = float(draw(st.integers(0, 50)))
+            step.settlements = [Settlement(lease, tenant, 0.0, refund, SLOW)]
+        else:
+            cands = []
+            for tenant in sorted(set(draw(st.lists(st.sampled_from(TENANTS), min_size=1, max_size=3)))):
+                lease = f"{replica}:{k}:{tenant}"
+                shape = draw(st.sampled_from([(300, 20), (100, 200), (100, 60)]))
+                cands.append(
+                    Candidate(
+                        lease,
+                        tenant,
+                        weights[tenant],
+                        shape[0],
+                        sum(shape),
+                        take_buckets=draw(st.booleans()),
+                        buckets=SLOW,
+                        max_concurrent=draw(st.none() | st.integers(1, 2)),
+                    )
+                )
+                admitted.append((lease, tenant))
+            step.candidates = cands
+        steps.append((replica, step))
+    return limits, fraction, steps
+
+
+def verdicts(out: StepOutcome) -> tuple[object, ...]:
+    blocked = sorted((i, math.isinf(w)) for i, w in out.blocked.items())
+    counters = {t: round(c, 6) for t, c in out.counters.items()}
+    return out.admitted, out.full, sorted(out.held), blocked, counters, out.in_flight
+
+
+@pytest.fixture
+def redis_url_once(redis_url: str) -> Iterator[str]:
+    yield redis_url
+
+
+@pytest.mark.timeout(600)
+def test_memory_and_redis_make_the_same_decisions(redis_url_once: str) -> None:
+    @settings(
+        max_examples=40,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(traces())
+    def check(trace: tuple[AdmissionLimits, float, list[tuple[str, Step]]]) -> None:
+        _, _, steps = trace
+
+        async def run() -> None:
+            mem = MemoryStore(MonotonicClock(), lease_ttl_s=600, backlog_ttl_s=600)
+            red = RedisStore.from_url(
+                redis_url_once, domain=f"diff-{uuid.uuid4().hex}", lease_ttl_s=600, backlog_ttl_s=600
+            )
+            try:
+                for i, (replica, step) in enumerate(steps):
+                    a = await mem.step(replica, step)
+                    b = await red.step(replica, step)
+                    assert verdicts(a) == verdicts(b), (i, step, a, b)
+            finally:
+                await red.aclose()
+
+        asyncio.run(run())
+
+    check()
