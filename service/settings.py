@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from scheduler.tenants import QUOTA_RANGES, WEIGHT_RANGE, range_problem, tenant_id_problem
+
 ENV_PREFIX = "FAIRGATE_"
 ENGINES = ("simulator", "sglang-http", "sglang")
 AUTH_MODES = ("auto", "api-key", "dev-header")
@@ -145,8 +147,19 @@ class Settings:
             problems.append("max_request_bytes must be <= max_receive_message_bytes")
         if not 0 <= self.fair_reserve_fraction < 1:
             problems.append("fair_reserve_fraction must be in [0, 1)")
-        if self.vtc_w_in <= 0 or self.vtc_w_out <= 0 or self.rate_limit_per_s <= 0:
-            problems.append("vtc_w_in, vtc_w_out and rate_limit_per_s must be > 0")
+        # The same finite ranges as tenants' weights and quotas (scheduler/tenants.py).
+        ranged = [
+            ("vtc_w_in", self.vtc_w_in, WEIGHT_RANGE),
+            ("vtc_w_out", self.vtc_w_out, WEIGHT_RANGE),
+            ("rate_limit_per_s", self.rate_limit_per_s, QUOTA_RANGES["requests_per_s"]),
+        ]
+        if self.rate_limit_burst:  # 0: one second's worth
+            ranged.append(
+                ("rate_limit_burst", self.rate_limit_burst, QUOTA_RANGES["requests_burst"])
+            )
+        problems.extend(p for name, v, r in ranged if (p := range_problem(name, v, r)))
+        if self.default_tenant and (p := tenant_id_problem(self.default_tenant)):
+            problems.append(f"default_tenant: {p}")
         if self.engine not in ENGINES:
             problems.append(f"unknown engine {self.engine!r} (available: {', '.join(ENGINES)})")
         if self.engine == "sglang-http":
