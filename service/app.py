@@ -21,6 +21,7 @@ from scheduler.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
 from service.api_keys import KeyHasher
 from service.auth import Authenticator, AuthInterceptor
+from service.decode_guard import DecodeGuardInterceptor
 from service.engines.factory import build_engine
 from service.engines.protocol import Engine, EngineCapacity
 from service.models import ModelRegistry, ServedModel
@@ -142,7 +143,12 @@ class App:
         server = grpc.aio.server(
             options=_server_options(settings),
             # The telemetry span wraps authentication, so refusals are traced too.
-            interceptors=[*telemetry.interceptors(), AuthInterceptor(auth)],
+            # Undecodable requests: INVALID_ARGUMENT, after authentication.
+            interceptors=[
+                *telemetry.interceptors(),
+                AuthInterceptor(auth),
+                DecodeGuardInterceptor(),
+            ],
         )
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(
             InferenceServicer(settings, models, telemetry), server

@@ -165,6 +165,10 @@ _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 
 
+def _discard(raw: bytes) -> None:
+    return None
+
+
 def _refusal(
     handler: grpc.RpcMethodHandler[_Req, _Resp], exc: errors.ServiceError
 ) -> grpc.RpcMethodHandler[_Req, _Resp]:
@@ -178,7 +182,8 @@ def _refusal(
         yield  # pragma: no cover
 
     kwargs: dict[str, Any] = {
-        "request_deserializer": handler.request_deserializer,
+        # Authentication first: a refused caller's bytes are never parsed.
+        "request_deserializer": _discard,
         "response_serializer": handler.response_serializer,
     }
     out: Any
