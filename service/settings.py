@@ -48,6 +48,11 @@ class Settings:
     # The server runs --incremental-streaming-output (its /server_info wins when it says).
     sglang_incremental_output: bool = False
     sglang_health_interval_s: float = 2.0
+    # Pool circuit breaker: stream failures in a row that eject a worker, and how
+    # long an ejection lasts (doubling with each ejection in a row, up to the max).
+    sglang_eject_after_failures: int = 3
+    sglang_ejection_base_s: float = 5.0
+    sglang_ejection_max_s: float = 300.0
     # Pool: prefer the worker a prompt's first N tokens hash to (0 = least load only).
     sglang_prefix_affinity_tokens: int = 0
     # In-process SGLang (engine = "sglang"): model path and extra Engine kwargs as JSON.
@@ -172,6 +177,10 @@ class Settings:
             problems.append("engine sglang needs sglang_model_path")
         if self.sglang_read_timeout_s <= 0 or self.sglang_connect_timeout_s <= 0:
             problems.append("sglang timeouts must be > 0")
+        if self.sglang_eject_after_failures < 1:
+            problems.append("sglang_eject_after_failures must be >= 1")
+        if not 0 < self.sglang_ejection_base_s <= self.sglang_ejection_max_s:
+            problems.append("need 0 < sglang_ejection_base_s <= sglang_ejection_max_s")
         if self.auth_mode not in AUTH_MODES:
             problems.append(
                 f"unknown auth_mode {self.auth_mode!r} (available: {', '.join(AUTH_MODES)})"
