@@ -53,10 +53,14 @@ async def test_streams_cut_at_the_end_of_the_drain_get_a_final_result(
     await assert_no_leaks(app)
 
 
+@pytest.mark.parametrize("store", ["memory", "redis"])
 async def test_queued_requests_fail_at_once_and_health_is_not_serving(
-    start_server: StartServer,
+    start_server: StartServer, request: pytest.FixtureRequest, store: str
 ) -> None:
-    app = await start_server(sim_time_scale=1.0, sim_max_running_requests=1)
+    extra = {"store": "redis", "redis_url": request.getfixturevalue("redis_url")}
+    app = await start_server(
+        sim_time_scale=1.0, sim_max_running_requests=1, **(extra if store == "redis" else {})
+    )
     d = _dispatcher(app)
     async with AsyncClient(app.address) as c:
         running = c.generate("holds the only slot", max_tokens=5000)
