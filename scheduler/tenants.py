@@ -50,10 +50,10 @@ def tenant_id_problem(tenant_id: str) -> str | None:
 # Sane, finite ranges for every weight and quota (inclusive). Values outside them
 # pass a "> 0" check but break arithmetic later: 1e-300 requests/s overflows a retry
 # delay, a weight of 5e-324 makes VTC counters infinite, inf never refills. Bounds
-# are generous (one request per ~17 minutes up to a million per second).
+# are generous (one request per ~12 days up to a million per second).
 WEIGHT_RANGE = (1e-3, 1e3)
 QUOTA_RANGES: dict[str, tuple[float, float]] = {
-    "requests_per_s": (1e-3, 1e6),
+    "requests_per_s": (1e-6, 1e6),
     "requests_burst": (1.0, 1e9),
     "tokens_per_min": (1.0, 1e12),
     "tokens_burst": (1.0, 1e12),

@@ -112,6 +112,9 @@ _counter = iter(range(10**9))
 @example(raw={"quotas": {"requests_per_s": 1e-300}, "over_quota": "wait"})
 @example(raw={"quotas": {}, "weight": 5e-324, "over_quota": "reject"})
 @example(raw={"quotas": {"max_queue_wait_s": 1e300}, "over_quota": "wait"})
+@example(raw={"quotas": {"requests_per_s": 1e-6, "tokens_per_min": 1.0}, "over_quota": "reject"})
+@example(raw={"quotas": {"requests_per_s": 1e-6, "tokens_per_min": 1.0}, "over_quota": "wait"})
+@example(raw={"quotas": {}, "weight": 1e-3, "over_quota": "reject"})
 def test_config_paths_never_unknown(channel: grpc.Channel, raw: dict[str, Any]) -> None:
     tenant_id = f"h{next(_counter)}"
     admin = apb_grpc.AdminServiceStub(channel)
