@@ -96,6 +96,8 @@ def _code(call: Any) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
+# Hypothesis runs many examples against one server; bound the whole run generously.
+@pytest.mark.timeout(300)
 @settings(
     max_examples=150,
     deadline=None,

@@ -101,6 +101,8 @@ def _generate(channel: grpc.Channel, tenant_id: str) -> grpc.StatusCode:
 _counter = iter(range(10**9))
 
 
+# Hypothesis runs many examples against one server; bound the whole run generously.
+@pytest.mark.timeout(300)
 @settings(
     max_examples=60,
     deadline=None,
