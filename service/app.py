@@ -21,6 +21,8 @@ from scheduler.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
 from service.api_keys import KeyHasher
 from service.auth import Authenticator, AuthInterceptor
+from service.decode_guard import DecodeGuardInterceptor
+from service.drain import Drain
 from service.engines.factory import build_engine
 from service.engines.protocol import Engine, EngineCapacity
 from service.models import ModelRegistry, ServedModel
@@ -38,6 +40,9 @@ from service.tls import server_credentials
 from service.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
+
+# After the grace: how long cut streams get to send their final result.
+_CUT_WAIT_S = 1.0
 
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
 ADMIN_SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
@@ -69,6 +74,7 @@ class App:
         port: int,
         directory: TenantDirectory | None = None,
         telemetry: Telemetry | None = None,
+        drain: Drain | None = None,
     ) -> None:
         self.settings = settings
         self.server = server
@@ -79,6 +85,7 @@ class App:
         self.directory = directory
         self._tasks: list[asyncio.Task[None]] = []
         self.telemetry = telemetry or Telemetry.disabled()
+        self.drain = drain or Drain()
         self._stopped = asyncio.Event()
         self._refresh: asyncio.Task[None] | None = None
 
@@ -142,10 +149,16 @@ class App:
         server = grpc.aio.server(
             options=_server_options(settings),
             # The telemetry span wraps authentication, so refusals are traced too.
-            interceptors=[*telemetry.interceptors(), AuthInterceptor(auth)],
+            # Undecodable requests: INVALID_ARGUMENT, after authentication.
+            interceptors=[
+                *telemetry.interceptors(),
+                AuthInterceptor(auth),
+                DecodeGuardInterceptor(),
+            ],
         )
+        drain = Drain()
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(
-            InferenceServicer(settings, models, telemetry), server
+            InferenceServicer(settings, models, telemetry, drain), server
         )
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             AdminServicer(directory, models, settings.policy), server
@@ -172,7 +185,7 @@ class App:
         await server.start()
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-        app = cls(settings, server, engine, models, health, port, directory, telemetry)
+        app = cls(settings, server, engine, models, health, port, directory, telemetry, drain)
         if settings.tenant_sync_interval_s > 0:
             app._tasks.append(
                 asyncio.create_task(
@@ -200,9 +213,22 @@ class App:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        await self.health.enter_graceful_shutdown()
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
-        await self.server.stop(grace)
+        # Still listening while draining: probes, also on new connections, read
+        # NOT_SERVING; queued and new requests get UNAVAILABLE + RetryInfo at once.
+        await self.health.enter_graceful_shutdown()
+        failed = self.drain.begin()
+        log.info(
+            "draining: %d streams in flight, %d queued requests refused; grace %gs",
+            self.drain.streams,
+            failed,
+            grace,
+        )
+        if not await self.drain.wait_idle(grace):
+            # Cut streams end with a final result (FINISH_REASON_CANCELLED).
+            await self.drain.cut(wait_s=_CUT_WAIT_S)
+        # Whatever is left (an engine that ignored the abort) is cancelled here.
+        await self.server.stop(_CUT_WAIT_S)
         if self._refresh is not None:
             self._refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -22,6 +22,7 @@ from scheduler.errors import RequestTooLarge, SchedulingError
 from scheduler.request import QueuedRequest
 from service import errors
 from service.auth import current_identity
+from service.drain import Drain, ServerDraining
 from service.engines.protocol import EngineError, EngineRequest, FinishKind
 from service.models import ModelRegistry
 from service.settings import Settings
@@ -57,11 +58,17 @@ def _duration(seconds: float) -> duration_pb2.Duration:
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
     def __init__(
-        self, settings: Settings, models: ModelRegistry, telemetry: Telemetry | None = None
+        self,
+        settings: Settings,
+        models: ModelRegistry,
+        telemetry: Telemetry | None = None,
+        drain: Drain | None = None,
     ) -> None:
         self.settings = settings
         self.models = models
         self.telemetry = telemetry or Telemetry.disabled()
+        # Shutdown (service/drain.py): fails queued requests, cuts streams.
+        self.drain = drain or Drain()
 
     def _tenant(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
         # Set by service/auth.py's interceptor (API key, or the header in open
@@ -101,14 +108,16 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         )
         obs = self.telemetry.start_generate(queued, params.model, prompt=params.prompt_text)
         try:
-            await dispatcher.admit(queued)
+            async with self.drain.queued():
+                await dispatcher.admit(queued)
         except RequestTooLarge as exc:
             if exc.field == "prompt":
                 exc.field = request.WhichOneof("input") or "text"
             await errors.abort(context, exc)
-        except SchedulingError as exc:
+        except (SchedulingError, ServerDraining) as exc:
             await errors.abort(context, exc)
         admitted_s = time.monotonic()
+        self.drain.stream_started(id(queued), request_id, params.model.engine)
         engine_req = EngineRequest(
             request_id=request_id,
             prompt_token_ids=params.prompt_ids,
@@ -145,18 +154,26 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                         yield pb.GenerateResponse(delta=delta)
                     sent_tokens = max(sent_tokens, chunk.completion_tokens)
                     if chunk.finish is not None:
+                        message = chunk.message
+                        if chunk.finish is FinishKind.ABORT and self.drain.draining:
+                            message = "the server is shutting down"  # cut by Drain.cut
                         if chunk.finish is FinishKind.ABORT and sent_tokens == 0:
-                            failure = EngineError(chunk.message or "aborted", retryable=True)
+                            failure = (
+                                ServerDraining()
+                                if self.drain.draining
+                                else EngineError(message or "aborted", retryable=True)
+                            )
                             break
                         final = pb.GenerateResult(
                             finish_reason=_FINISH[chunk.finish],
                             stop_matched=chunk.stop_matched,
-                            message=chunk.message,
+                            message=message,
                         )
                         break
         except EngineError as exc:
             failure = exc
         finally:
+            self.drain.stream_ended(id(queued))
             dispatcher.finish(queued)
             obs.engine_ended(prompt_tokens, sent_tokens, cached_tokens)
         if final is None:

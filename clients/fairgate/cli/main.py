@@ -217,6 +217,12 @@ def sim_server(
         bool, typer.Option(help="stream new text only, as SGLang's flag of that name")
     ] = False,
     enable_priority_scheduling: Annotated[bool, typer.Option()] = False,
+    fault_garble_after_chunks: Annotated[
+        int | None, typer.Option(help="test fault: broken JSON after N chunks of each stream")
+    ] = None,
+    fault_stall_after_chunks: Annotated[
+        int | None, typer.Option(help="test fault: go silent after N chunks of each stream")
+    ] = None,
 ) -> None:
     """Run the simulated engine as a server speaking SGLang's native HTTP API."""
     from service.engines.simulator.http_server import main as sim_main
@@ -235,6 +241,10 @@ def sim_server(
         args.append("--incremental-streaming-output")
     if enable_priority_scheduling:
         args.append("--enable-priority-scheduling")
+    if fault_garble_after_chunks is not None:
+        args.append(f"--fault-garble-after-chunks={fault_garble_after_chunks}")
+    if fault_stall_after_chunks is not None:
+        args.append(f"--fault-stall-after-chunks={fault_stall_after_chunks}")
     sim_main(args)
 
 
