@@ -21,9 +21,11 @@ from scheduler.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
 from service.api_keys import KeyHasher
 from service.auth import Authenticator, AuthInterceptor
+from service.chat_template import load_chat_template
 from service.engines.factory import build_engine
 from service.engines.protocol import Engine, EngineCapacity
 from service.models import ModelRegistry, ServedModel
+from service.openai_http import OpenAIFront
 from service.servicer import InferenceServicer
 from service.settings import Settings
 from service.shared_state import (
@@ -81,6 +83,8 @@ class App:
         self.telemetry = telemetry or Telemetry.disabled()
         self._stopped = asyncio.Event()
         self._refresh: asyncio.Task[None] | None = None
+        # The OpenAI-compatible HTTP front (settings.http_listen), when on.
+        self.http: OpenAIFront | None = None
 
     @property
     def address(self) -> str:
@@ -129,6 +133,7 @@ class App:
             max_output_tokens=min(settings.max_output_tokens, cap.max_context_tokens - 1),
             default_max_tokens=settings.default_max_tokens,
             vocab_size=cap.vocab_size,
+            chat_template=load_chat_template(settings.chat_template_path, settings.tokenizer_path),
         )
         models = ModelRegistry([model], default=model_name)
         telemetry.watch_model(model)
@@ -173,6 +178,9 @@ class App:
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         app = cls(settings, server, engine, models, health, port, directory, telemetry)
+        if settings.http_listen:
+            app.http = OpenAIFront(settings, models, auth, telemetry)
+            await app.http.start()
         if settings.tenant_sync_interval_s > 0:
             app._tasks.append(
                 asyncio.create_task(
@@ -184,9 +192,10 @@ class App:
                 _follow_capacity(engine, dispatcher, settings), name="capacity-refresh"
             )
         log.info(
-            "fairgate serving %s on %s (engine=%s, policy=%s, store=%s, tls=%s, auth=%s)",
+            "fairgate serving %s on %s%s (engine=%s, policy=%s, store=%s, tls=%s, auth=%s)",
             model_name,
             app.address,
+            f" and {app.http.url}" if app.http is not None else "",
             engine.kind,
             settings.policy,
             settings.store,
@@ -202,7 +211,11 @@ class App:
         self._stopped.set()
         await self.health.enter_graceful_shutdown()
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
-        await self.server.stop(grace)
+        # Both fronts drain at once: new requests are refused, those in flight finish.
+        if self.http is not None:
+            await asyncio.gather(self.server.stop(grace), self.http.stop())
+        else:
+            await self.server.stop(grace)
         if self._refresh is not None:
             self._refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError):

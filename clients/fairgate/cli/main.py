@@ -46,6 +46,13 @@ def serve(
     ] = None,
     tenants: Annotated[str | None, typer.Option(help="tenants YAML (weights, quotas)")] = None,
     log_level: Annotated[str | None, typer.Option(help="logging level")] = None,
+    http_listen: Annotated[
+        str | None,
+        typer.Option(help="host:port for the OpenAI-compatible HTTP API (off by default)"),
+    ] = None,
+    chat_template: Annotated[
+        str | None, typer.Option(help="Jinja2 chat template file (default: the tokenizer's)")
+    ] = None,
 ) -> None:
     """Run the server (embedded defaults: simulated RTX 4090, in-memory state)."""
     from service.main import run
@@ -60,6 +67,8 @@ def serve(
             policy=policy,
             tenants_file=tenants,
             log_level=log_level,
+            http_listen=http_listen,
+            chat_template_path=chat_template,
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
