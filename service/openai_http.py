@@ -33,6 +33,7 @@ from opentelemetry.trace import SpanKind
 
 from scheduler.errors import SchedulingError
 from service import errors
+from service.api_keys import KEY_PREFIX
 from service.auth import Authenticator
 from service.engines.protocol import EngineError
 from service.generation import Delta, Generation, Outcome
@@ -137,6 +138,11 @@ class OpenAIFront:
     def _tenant(self, request: web.Request) -> str:
         h = request.headers
         md = {k: v for k in ("authorization", self.auth.tenant_header) if (v := h.get(k))}
+        token = md.get("authorization", "").partition(" ")[2].strip()
+        if token and not token.startswith(KEY_PREFIX) and not self.auth.keys_required():
+            # OpenAI SDKs must send some key ("EMPTY", "sk-…"): on a server that
+            # requires none, a token that is not a fairgate key means "no key".
+            del md["authorization"]
         return self.auth.tenant(md).tenant_id
 
     async def _models(self, request: web.Request) -> web.Response:
