@@ -15,12 +15,14 @@ from fairgate import AsyncClient
 from fairgate.types import Delta
 from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import admin_pb2_grpc as apb_grpc
+from opentelemetry.trace import SpanKind, StatusCode
 
 from scheduler.quotas import TenantUsage
 from service.app import App
 from tests.conftest import StartServer
 from tests.helpers import assert_no_leaks, eventually, sim
 from tests.redis_server import RedisServer, find_redis_server
+from tests.telemetry_helpers import make_captured
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 CHATML = (
@@ -343,3 +345,38 @@ async def test_store_down_closed_is_503_with_retry_after(start_server: StartServ
     assert err.value.response.headers.get("retry-after")
     body: Any = err.value.body
     assert body["type"] == "service_unavailable_error" and body["code"] == "store_unavailable"
+
+
+async def test_traceparent_parents_the_server_span_and_429_is_not_a_span_error(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    cap = make_captured()
+    (tmp_path / "tenants.yaml").write_text(TENANTS)
+    app = await start_server(
+        telemetry=cap.telemetry,
+        http_listen="127.0.0.1:0",
+        tenants_file=str(tmp_path / "tenants.yaml"),
+    )
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    parent = f"00-{trace_id}-b7ad6b7169203331-01"
+    async with client(app, tenant="limited", max_retries=0) as oai:
+        await oai.completions.create(
+            model=app.models.default,
+            prompt="hi",
+            max_tokens=2,
+            extra_headers={"traceparent": parent},
+        )
+        with pytest.raises(openai.RateLimitError):
+            await oai.completions.create(model=app.models.default, prompt="hi", max_tokens=2)
+    name = "POST /v1/completions"
+    await eventually(lambda: len(cap.finished(name)) == 2, what="server spans")
+    ok, refused = cap.finished(name)
+    assert f"{ok.context.trace_id:032x}" == trace_id and ok.kind is SpanKind.SERVER
+    engine = [s for s in cap.finished() if s.name.startswith("text_completion")]
+    assert len(engine) == 1 and engine[0].parent is not None
+    assert engine[0].parent.span_id == ok.context.span_id
+    assert ok.attributes is not None and ok.attributes["fairgate.tenant"] == "limited"
+    assert refused.status.status_code is not StatusCode.ERROR
+    assert refused.attributes is not None
+    assert refused.attributes["fairgate.rejection.reason"] == "QUOTA_EXCEEDED"
+    assert cap.value("fairgate.rejections", {"fairgate.tenant": "limited"}) == 1
