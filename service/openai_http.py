@@ -157,6 +157,8 @@ class OpenAIFront:
                 "created": 0,
                 "owned_by": "fairgate",
                 "max_model_len": m.max_context_tokens,
+                # fairgate extension: token-id prompts must stay below it.
+                "vocab_size": m.vocab_size,
             }
             for m in self.models
         ]

@@ -261,6 +261,19 @@ def bench_stream(
     asyncio.run(bench_main(levels, tokens, duration, coalesce))
 
 
+@bench_app.command("http-overhead")
+def bench_http_overhead(
+    requests: Annotated[int, typer.Option(help="requests per protocol per round")] = 200,
+    concurrency: Annotated[int, typer.Option(help="streams at once")] = 32,
+    tokens: Annotated[int, typer.Option(help="tokens per stream")] = 128,
+    rounds: Annotated[int, typer.Option(help="alternating rounds per protocol")] = 3,
+) -> None:
+    """Server CPU per streamed token: the OpenAI HTTP front vs gRPC, in one run."""
+    from fairgate.bench.http_overhead import main as bench_main
+
+    asyncio.run(bench_main(requests, concurrency, tokens, rounds))
+
+
 @bench_app.command("fairness")
 def bench_fairness(
     scenarios: Annotated[str, typer.Option(help="scenario keys among a, b, c, d")] = "abcd",
