@@ -6,7 +6,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from fairgate import FairgateError
+from fairgate import AsyncClient, FairgateError
 from fairgate.errors import from_rpc_error
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
@@ -69,3 +69,13 @@ async def test_bad_messages_are_invalid_argument(
     assert field in [f for f, _ in exc.field_violations]
     assert sim(app).stats.started == 0
     await assert_no_leaks(app)
+
+
+async def test_python_client_sends_messages(start_server: StartServer, tmp_path: Path) -> None:
+    (tmp_path / "t.jinja").write_text(TEMPLATE)
+    app = await start_server(chat_template_path=str(tmp_path / "t.jinja"))
+    async with AsyncClient(app.address) as c:
+        done = await c.complete([{"role": "user", "content": "hello"}], max_tokens=3)
+        count, _ = await c.count_tokens("user: hello\nassistant:")
+    assert done.result.usage.completion_tokens == 3
+    assert done.result.usage.prompt_tokens == count
