@@ -380,3 +380,37 @@ async def test_traceparent_parents_the_server_span_and_429_is_not_a_span_error(
     assert refused.attributes is not None
     assert refused.attributes["fairgate.rejection.reason"] == "QUOTA_EXCEEDED"
     assert cap.value("fairgate.rejections", {"fairgate.tenant": "limited"}) == 1
+
+
+async def test_oversized_body_is_400_not_413(http_app: App) -> None:
+    assert http_app.http is not None
+    limit = http_app.settings.max_request_bytes
+    big = b'{"prompt": "' + b"a" * limit + b'"}'
+    huge = b'{"prompt": "' + b"a" * http_app.settings.max_receive_message_bytes + b'"}'
+    async with aiohttp.ClientSession() as s:
+        for body in (big, huge):
+            async with s.post(f"{http_app.http.url}/completions", data=body) as r:
+                assert r.status == 400
+                err = (await r.json())["error"]
+                assert err["param"] == "body" and f"the limit is {limit}" in err["message"]
+    assert sim(http_app).stats.started == 0
+
+
+async def test_stop_lets_streams_in_flight_finish(start_server: StartServer) -> None:
+    app = await start_server(http_listen="127.0.0.1:0", sim_time_scale=0.2, shutdown_grace_s=10.0)
+    async with client(app, max_retries=0) as oai:
+        stream = await oai.completions.create(
+            model=app.models.default,
+            prompt="drain me",
+            max_tokens=60,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        first = await anext(aiter(stream))
+        stopping = asyncio.create_task(app.stop())
+        rest = [c async for c in stream]
+        await stopping
+    assert rest[-2].choices[0].finish_reason == "length"
+    assert rest[-1].usage is not None and rest[-1].usage.completion_tokens == 60
+    assert first.choices[0].text
+    assert sim(app).stats.aborted == 0
