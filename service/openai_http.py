@@ -44,6 +44,7 @@ from service.openai_response import ResponseWriter, error_event
 from service.settings import Settings
 from service.telemetry import Telemetry
 from service.telemetry.observation import RPC_SCOPE, RpcScope
+from service.tls import server_ssl_context
 from service.validation import validate_generate
 
 log = logging.getLogger(__name__)
@@ -98,10 +99,12 @@ class OpenAIFront:
         self.telemetry = telemetry
         self.draining = False
         self._runner: web.AppRunner | None = None
+        self._ssl = server_ssl_context(settings)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+        scheme = "https" if self._ssl is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}/v1"
 
     async def start(self) -> None:
         app = web.Application(
@@ -120,7 +123,7 @@ class OpenAIFront:
             shutdown_timeout=self.settings.shutdown_grace_s,
         )
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
+        site = web.TCPSite(runner, self.host, self.port, ssl_context=self._ssl)
         await site.start()
         self._runner = runner
         sockets = getattr(site._server, "sockets", None) or ()

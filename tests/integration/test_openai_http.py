@@ -4,11 +4,13 @@ real fairgate server (simulated engine) on loopback."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import grpc
+import httpx2
 import openai
 import pytest
 from fairgate import AsyncClient
@@ -23,6 +25,7 @@ from tests.conftest import StartServer
 from tests.helpers import assert_no_leaks, eventually, sim
 from tests.redis_server import RedisServer, find_redis_server
 from tests.telemetry_helpers import make_captured
+from tests.tls_certs import make_certs
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 CHATML = (
@@ -414,3 +417,33 @@ async def test_stop_lets_streams_in_flight_finish(start_server: StartServer) -> 
     assert rest[-1].usage is not None and rest[-1].usage.completion_tokens == 60
     assert first.choices[0].text
     assert sim(app).stats.aborted == 0
+
+
+async def test_tls_and_mutual_tls_on_the_http_port(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    certs = make_certs(tmp_path)
+    app = await start_server(
+        http_listen="localhost:0",
+        tls_cert_file=certs.server_cert,
+        tls_key_file=certs.server_key,
+        tls_client_ca_file=certs.ca,
+    )
+    assert app.http is not None and app.http.url.startswith("https://")
+    trusted = ssl.create_default_context(cafile=certs.ca)
+    with_cert = ssl.create_default_context(cafile=certs.ca)
+    with_cert.load_cert_chain(certs.client_cert, certs.client_key)
+    async with (
+        httpx2.AsyncClient(verify=with_cert) as http,
+        client(app, max_retries=0, http_client=http) as oai,
+    ):
+        done = await oai.completions.create(model=app.models.default, prompt="hi", max_tokens=2)
+    assert done.usage is not None and done.usage.completion_tokens == 2
+    # No client certificate: the handshake fails, nothing reaches the engine.
+    async with (
+        httpx2.AsyncClient(verify=trusted) as http,
+        client(app, max_retries=0, http_client=http) as oai,
+    ):
+        with pytest.raises(openai.APIConnectionError):
+            await oai.completions.create(model=app.models.default, prompt="hi", max_tokens=2)
+    assert sim(app).stats.started == 1
