@@ -1,11 +1,11 @@
 """The OpenAI-compatible HTTP front: aiohttp in the server's own event loop.
 
-`POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, on its
-own address (`FAIRGATE_HTTP_LISTEN`). Every request goes the gRPC API's way:
-the same Authenticator (Bearer API keys, the tenant header where auth allows
-it), the body converted to a GenerateRequest and checked by
-service/validation.py, then service/generation.py (admission, quotas,
-fairness, engine stream, settlement) and telemetry's per-request hooks.
+`POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models` (and an
+open `GET /health`), on its own address (`FAIRGATE_HTTP_LISTEN`). Every request
+goes the gRPC API's way: the same Authenticator (Bearer API keys, the tenant
+header where auth allows it), the body converted to a GenerateRequest and
+checked by service/validation.py, then service/generation.py (admission,
+quotas, fairness, engine stream, settlement) and telemetry's per-request hooks.
 Errors come from service/openai_errors.py.
 
 A streamed response is started only when the first token (or the result) is
@@ -116,6 +116,7 @@ class OpenAIFront:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
         runner = web.AppRunner(
             app,
             access_log=None,
@@ -147,6 +148,10 @@ class OpenAIFront:
             # requires none, a token that is not a fairgate key means "no key".
             del md["authorization"]
         return self.auth.tenant(md).tenant_id
+
+    async def _health(self, request: web.Request) -> web.Response:
+        """For HTTP load balancers and probes (as SGLang and vLLM offer): 503 while draining."""
+        return web.Response(status=503 if self.draining else 200)
 
     async def _models(self, request: web.Request) -> web.Response:
         try:

@@ -186,6 +186,8 @@ async def test_unknown_model_is_404_and_bad_json_is_400(http_app: App) -> None:
             assert (await r.json())["error"]["param"] == "body"
         async with s.get(f"{http_app.http.url}/nothing-here") as r:
             assert r.status == 404 and "error" in await r.json()
+        async with s.get(http_app.http.url.removesuffix("/v1") + "/health") as r:
+            assert r.status == 200
 
 
 async def test_chat_without_a_template_is_400(start_server: StartServer) -> None:
