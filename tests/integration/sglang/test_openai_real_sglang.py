@@ -130,7 +130,11 @@ async def test_sglang_bench_serving_against_fairgate_http(
         "--seed", "1",
     ]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
-        *cmd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        *cmd,
+        env=env,
+        cwd=tmp_path,  # it writes a results file into the working directory
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     out_b, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
     out = out_b.decode(errors="replace")
