@@ -21,11 +21,13 @@ from scheduler.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
 from service.api_keys import KeyHasher
 from service.auth import Authenticator, AuthInterceptor
+from service.chat_template import load_chat_template
 from service.decode_guard import DecodeGuardInterceptor
-from service.drain import Drain
+from service.drain import CUT_WAIT_S, Drain
 from service.engines.factory import build_engine
 from service.engines.protocol import Engine, EngineCapacity
 from service.models import ModelRegistry, ServedModel
+from service.openai_http import OpenAIFront
 from service.servicer import InferenceServicer
 from service.settings import Settings
 from service.shared_state import (
@@ -40,9 +42,6 @@ from service.tls import server_credentials
 from service.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
-
-# After the grace: how long cut streams get to send their final result.
-_CUT_WAIT_S = 1.0
 
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
 ADMIN_SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
@@ -88,6 +87,8 @@ class App:
         self.drain = drain or Drain()
         self._stopped = asyncio.Event()
         self._refresh: asyncio.Task[None] | None = None
+        # The OpenAI-compatible HTTP front (settings.http_listen), when on.
+        self.http: OpenAIFront | None = None
 
     @property
     def address(self) -> str:
@@ -136,6 +137,7 @@ class App:
             max_output_tokens=min(settings.max_output_tokens, cap.max_context_tokens - 1),
             default_max_tokens=settings.default_max_tokens,
             vocab_size=cap.vocab_size,
+            chat_template=load_chat_template(settings.chat_template_path, settings.tokenizer_path),
         )
         models = ModelRegistry([model], default=model_name)
         telemetry.watch_model(model)
@@ -186,6 +188,9 @@ class App:
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         app = cls(settings, server, engine, models, health, port, directory, telemetry, drain)
+        if settings.http_listen:
+            app.http = OpenAIFront(settings, models, auth, telemetry, drain)
+            await app.http.start()
         if settings.tenant_sync_interval_s > 0:
             app._tasks.append(
                 asyncio.create_task(
@@ -197,9 +202,10 @@ class App:
                 _follow_capacity(engine, dispatcher, settings), name="capacity-refresh"
             )
         log.info(
-            "fairgate serving %s on %s (engine=%s, policy=%s, store=%s, tls=%s, auth=%s)",
+            "fairgate serving %s on %s%s (engine=%s, policy=%s, store=%s, tls=%s, auth=%s)",
             model_name,
             app.address,
+            f" and {app.http.url}" if app.http is not None else "",
             engine.kind,
             settings.policy,
             settings.store,
@@ -214,8 +220,9 @@ class App:
             return
         self._stopped.set()
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
-        # Still listening while draining: probes, also on new connections, read
-        # NOT_SERVING; queued and new requests get UNAVAILABLE + RetryInfo at once.
+        # Both fronts drain at once, still listening: probes, also on new
+        # connections, read NOT_SERVING (HTTP /health: 503); queued and new
+        # requests get UNAVAILABLE + RetryInfo (HTTP 503 + Retry-After) at once.
         await self.health.enter_graceful_shutdown()
         failed = self.drain.begin()
         log.info(
@@ -226,9 +233,12 @@ class App:
         )
         if not await self.drain.wait_idle(grace):
             # Cut streams end with a final result (FINISH_REASON_CANCELLED).
-            await self.drain.cut(wait_s=_CUT_WAIT_S)
+            await self.drain.cut(wait_s=CUT_WAIT_S)
         # Whatever is left (an engine that ignored the abort) is cancelled here.
-        await self.server.stop(_CUT_WAIT_S)
+        if self.http is not None:
+            await asyncio.gather(self.server.stop(CUT_WAIT_S), self.http.stop())
+        else:
+            await self.server.stop(CUT_WAIT_S)
         if self._refresh is not None:
             self._refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError):

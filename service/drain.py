@@ -1,12 +1,15 @@
 """Graceful shutdown of the inference service: refuse, fail the queue, drain, cut.
 
-`App.stop` runs the steps; the servicer tells this object what it holds.
+`App.stop` runs the steps for both fronts (gRPC and the OpenAI HTTP port);
+service/generation.py, which both run every request through, tells this
+object what it holds.
 
 1. `begin()`: new Generate calls and every request still queued for
-   admission fail at once with UNAVAILABLE + RetryInfo (a queued request
-   would only be cut later; another replica can serve it now). The server
-   keeps listening, so health checks, also on new connections, answer
-   NOT_SERVING rather than failing to connect.
+   admission fail at once with UNAVAILABLE + RetryInfo (HTTP: 503 +
+   Retry-After; a queued request would only be cut later, another replica
+   can serve it now). The server keeps listening, so health checks, also on
+   new connections, answer NOT_SERVING (HTTP `/health`: 503) rather than
+   failing to connect.
 2. `wait_idle(grace_s)`: streams in flight finish on their own.
 3. `cut()`: the streams still running are aborted in their engine, the way
    SGLang aborts a request: each ends with a final GenerateResult
@@ -32,6 +35,9 @@ log = logging.getLogger(__name__)
 # How long a client should wait before retrying (on another replica, via the
 # load balancer): about the time a balancer takes to notice NOT_SERVING.
 RETRY_AFTER_S = 1.0
+# After the grace: how long cut streams get to send their final result (both
+# fronts) before the servers cancel what is left.
+CUT_WAIT_S = 1.0
 
 
 class ServerDraining(Unavailable):

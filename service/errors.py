@@ -65,6 +65,12 @@ class InvalidRequest(ServiceError):
         self.violations = violations
 
 
+class UnknownModel(InvalidRequest):
+    """INVALID_ARGUMENT on the `model` field (404 model_not_found over HTTP)."""
+
+    reason = "MODEL_NOT_FOUND"
+
+
 class Unauthenticated(ServiceError):
     code = grpc.StatusCode.UNAUTHENTICATED
     reason = "UNAUTHENTICATED"

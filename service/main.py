@@ -18,8 +18,9 @@ async def serve(settings: Settings) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    http = f", OpenAI API on {app.http.url}" if app.http is not None else ""
     print(
-        f"fairgate listening on {app.address} (model {app.models.default}, "
+        f"fairgate listening on {app.address}{http} (model {app.models.default}, "
         f"engine {app.engine.kind}); Ctrl-C to stop",
         flush=True,
     )

@@ -63,7 +63,10 @@ class Settings:
     # Send tokens that are ready together in one message (never waits for more).
     stream_coalesce: bool = True
     # Directory (or file) with a Hugging Face tokenizer.json; empty: approximate counts.
+    # Its tokenizer_config.json (or chat_template.jinja) supplies the chat template.
     tokenizer_path: str = ""
+    # A Jinja2 chat template file; overrides the tokenizer directory's.
+    chat_template_path: str = ""
     default_max_tokens: int = 256
     max_output_tokens: int = 8192
     # Application limit on one request; the transport limit is set above it
@@ -133,6 +136,9 @@ class Settings:
     # Observability (OTLP exporters are configured with the standard OTEL_* variables).
     # "text", or "json": one object per line with trace_id and span_id.
     log_format: str = "text"
+    # OpenAI-compatible HTTP API host:port ("" = off; port 0 picks a free one):
+    # /v1/chat/completions, /v1/completions, /v1/models on the same scheduler.
+    http_listen: str = ""
     # Prometheus scrape endpoint host:port ("" = off; port 0 picks a free one).
     metrics_listen: str = ""
     # Put prompts and outputs on spans (off: never recorded).
@@ -203,6 +209,8 @@ class Settings:
             problems.append("log_format must be text or json")
         if self.metrics_listen and ":" not in self.metrics_listen:
             problems.append("metrics_listen must be host:port")
+        if self.http_listen and ":" not in self.http_listen:
+            problems.append("http_listen must be host:port")
         if problems:
             raise ValueError("invalid settings: " + "; ".join(problems))
         return self
