@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -26,11 +27,50 @@ OVER_QUOTA_MODES: tuple[OverQuotaMode, ...] = ("reject", "wait")
 ALL_PRIORITIES = frozenset(Priority)
 
 
-def _positive(name: str, value: float | None) -> str | None:
-    if value is None:
-        return None
-    if math.isnan(value) or value <= 0:
-        return f"{name} must be > 0 (got {value}); omit it or set it to null for no limit"
+# Tenant ids travel in metadata, metric labels, Redis keys and logs: keep them short
+# and plain. The one rule for every entry point (admin API, tenants file, headers).
+MAX_TENANT_ID_CHARS = 63
+_TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def tenant_id_problem(tenant_id: str) -> str | None:
+    """What is wrong with a tenant id, or None when it is valid."""
+    if not tenant_id:
+        return "a tenant id is required"
+    if len(tenant_id) > MAX_TENANT_ID_CHARS:
+        return f"at most {MAX_TENANT_ID_CHARS} characters (got {len(tenant_id)}); use a shorter id"
+    if not _TENANT_ID_RE.match(tenant_id):
+        return (
+            f"{tenant_id[:MAX_TENANT_ID_CHARS]!r}: use letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit"
+        )
+    return None
+
+
+# Sane, finite ranges for every weight and quota (inclusive). Values outside them
+# pass a "> 0" check but break arithmetic later: 1e-300 requests/s overflows a retry
+# delay, a weight of 5e-324 makes VTC counters infinite, inf never refills. Bounds
+# are generous (one request per ~12 days up to a million per second).
+WEIGHT_RANGE = (1e-3, 1e3)
+QUOTA_RANGES: dict[str, tuple[float, float]] = {
+    "requests_per_s": (1e-6, 1e6),
+    "requests_burst": (1.0, 1e9),
+    "tokens_per_min": (1.0, 1e12),
+    "tokens_burst": (1.0, 1e12),
+    "max_concurrent": (1, 1_000_000),
+    "max_queued": (1, 1_000_000),
+    "max_queue_wait_s": (1e-3, 86_400.0),
+    "max_prompt_tokens": (1, 100_000_000),
+    "max_output_tokens": (1, 100_000_000),
+    "max_output_tokens_interactive": (1, 100_000_000),
+}
+
+
+def range_problem(name: str, value: float, bounds: tuple[float, float]) -> str | None:
+    """None when `value` is finite and within `bounds`, else what to fix."""
+    lo, hi = bounds
+    if isinstance(value, bool) or not math.isfinite(value) or not lo <= value <= hi:
+        return f"{name} must be a finite number in [{lo:g}, {hi:g}] (got {value})"
     return None
 
 
@@ -56,15 +96,14 @@ class TenantQuotas:
         """(field, what to fix) for every invalid value."""
         out: list[tuple[str, str]] = []
         for f in dataclasses.fields(self):
-            msg = _positive(f.name, getattr(self, f.name))
+            value = getattr(self, f.name)
+            msg = None if value is None else range_problem(f.name, value, QUOTA_RANGES[f.name])
             if msg:
-                out.append((f.name, msg))
+                out.append((f.name, msg + "; omit it or set it to null for no limit"))
         if self.requests_burst is not None and self.requests_per_s is None:
             out.append(("requests_burst", "requests_burst needs requests_per_s"))
         if self.tokens_burst is not None and self.tokens_per_min is None:
             out.append(("tokens_burst", "tokens_burst needs tokens_per_min"))
-        if self.requests_burst is not None and 0 < self.requests_burst < 1:
-            out.append(("requests_burst", "requests_burst must be >= 1 or no request ever passes"))
         return out
 
     @property
@@ -101,10 +140,12 @@ class TenantConfig:
 
     def problems(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
-        if not self.tenant_id:
-            out.append(("id", "the tenant id must not be empty"))
-        if math.isnan(self.weight) or not math.isfinite(self.weight) or self.weight <= 0:
-            out.append(("weight", f"weight must be a finite number > 0 (got {self.weight})"))
+        id_problem = tenant_id_problem(self.tenant_id)
+        if id_problem:
+            out.append(("id", id_problem))
+        weight_problem = range_problem("weight", self.weight, WEIGHT_RANGE)
+        if weight_problem:
+            out.append(("weight", weight_problem))
         if not self.priorities:
             out.append(("priorities", "allow at least one priority class"))
         if self.over_quota not in OVER_QUOTA_MODES:

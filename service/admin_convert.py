@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,13 +13,17 @@ from google.protobuf import timestamp_pb2
 
 from scheduler.request import Priority
 from scheduler.tenant_store import ApiKeyRecord, TenantRecord
-from scheduler.tenants import ALL_PRIORITIES, OverQuotaMode, TenantConfig, TenantQuotas
+from scheduler.tenants import (
+    ALL_PRIORITIES,
+    OverQuotaMode,
+    TenantConfig,
+    TenantQuotas,
+    tenant_id_problem,
+)
 from service.api_keys import hint
 from service.errors import FieldViolation, InvalidRequest
 
-MAX_TENANT_ID_CHARS = 63
 MAX_DISPLAY_NAME_CHARS = 64
-_TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 QUOTA_FIELDS = tuple(f.name for f in dataclasses.fields(TenantQuotas))
 _INT_QUOTAS = frozenset(
     {
@@ -61,25 +64,8 @@ def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
 
 
 def check_tenant_id(tenant_id: str, field: str) -> list[FieldViolation]:
-    if not tenant_id:
-        return [FieldViolation(field, "a tenant id is required")]
-    if len(tenant_id) > MAX_TENANT_ID_CHARS:
-        return [
-            FieldViolation(
-                field,
-                f"at most {MAX_TENANT_ID_CHARS} characters (got {len(tenant_id)}); "
-                "use a shorter id",
-            )
-        ]
-    if not _TENANT_ID_RE.match(tenant_id):
-        return [
-            FieldViolation(
-                field,
-                f"{tenant_id!r}: use letters, digits, '.', '_' and '-', starting with a "
-                "letter or digit",
-            )
-        ]
-    return []
+    problem = tenant_id_problem(tenant_id)
+    return [FieldViolation(field, problem)] if problem else []
 
 
 def require_tenant_id(tenant_id: str, field: str = "tenant_id") -> str:

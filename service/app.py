@@ -21,9 +21,13 @@ from scheduler.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
 from service.api_keys import KeyHasher
 from service.auth import Authenticator, AuthInterceptor
+from service.chat_template import load_chat_template
+from service.decode_guard import DecodeGuardInterceptor
+from service.drain import CUT_WAIT_S, Drain
 from service.engines.factory import build_engine
 from service.engines.protocol import Engine, EngineCapacity
 from service.models import ModelRegistry, ServedModel
+from service.openai_http import OpenAIFront
 from service.servicer import InferenceServicer
 from service.settings import Settings
 from service.shared_state import (
@@ -69,6 +73,7 @@ class App:
         port: int,
         directory: TenantDirectory | None = None,
         telemetry: Telemetry | None = None,
+        drain: Drain | None = None,
     ) -> None:
         self.settings = settings
         self.server = server
@@ -79,8 +84,11 @@ class App:
         self.directory = directory
         self._tasks: list[asyncio.Task[None]] = []
         self.telemetry = telemetry or Telemetry.disabled()
+        self.drain = drain or Drain()
         self._stopped = asyncio.Event()
         self._refresh: asyncio.Task[None] | None = None
+        # The OpenAI-compatible HTTP front (settings.http_listen), when on.
+        self.http: OpenAIFront | None = None
 
     @property
     def address(self) -> str:
@@ -129,6 +137,7 @@ class App:
             max_output_tokens=min(settings.max_output_tokens, cap.max_context_tokens - 1),
             default_max_tokens=settings.default_max_tokens,
             vocab_size=cap.vocab_size,
+            chat_template=load_chat_template(settings.chat_template_path, settings.tokenizer_path),
         )
         models = ModelRegistry([model], default=model_name)
         telemetry.watch_model(model)
@@ -142,10 +151,16 @@ class App:
         server = grpc.aio.server(
             options=_server_options(settings),
             # The telemetry span wraps authentication, so refusals are traced too.
-            interceptors=[*telemetry.interceptors(), AuthInterceptor(auth)],
+            # Undecodable requests: INVALID_ARGUMENT, after authentication.
+            interceptors=[
+                *telemetry.interceptors(),
+                AuthInterceptor(auth),
+                DecodeGuardInterceptor(),
+            ],
         )
+        drain = Drain()
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(
-            InferenceServicer(settings, models, telemetry), server
+            InferenceServicer(settings, models, telemetry, drain), server
         )
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             AdminServicer(directory, models, settings.policy), server
@@ -172,7 +187,10 @@ class App:
         await server.start()
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-        app = cls(settings, server, engine, models, health, port, directory, telemetry)
+        app = cls(settings, server, engine, models, health, port, directory, telemetry, drain)
+        if settings.http_listen:
+            app.http = OpenAIFront(settings, models, auth, telemetry, drain)
+            await app.http.start()
         if settings.tenant_sync_interval_s > 0:
             app._tasks.append(
                 asyncio.create_task(
@@ -184,9 +202,10 @@ class App:
                 _follow_capacity(engine, dispatcher, settings), name="capacity-refresh"
             )
         log.info(
-            "fairgate serving %s on %s (engine=%s, policy=%s, store=%s, tls=%s, auth=%s)",
+            "fairgate serving %s on %s%s (engine=%s, policy=%s, store=%s, tls=%s, auth=%s)",
             model_name,
             app.address,
+            f" and {app.http.url}" if app.http is not None else "",
             engine.kind,
             settings.policy,
             settings.store,
@@ -200,9 +219,26 @@ class App:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        await self.health.enter_graceful_shutdown()
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
-        await self.server.stop(grace)
+        # Both fronts drain at once, still listening: probes, also on new
+        # connections, read NOT_SERVING (HTTP /health: 503); queued and new
+        # requests get UNAVAILABLE + RetryInfo (HTTP 503 + Retry-After) at once.
+        await self.health.enter_graceful_shutdown()
+        failed = self.drain.begin()
+        log.info(
+            "draining: %d streams in flight, %d queued requests refused; grace %gs",
+            self.drain.streams,
+            failed,
+            grace,
+        )
+        if not await self.drain.wait_idle(grace):
+            # Cut streams end with a final result (FINISH_REASON_CANCELLED).
+            await self.drain.cut(wait_s=CUT_WAIT_S)
+        # Whatever is left (an engine that ignored the abort) is cancelled here.
+        if self.http is not None:
+            await asyncio.gather(self.server.stop(CUT_WAIT_S), self.http.stop())
+        else:
+            await self.server.stop(CUT_WAIT_S)
         if self._refresh is not None:
             self._refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -31,6 +31,7 @@ from typing import Any, TypeVar, cast
 
 import grpc
 
+from scheduler.tenants import tenant_id_problem
 from service import errors
 from service.api_keys import tokens_equal
 from service.tenant_directory import TenantDirectory
@@ -119,10 +120,12 @@ class Authenticator:
                     "an API key is required: send `authorization: Bearer fg_…` "
                     "(ask an operator: `fairgate admin keys issue <tenant>`)"
                 )
+            self._check_claimed(claimed)
             return Identity(claimed, "header" if claimed else "anonymous")
         record = self.directory.verify_key(token)
         if record is None:
             raise KeyInvalid("the API key is not valid (unknown, revoked or expired)")
+        self._check_claimed(claimed)
         tid = record.tenant_id
         if claimed and claimed != tid:
             raise TenantMismatch(
@@ -133,6 +136,15 @@ class Authenticator:
         if cfg is None or not cfg.enabled:
             raise TenantDisabled(f"tenant {tid!r} is disabled", metadata={"tenant": tid})
         return Identity(tid, "api-key", record.key_id)
+
+    def _check_claimed(self, claimed: str) -> None:
+        # The admin API's tenant id rule: a header id is never longer or odder
+        # than an id an operator could create (it becomes labels, keys, logs).
+        problem = tenant_id_problem(claimed) if claimed else None
+        if problem:
+            raise errors.InvalidRequest(
+                [errors.FieldViolation(f"metadata.{self.tenant_header}", problem)]
+            )
 
     def admin(self, md: dict[str, str]) -> None:
         if not self.admin_token:
@@ -153,6 +165,10 @@ _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 
 
+def _discard(raw: bytes) -> None:
+    return None
+
+
 def _refusal(
     handler: grpc.RpcMethodHandler[_Req, _Resp], exc: errors.ServiceError
 ) -> grpc.RpcMethodHandler[_Req, _Resp]:
@@ -166,7 +182,8 @@ def _refusal(
         yield  # pragma: no cover
 
     kwargs: dict[str, Any] = {
-        "request_deserializer": handler.request_deserializer,
+        # Authentication first: a refused caller's bytes are never parsed.
+        "request_deserializer": _discard,
         "response_serializer": handler.response_serializer,
     }
     out: Any

@@ -47,6 +47,8 @@ class FieldViolation:
 class ServiceError(Exception):
     code = grpc.StatusCode.INTERNAL
     reason = "INTERNAL"
+    # Set: the status carries RetryInfo with this delay.
+    retry_after_s: float | None = None
 
     def __init__(self, message: str, *, metadata: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -61,6 +63,12 @@ class InvalidRequest(ServiceError):
         summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
         super().__init__(f"invalid request: {summary}")
         self.violations = violations
+
+
+class UnknownModel(InvalidRequest):
+    """INVALID_ARGUMENT on the `model` field (404 model_not_found over HTTP)."""
+
+    reason = "MODEL_NOT_FOUND"
 
 
 class Unauthenticated(ServiceError):
@@ -119,7 +127,10 @@ def map_error(exc: Exception) -> MappedStatus:
         )
         return MappedStatus(exc.code, str(exc), [_pack(bad), _error_info(exc.reason, exc.metadata)])
     if isinstance(exc, ServiceError):
-        return MappedStatus(exc.code, str(exc), [_error_info(exc.reason, exc.metadata)])
+        details = [_error_info(exc.reason, exc.metadata)]
+        if exc.retry_after_s is not None:
+            details.insert(0, _retry_info(exc.retry_after_s))
+        return MappedStatus(exc.code, str(exc), details)
     if isinstance(exc, SchedulingError):
         return _map_scheduling(exc)
     if isinstance(exc, StoreError):

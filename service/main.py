@@ -18,16 +18,25 @@ async def serve(settings: Settings) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    http = f", OpenAI API on {app.http.url}" if app.http is not None else ""
     print(
-        f"fairgate listening on {app.address} (model {app.models.default}, "
+        f"fairgate listening on {app.address}{http} (model {app.models.default}, "
         f"engine {app.engine.kind}); Ctrl-C to stop",
         flush=True,
     )
     await stop.wait()
-    logging.getLogger(__name__).info(
-        "shutting down, draining for up to %ss", settings.shutdown_grace_s
-    )
-    await app.stop()
+    log = logging.getLogger(__name__)
+    log.info("shutting down, draining for up to %ss", settings.shutdown_grace_s)
+    stop.clear()
+    stopping = asyncio.create_task(app.stop())
+    again = asyncio.create_task(stop.wait())
+    await asyncio.wait({stopping, again}, return_when=asyncio.FIRST_COMPLETED)
+    if again.done():
+        # A second signal (Ctrl-C twice): cut the streams still running now.
+        log.warning("second signal: cutting the drain short")
+        app.drain.cut_short()
+    again.cancel()
+    await stopping
 
 
 def run(settings: Settings) -> int:

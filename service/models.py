@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from scheduler.dispatcher import Dispatcher
 from scheduler.shared_dispatcher import SharedDispatcher
+from service.chat_template import ChatTemplate
 from service.engines.protocol import Engine
 from service.tokenizer import Tokenizer
 
@@ -21,6 +22,8 @@ class ServedModel:
     max_output_tokens: int
     default_max_tokens: int
     vocab_size: int
+    # Renders chat messages into the prompt; None: chat input is refused.
+    chat_template: ChatTemplate | None = None
 
 
 class ModelRegistry:

@@ -1,12 +1,9 @@
-"""InferenceService: validate, queue for admission, stream the engine's tokens.
-
-Whatever ends the stream (completion, client cancel, deadline, engine error),
-the `finally` blocks give back the admission slot and the engine request.
+"""InferenceService over gRPC: validate, then run service/generation.py's
+transport-neutral generation and turn its events into stream messages.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,17 +15,16 @@ from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
 from google.protobuf import duration_pb2
 
-from scheduler.errors import RequestTooLarge, SchedulingError
-from scheduler.request import QueuedRequest
+from scheduler.errors import SchedulingError
 from service import errors
 from service.auth import current_identity
-from service.engines.protocol import EngineError, EngineRequest, FinishKind
+from service.drain import Drain
+from service.engines.protocol import EngineError, FinishKind
+from service.generation import Delta, Generation, Outcome
 from service.models import ModelRegistry
 from service.settings import Settings
 from service.telemetry import Telemetry
 from service.validation import validate_generate
-
-log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[pb.GenerateRequest, pb.GenerateResponse]
 
@@ -40,28 +36,47 @@ _FINISH = {
 }
 
 
-_FINISH_NAMES = {
-    pb.FINISH_REASON_UNSPECIFIED: "unspecified",
-    pb.FINISH_REASON_STOP: "stop",
-    pb.FINISH_REASON_LENGTH: "length",
-    pb.FINISH_REASON_CANCELLED: "cancelled",
-    pb.FINISH_REASON_ERROR: "error",
-}
-
-
 def _duration(seconds: float) -> duration_pb2.Duration:
     d = duration_pb2.Duration()
     d.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
     return d
 
 
+def _result(o: Outcome) -> pb.GenerateResult:
+    result = pb.GenerateResult(
+        request_id=o.request_id,
+        model=o.model,
+        finish_reason=_FINISH[o.finish],
+        stop_matched=o.stop_matched,
+        message=o.message,
+        usage=pb.Usage(
+            prompt_tokens=o.prompt_tokens,
+            completion_tokens=o.completion_tokens,
+            cached_tokens=o.cached_tokens,
+            total_tokens=o.prompt_tokens + o.completion_tokens,
+        ),
+    )
+    result.timings.queue_wait.CopyFrom(_duration(o.queue_wait_s))
+    if o.ttft_s is not None:
+        result.timings.time_to_first_token.CopyFrom(_duration(o.ttft_s))
+    result.timings.total.CopyFrom(_duration(o.total_s))
+    return result
+
+
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
     def __init__(
-        self, settings: Settings, models: ModelRegistry, telemetry: Telemetry | None = None
+        self,
+        settings: Settings,
+        models: ModelRegistry,
+        telemetry: Telemetry | None = None,
+        drain: Drain | None = None,
     ) -> None:
         self.settings = settings
         self.models = models
         self.telemetry = telemetry or Telemetry.disabled()
+        # Shutdown (service/drain.py, applied in service/generation.py): fails
+        # queued requests, cuts streams.
+        self.drain = drain or Drain()
 
     def _tenant(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
         # Set by service/auth.py's interceptor (API key, or the header in open
@@ -73,119 +88,43 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
         received_s = time.monotonic()
+        request_id = request.request_id or uuid.uuid4().hex
+        remaining_s = context.time_remaining()
         try:
             params = validate_generate(request, self.models, self.settings.max_request_bytes)
-        except errors.ServiceError as exc:
-            await errors.abort(context, exc)
-        request_id = request.request_id or uuid.uuid4().hex
-        dispatcher = params.model.dispatcher
-        tenant_id = self._tenant(context)
-        if not request.sampling.HasField("max_tokens"):
-            # The server's default must not trip the tenant's own output cap.
-            try:
-                tenant = dispatcher.quotas.tenants.resolve(tenant_id, params.priority)
-            except SchedulingError as exc:
-                await errors.abort(context, exc)
-            cap = tenant.quotas.output_cap_tokens(params.priority)
-            if cap is not None:
-                params.max_tokens = max(1, min(params.max_tokens, cap))
-        await context.send_initial_metadata((("x-request-id", request_id),))
-        remaining_s = context.time_remaining()
-        queued = QueuedRequest(
-            request_id=request_id,
-            tenant_id=tenant_id,
-            prompt_tokens=len(params.prompt_ids),
-            max_tokens=params.max_tokens,
-            priority=params.priority,
-            deadline_s=received_s + remaining_s if remaining_s is not None else None,
-        )
-        obs = self.telemetry.start_generate(queued, params.model, prompt=params.prompt_text)
-        try:
-            await dispatcher.admit(queued)
-        except RequestTooLarge as exc:
-            if exc.field == "prompt":
-                exc.field = request.WhichOneof("input") or "text"
-            await errors.abort(context, exc)
-        except SchedulingError as exc:
-            await errors.abort(context, exc)
-        admitted_s = time.monotonic()
-        engine_req = EngineRequest(
-            request_id=request_id,
-            prompt_token_ids=params.prompt_ids,
-            prompt_text=params.prompt_text,
-            max_tokens=params.max_tokens,
-            sampling=params.sampling,
-            # SGLang: larger is more urgent.
-            priority=1 - int(params.priority),
-        )
-        obs.admitted(engine_req, dispatcher.budget)
-        sent_tokens = 0
-        first_token_s: float | None = None
-        prompt_tokens = len(params.prompt_ids)
-        cached_tokens = 0
-        failure: Exception | None = None
-        final: pb.GenerateResult | None = None
-        try:
-            async with aclosing(params.model.engine.generate(engine_req)) as stream:
-                async for chunk in stream:
-                    new_tokens = chunk.completion_tokens - sent_tokens
-                    if new_tokens > 0:
-                        dispatcher.on_output_tokens(queued, new_tokens)
-                    prompt_tokens = chunk.prompt_tokens or prompt_tokens
-                    cached_tokens = chunk.cached_tokens
-                    if chunk.text or chunk.token_ids:
-                        if first_token_s is None:
-                            first_token_s = time.monotonic()
-                            obs.first_token()
-                        if obs.capture_content:
-                            obs.output_text(chunk.text)
-                        delta = pb.TokenDelta(text=chunk.text, index=sent_tokens)
-                        if request.return_token_ids:
-                            delta.token_ids.extend(chunk.token_ids)
-                        yield pb.GenerateResponse(delta=delta)
-                    sent_tokens = max(sent_tokens, chunk.completion_tokens)
-                    if chunk.finish is not None:
-                        if chunk.finish is FinishKind.ABORT and sent_tokens == 0:
-                            failure = EngineError(chunk.message or "aborted", retryable=True)
-                            break
-                        final = pb.GenerateResult(
-                            finish_reason=_FINISH[chunk.finish],
-                            stop_matched=chunk.stop_matched,
-                            message=chunk.message,
-                        )
-                        break
-        except EngineError as exc:
-            failure = exc
-        finally:
-            dispatcher.finish(queued)
-            obs.engine_ended(prompt_tokens, sent_tokens, cached_tokens)
-        if final is None:
-            if failure is None:
-                failure = EngineError("the engine ended the stream without a finish reason")
-            if sent_tokens == 0:
-                await errors.abort(context, failure)
-            log.warning("request %s failed after %d tokens: %s", request_id, sent_tokens, failure)
-            final = pb.GenerateResult(finish_reason=pb.FINISH_REASON_ERROR, message=str(failure))
-        done_s = time.monotonic()
-        final.request_id = request_id
-        final.model = params.model.name
-        final.usage.CopyFrom(
-            pb.Usage(
-                prompt_tokens=prompt_tokens,
-                completion_tokens=sent_tokens,
-                cached_tokens=cached_tokens,
-                total_tokens=prompt_tokens + sent_tokens,
+            generation = Generation(
+                params,
+                request_id=request_id,
+                tenant_id=self._tenant(context),
+                received_s=received_s,
+                deadline_s=received_s + remaining_s if remaining_s is not None else None,
+                max_tokens_set=request.sampling.HasField("max_tokens"),
+                prompt_field=request.WhichOneof("input") or "text",
+                telemetry=self.telemetry,
+                drain=self.drain,
             )
-        )
-        final.timings.queue_wait.CopyFrom(_duration(admitted_s - received_s))
-        if first_token_s is not None:
-            final.timings.time_to_first_token.CopyFrom(_duration(first_token_s - received_s))
-        final.timings.total.CopyFrom(_duration(done_s - received_s))
-        obs.finished(_FINISH_NAMES[final.finish_reason], failure)
-        yield pb.GenerateResponse(result=final)
-        if final.finish_reason == pb.FINISH_REASON_ERROR and failure is not None:
+        except (errors.ServiceError, SchedulingError) as exc:
+            await errors.abort(context, exc)
+        await context.send_initial_metadata((("x-request-id", request_id),))
+        outcome: Outcome | None = None
+        try:
+            async with aclosing(generation.stream()) as events:
+                async for event in events:
+                    if isinstance(event, Delta):
+                        delta = pb.TokenDelta(text=event.text, index=event.index)
+                        if request.return_token_ids:
+                            delta.token_ids.extend(event.token_ids)
+                        yield pb.GenerateResponse(delta=delta)
+                    else:
+                        outcome = event
+        except (errors.ServiceError, SchedulingError, EngineError) as exc:
+            # ServiceError: ServerDraining (refused, failed in the queue, cut early).
+            await errors.abort(context, exc)
+        assert outcome is not None  # the stream ends with an Outcome or raises
+        yield pb.GenerateResponse(result=_result(outcome))
+        if outcome.failure is not None:
             # The partial result above carries the usage; the status says it failed.
-            await errors.abort(context, failure)
+            await errors.abort(context, outcome.failure)
 
     async def ListModels(
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from scheduler.tenants import QUOTA_RANGES, WEIGHT_RANGE, range_problem, tenant_id_problem
+
 ENV_PREFIX = "FAIRGATE_"
 ENGINES = ("simulator", "sglang-http", "sglang")
 AUTH_MODES = ("auto", "api-key", "dev-header")
@@ -46,6 +48,11 @@ class Settings:
     # The server runs --incremental-streaming-output (its /server_info wins when it says).
     sglang_incremental_output: bool = False
     sglang_health_interval_s: float = 2.0
+    # Pool circuit breaker: stream failures in a row that eject a worker, and how
+    # long an ejection lasts (doubling with each ejection in a row, up to the max).
+    sglang_eject_after_failures: int = 3
+    sglang_ejection_base_s: float = 5.0
+    sglang_ejection_max_s: float = 300.0
     # Pool: prefer the worker a prompt's first N tokens hash to (0 = least load only).
     sglang_prefix_affinity_tokens: int = 0
     # In-process SGLang (engine = "sglang"): model path and extra Engine kwargs as JSON.
@@ -56,7 +63,10 @@ class Settings:
     # Send tokens that are ready together in one message (never waits for more).
     stream_coalesce: bool = True
     # Directory (or file) with a Hugging Face tokenizer.json; empty: approximate counts.
+    # Its tokenizer_config.json (or chat_template.jinja) supplies the chat template.
     tokenizer_path: str = ""
+    # A Jinja2 chat template file; overrides the tokenizer directory's.
+    chat_template_path: str = ""
     default_max_tokens: int = 256
     max_output_tokens: int = 8192
     # Application limit on one request; the transport limit is set above it
@@ -126,6 +136,9 @@ class Settings:
     # Observability (OTLP exporters are configured with the standard OTEL_* variables).
     # "text", or "json": one object per line with trace_id and span_id.
     log_format: str = "text"
+    # OpenAI-compatible HTTP API host:port ("" = off; port 0 picks a free one):
+    # /v1/chat/completions, /v1/completions, /v1/models on the same scheduler.
+    http_listen: str = ""
     # Prometheus scrape endpoint host:port ("" = off; port 0 picks a free one).
     metrics_listen: str = ""
     # Put prompts and outputs on spans (off: never recorded).
@@ -145,8 +158,19 @@ class Settings:
             problems.append("max_request_bytes must be <= max_receive_message_bytes")
         if not 0 <= self.fair_reserve_fraction < 1:
             problems.append("fair_reserve_fraction must be in [0, 1)")
-        if self.vtc_w_in <= 0 or self.vtc_w_out <= 0 or self.rate_limit_per_s <= 0:
-            problems.append("vtc_w_in, vtc_w_out and rate_limit_per_s must be > 0")
+        # The same finite ranges as tenants' weights and quotas (scheduler/tenants.py).
+        ranged = [
+            ("vtc_w_in", self.vtc_w_in, WEIGHT_RANGE),
+            ("vtc_w_out", self.vtc_w_out, WEIGHT_RANGE),
+            ("rate_limit_per_s", self.rate_limit_per_s, QUOTA_RANGES["requests_per_s"]),
+        ]
+        if self.rate_limit_burst:  # 0: one second's worth
+            ranged.append(
+                ("rate_limit_burst", self.rate_limit_burst, QUOTA_RANGES["requests_burst"])
+            )
+        problems.extend(p for name, v, r in ranged if (p := range_problem(name, v, r)))
+        if self.default_tenant and (p := tenant_id_problem(self.default_tenant)):
+            problems.append(f"default_tenant: {p}")
         if self.engine not in ENGINES:
             problems.append(f"unknown engine {self.engine!r} (available: {', '.join(ENGINES)})")
         if self.engine == "sglang-http":
@@ -159,6 +183,10 @@ class Settings:
             problems.append("engine sglang needs sglang_model_path")
         if self.sglang_read_timeout_s <= 0 or self.sglang_connect_timeout_s <= 0:
             problems.append("sglang timeouts must be > 0")
+        if self.sglang_eject_after_failures < 1:
+            problems.append("sglang_eject_after_failures must be >= 1")
+        if not 0 < self.sglang_ejection_base_s <= self.sglang_ejection_max_s:
+            problems.append("need 0 < sglang_ejection_base_s <= sglang_ejection_max_s")
         if self.auth_mode not in AUTH_MODES:
             problems.append(
                 f"unknown auth_mode {self.auth_mode!r} (available: {', '.join(AUTH_MODES)})"
@@ -181,6 +209,8 @@ class Settings:
             problems.append("log_format must be text or json")
         if self.metrics_listen and ":" not in self.metrics_listen:
             problems.append("metrics_listen must be host:port")
+        if self.http_listen and ":" not in self.http_listen:
+            problems.append("http_listen must be host:port")
         if problems:
             raise ValueError("invalid settings: " + "; ".join(problems))
         return self

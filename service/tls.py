@@ -1,7 +1,11 @@
-"""TLS on the server port: a certificate and key, and optionally a client CA (mutual TLS)."""
+"""TLS on the server ports: a certificate and key, and optionally a client CA (mutual TLS).
+
+The same files secure the gRPC port and the OpenAI HTTP port.
+"""
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import grpc
@@ -28,3 +32,18 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
     )
+
+
+def server_ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """The HTTP port's TLS, from the same settings as `server_credentials`."""
+    if not settings.tls_cert_file:
+        return None
+    for path, what in ((settings.tls_cert_file, "certificate"), (settings.tls_key_file, "key")):
+        _read(path, what)  # the same clear error as the gRPC port
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    if settings.tls_client_ca_file:
+        _read(settings.tls_client_ca_file, "client CA")
+        ctx.load_verify_locations(settings.tls_client_ca_file)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from fairgate.v1 import inference_pb2 as pb
 
 from scheduler.request import Priority
+from service.chat_template import ChatMessage, ChatTemplateError
 from service.engines.protocol import SamplingOptions
-from service.errors import FieldViolation, InvalidRequest
+from service.errors import FieldViolation, InvalidRequest, UnknownModel
 from service.models import ModelRegistry, ServedModel
 
 MAX_STOP_STRINGS = 16
@@ -68,6 +69,30 @@ def check_request_id(request_id: str, checker: _Checker) -> None:
         checker.fail("request_id", "only printable ASCII characters are allowed")
 
 
+def _render_chat(msgs: pb.ChatMessages, model: ServedModel, c: _Checker) -> str | None:
+    if not msgs.messages:
+        c.fail("messages", "at least one message is required")
+        return None
+    for i, m in enumerate(msgs.messages):
+        if not m.role:
+            c.fail(f"messages[{i}].role", "a role is required (system, user, assistant, ...)")
+    if model.chat_template is None:
+        c.fail(
+            "messages",
+            f"model {model.name!r} has no chat template: start the server with "
+            "FAIRGATE_TOKENIZER_PATH set to a tokenizer directory whose tokenizer_config.json "
+            "has one, or FAIRGATE_CHAT_TEMPLATE_PATH; or send text",
+        )
+    if c.violations:
+        return None
+    assert model.chat_template is not None
+    try:
+        return model.chat_template.render([ChatMessage(m.role, m.content) for m in msgs.messages])
+    except ChatTemplateError as exc:
+        c.fail("messages", str(exc))
+        return None
+
+
 def validate_generate(
     req: pb.GenerateRequest, models: ModelRegistry, max_request_bytes: int
 ) -> GenerateParams:
@@ -81,7 +106,7 @@ def validate_generate(
     model = models.resolve(req.model)
     if model is None:
         c.fail("model", f"unknown model {req.model!r}; available: {', '.join(models.names())}")
-        raise InvalidRequest(c.violations)
+        raise UnknownModel(c.violations)
 
     prompt_text: str | None = None
     prompt_ids: list[int] = []
@@ -103,8 +128,14 @@ def validate_generate(
                     f"token id {tid} is outside the vocabulary (size {model.vocab_size})",
                 )
                 break
+    elif which == "messages":
+        prompt_text = _render_chat(req.messages, model, c)
+        if prompt_text is not None and not prompt_text.strip():
+            c.fail("messages", "the rendered prompt is empty")
+        elif prompt_text is not None:
+            prompt_ids = model.tokenizer.encode(prompt_text)
     else:
-        c.fail("text", "a prompt is required: set text or token_ids")
+        c.fail("text", "a prompt is required: set text, token_ids or messages")
 
     if req.priority not in _PRIORITIES:
         c.fail("priority", f"unknown priority class {req.priority}")

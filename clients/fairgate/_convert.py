@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import cast
 
 from fairgate.types import Completion, Delta, ModelInfo, Result, Timings, Usage
 from fairgate.v1 import inference_pb2 as pb
@@ -21,8 +22,13 @@ FINISH_NAMES = {
 }
 
 
+# A text, token ids, or chat messages ({"role": ..., "content": ...}) that the
+# server renders with the model's chat template.
+Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
+
+
 def build_request(
-    prompt: str | Sequence[int],
+    prompt: Prompt,
     *,
     model: str = "",
     max_tokens: int | None = None,
@@ -46,8 +52,13 @@ def build_request(
     )
     if isinstance(prompt, str):
         req.text = prompt
+    elif prompt and isinstance(prompt[0], Mapping):
+        messages = cast("Sequence[Mapping[str, str]]", prompt)
+        req.messages.messages.extend(
+            pb.ChatMessage(role=m["role"], content=m.get("content", "")) for m in messages
+        )
     else:
-        req.token_ids.ids.extend(prompt)
+        req.token_ids.ids.extend(cast("Sequence[int]", prompt))
     s = req.sampling
     if max_tokens is not None:
         s.max_tokens = max_tokens

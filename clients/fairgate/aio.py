@@ -9,6 +9,7 @@ import grpc
 
 from fairgate._convert import (
     CompletionBuilder,
+    Prompt,
     build_request,
     call_metadata,
     convert_model,
@@ -60,7 +61,7 @@ class AsyncClient:
             await self._channel.close()
 
     async def generate(
-        self, prompt: str | Sequence[int], *, timeout_s: float | None = None, **options: Any
+        self, prompt: Prompt, *, timeout_s: float | None = None, **options: Any
     ) -> AsyncIterator[Delta | Result]:
         """Stream token deltas, then one `Result`."""
         request = build_request(prompt, **options)
@@ -84,7 +85,7 @@ class AsyncClient:
             call.cancel()
             span.end()
 
-    async def complete(self, prompt: str | Sequence[int], **options: Any) -> Completion:
+    async def complete(self, prompt: Prompt, **options: Any) -> Completion:
         """Generate and collect the whole completion."""
         builder = CompletionBuilder()
         async for ev in self.generate(prompt, **options):

@@ -9,6 +9,7 @@ import grpc
 
 from fairgate._convert import (
     CompletionBuilder,
+    Prompt,
     build_request,
     call_metadata,
     convert_model,
@@ -50,7 +51,7 @@ class Client:
         self._channel.close()
 
     def generate(
-        self, prompt: str | Sequence[int], *, timeout_s: float | None = None, **options: Any
+        self, prompt: Prompt, *, timeout_s: float | None = None, **options: Any
     ) -> Iterator[Delta | Result]:
         request = build_request(prompt, **options)
         span = CallSpan("Generate", request.model)
@@ -73,7 +74,7 @@ class Client:
             call.cancel()
             span.end()
 
-    def complete(self, prompt: str | Sequence[int], **options: Any) -> Completion:
+    def complete(self, prompt: Prompt, **options: Any) -> Completion:
         builder = CompletionBuilder()
         for ev in self.generate(prompt, **options):
             builder.add(ev)

@@ -1,13 +1,19 @@
 """Several SGLang workers behind one Engine.
 
-Routing: the healthy worker with the fewest requests in flight (optionally
-preferring the worker a prompt prefix hashes to, so SGLang's radix cache gets
-hits). A worker whose connection fails is ejected at once; a health loop
-(`GET /health`) ejects workers that stop answering and re-admits them, with a
-fresh read of their capacity, when they answer again. A request that fails
-before its first token (worker down, queue full) moves to another healthy
-worker; one that already streamed tokens fails with `EngineError` (the
-servicer ends it with a partial result and UNAVAILABLE).
+Routing: the healthy worker with the least load, counting its requests in
+flight plus `FAILURE_LOAD` per recent stream failure, so a worker whose
+streams die fast does not look idle (optionally preferring the worker a
+prompt prefix hashes to, so SGLang's radix cache gets hits).
+
+Ejection (`breaker.py`): a worker whose connection fails or drops is ejected
+at once; one whose streams fail otherwise (malformed output, errors) after
+`consecutive_failures` in a row, unless it is the last healthy worker. A
+health loop (`GET /health`) ejects workers that stop answering, and
+re-admits a worker, with a fresh read of its capacity, only once its
+ejection (doubling with each ejection in a row) is over and it answers.
+A request that fails before its first token (worker down, queue full) moves
+to another healthy worker; one that already streamed tokens fails with
+`EngineError` (the servicer ends it with a partial result and UNAVAILABLE).
 
 Capacity is the sum over healthy workers (the context window is the smallest
 of all), so the app's admission limits shrink when a worker is ejected and
@@ -19,11 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import zlib
-from collections.abc import AsyncGenerator
+from collections import deque
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from service.engines.breaker import Breaker, BreakerPolicy
 from service.engines.protocol import (
     EngineCapacity,
     EngineChunk,
@@ -31,18 +40,30 @@ from service.engines.protocol import (
     EngineLoad,
     EngineRequest,
 )
+from service.engines.sglang_chunks import RequestRefused
 from service.engines.sglang_http import SglangHttpEngine, WorkerDown
 
 log = logging.getLogger(__name__)
+
+# Routing: one recent stream failure weighs as much as this many requests in flight.
+FAILURE_LOAD = 4
 
 
 @dataclass(slots=True, eq=False)
 class Worker:
     engine: SglangHttpEngine
+    breaker: Breaker
     healthy: bool = False
     in_flight: int = 0
     failures: int = 0
     last_error: str = ""
+    streams_total: int = 0
+    stream_failures_total: int = 0
+    # (monotonic s, "ejected" | "admitted", ejection length s): recent transitions.
+    history: deque[tuple[float, str, float]] = field(default_factory=lambda: deque(maxlen=64))
+
+    def load(self, now_s: float) -> int:
+        return self.in_flight + FAILURE_LOAD * self.breaker.penalty(now_s)
 
     @property
     def url(self) -> str:
@@ -59,10 +80,14 @@ class WorkerPool:
         health_interval_s: float = 2.0,
         prefix_affinity_tokens: int = 0,
         affinity_slack: int = 2,
+        breaker: BreakerPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not engines:
             raise ValueError("a worker pool needs at least one worker")
-        self.workers = [Worker(e) for e in engines]
+        policy = breaker or BreakerPolicy()
+        self.clock = clock
+        self.workers = [Worker(e, Breaker(policy)) for e in engines]
         self.health_interval_s = health_interval_s
         self.prefix_affinity_tokens = prefix_affinity_tokens
         self.affinity_slack = affinity_slack
@@ -106,14 +131,34 @@ class WorkerPool:
         self.served_model_name = self.served_model_name or w.engine.served_model_name
         if not w.healthy:
             log.info("SGLang worker %s admitted", w.url)
+            now_s = self.clock()
+            w.breaker.readmitted(now_s)
+            w.history.append((now_s, "admitted", 0.0))
         w.healthy, w.failures, w.last_error = True, 0, ""
 
     def _eject(self, w: Worker, reason: str) -> None:
-        if w.healthy:
-            log.warning("SGLang worker %s ejected: %s", w.url, reason)
+        now_s = self.clock()
+        # A new ejection, or a failed attempt to re-admit: the next one lasts longer.
+        if w.healthy or w.breaker.may_readmit(now_s):
+            duration_s = w.breaker.eject(now_s)
+            w.history.append((now_s, "ejected", duration_s))
+            if w.healthy:
+                log.warning("SGLang worker %s ejected for %gs: %s", w.url, duration_s, reason)
         w.healthy = False
         w.failures += 1
         w.last_error = reason
+
+    def _stream_failed(self, w: Worker, exc: EngineError) -> None:
+        w.stream_failures_total += 1
+        if isinstance(exc, WorkerDown):
+            self._eject(w, str(exc))
+        elif isinstance(exc, RequestRefused):
+            w.breaker.on_success(self.clock())  # the worker answered; the request was bad
+        elif w.breaker.on_failure(self.clock()) and w.healthy:
+            if len(self.healthy_workers) > 1:
+                self._eject(w, f"{w.breaker.failures} stream failures in a row: {exc}")
+            else:
+                log.warning("SGLang worker %s keeps failing but is the last one: %s", w.url, exc)
 
     async def _health_loop(self) -> None:
         while True:
@@ -122,7 +167,7 @@ class WorkerPool:
 
     async def _check(self, w: Worker) -> None:
         if not w.healthy:
-            if await w.engine.health():
+            if w.breaker.may_readmit(self.clock()) and await w.engine.health():
                 await self._probe(w)
         elif not await w.engine.health():
             self._eject(w, "health check failed")
@@ -136,12 +181,13 @@ class WorkerPool:
         candidates = [w for i, w in enumerate(self.workers) if w.healthy and i not in tried]
         if not candidates:
             return None
-        best = min(candidates, key=lambda w: w.in_flight)
+        now_s = self.clock()
+        best = min(candidates, key=lambda w: w.load(now_s))
         n = self.prefix_affinity_tokens
         if n and len(req.prompt_token_ids) >= n:
             key = zlib.crc32(repr(req.prompt_token_ids[:n]).encode())
             preferred = candidates[key % len(candidates)]
-            if preferred.in_flight <= best.in_flight + self.affinity_slack:
+            if preferred.load(now_s) <= best.load(now_s) + self.affinity_slack:
                 return preferred
         return best
 
@@ -156,6 +202,7 @@ class WorkerPool:
             if last is not None:
                 self.moved_requests += 1
             w.in_flight += 1
+            w.streams_total += 1
             self._where[req.request_id] = w
             started = False
             try:
@@ -163,10 +210,10 @@ class WorkerPool:
                     async for chunk in stream:
                         started = True
                         yield chunk
+                w.breaker.on_success(self.clock())
                 return
             except EngineError as exc:
-                if isinstance(exc, WorkerDown):
-                    self._eject(w, str(exc))
+                self._stream_failed(w, exc)
                 if started or not exc.retryable:
                     raise
                 last = exc

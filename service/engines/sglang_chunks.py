@@ -23,6 +23,10 @@ class UpstreamError(EngineError):
     """The upstream engine answered with an error, malformed data, or a refusal."""
 
 
+class RequestRefused(UpstreamError):
+    """The engine refused this request (HTTP 4xx, an error object): not a worker fault."""
+
+
 def _int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
     value = meta.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -50,7 +54,7 @@ class ChunkDecoder:
         if "error" in data:
             err = data["error"]
             msg = err.get("message", err) if isinstance(err, dict) else err
-            raise UpstreamError(f"SGLang rejected the request: {msg}", retryable=False)
+            raise RequestRefused(f"SGLang rejected the request: {msg}", retryable=False)
         meta = data.get("meta_info")
         text = data.get("text", "")
         ids = data.get("output_ids", [])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from service.engines.breaker import BreakerPolicy
 from service.engines.pool import WorkerPool
 from service.engines.protocol import Engine
 from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
@@ -30,4 +31,9 @@ def build_sglang_http(settings: Settings) -> Engine:
         [one(u) for u in urls],
         health_interval_s=settings.sglang_health_interval_s,
         prefix_affinity_tokens=settings.sglang_prefix_affinity_tokens,
+        breaker=BreakerPolicy(
+            consecutive_failures=settings.sglang_eject_after_failures,
+            base_ejection_s=settings.sglang_ejection_base_s,
+            max_ejection_s=settings.sglang_ejection_max_s,
+        ),
     )

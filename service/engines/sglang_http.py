@@ -34,7 +34,13 @@ from service.engines.protocol import (
     EngineLoad,
     EngineRequest,
 )
-from service.engines.sglang_chunks import ChunkDecoder, UpstreamError, find_key, sampling_params
+from service.engines.sglang_chunks import (
+    ChunkDecoder,
+    RequestRefused,
+    UpstreamError,
+    find_key,
+    sampling_params,
+)
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +210,8 @@ class SglangHttpEngine:
                 raise WorkerDown(f"{self.url}: cannot reach SGLang: {exc}", retryable=True) from exc
             if resp.status != 200:
                 text = (await resp.text())[:500]
-                raise UpstreamError(
+                refused = 400 <= resp.status < 500 and resp.status != 429
+                raise (RequestRefused if refused else UpstreamError)(
                     f"{self.url}/generate answered HTTP {resp.status}: {text}",
                     retryable=resp.status >= 500,
                 )

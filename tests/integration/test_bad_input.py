@@ -47,7 +47,8 @@ async def test_rejected_with_field_violation(
         await client.complete(prompt, **options)
     exc = err.value
     assert exc.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert exc.reason == "INVALID_ARGUMENT"
+    # An unknown model has its own reason (HTTP maps it to 404 model_not_found).
+    assert exc.reason == ("MODEL_NOT_FOUND" if field == "model" else "INVALID_ARGUMENT")
     assert field in [f for f, _ in exc.field_violations], exc.field_violations
     assert all(desc for _, desc in exc.field_violations)
     # Nothing reached the engine, nothing is held, and the server still serves.

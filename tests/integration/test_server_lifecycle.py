@@ -73,13 +73,13 @@ async def test_graceful_shutdown_drains_in_flight_and_refuses_new(start_server) 
     assert sim(app).active_requests == 0
 
 
-async def test_shutdown_grace_expiry_cancels_streams_without_leaks(start_server) -> None:  # type: ignore[no-untyped-def]
+async def test_shutdown_grace_expiry_cuts_streams_without_leaks(start_server) -> None:  # type: ignore[no-untyped-def]
     app = await start_server(sim_time_scale=1.0)
     async with AsyncClient(app.address) as c:
         stream = c.generate("long", max_tokens=5000)
         await stream.__anext__()
         await app.stop(grace_s=0.2)
-        with pytest.raises(FairgateError):
-            async for _ in stream:
-                pass
+        # Cut at the end of the grace: a final result, not an error (test_shutdown.py).
+        events = [ev async for ev in stream]
+        assert events[-1].finish_reason == "cancelled"  # type: ignore[union-attr]
     await assert_no_leaks(app)

@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 
 from fairgate.aio import AsyncClient
+from fairgate.bench.http_load import HttpLoad
 from fairgate.bench.stats import REJECT_CODES, RequestRecord, Slo, StepReport, build_step
 from fairgate.bench.workload import Arrivals, Lengths, Tenant, TenantPicker, prompt_ids
 from fairgate.errors import FairgateError
@@ -55,8 +56,12 @@ class LoadConfig:
     # divided by it (rates multiplied) so the report is in simulated time.
     # Durations and limits above stay wall-clock.
     time_scale: float = 1.0
+    # "grpc", or "http": the OpenAI-compatible API (fairgate/bench/http_load.py).
+    protocol: str = "grpc"
 
     def __post_init__(self) -> None:
+        if self.protocol not in ("grpc", "http"):
+            raise ValueError("protocol must be 'grpc' or 'http'")
         if self.mode not in ("closed", "open"):
             raise ValueError("mode must be 'closed' or 'open'")
         if self.duration_s is None and self.requests is None:
@@ -100,9 +105,12 @@ class LoadRunner:
         self._clients: list[dict[str, AsyncClient]] = []
         self._t0 = 0.0
         self._vocab_size = 32000
+        self._http: HttpLoad | None = None
 
     async def run(self) -> RunReport:
         cfg = self.config
+        if cfg.protocol == "http":
+            return await self._run_http()
         for _ in range(max(1, cfg.channels)):
             # A local subchannel pool gives each channel its own connection.
             ch = grpc.aio.insecure_channel(
@@ -131,14 +139,38 @@ class LoadRunner:
                 await ch.close()
         return self.report
 
+    async def _run_http(self) -> RunReport:
+        cfg = self.config
+        self._http = HttpLoad(cfg.target, cfg.tenants, cfg.model, cfg.request_timeout_s)
+        try:
+            self._vocab_size = await self._http.start() or self._vocab_size
+            self._t0 = time.perf_counter()
+            for level in cfg.levels:
+                await self._step(level)
+        finally:
+            await self._http.aclose()
+        return self.report
+
     def _now(self) -> float:
         """Seconds since the run started, in the report's (simulated) time."""
         return (time.perf_counter() - self._t0) / self.config.time_scale
 
     async def _one(self, record: RequestRecord, lane: int) -> None:
-        client = self._clients[lane % len(self._clients)][record.tenant]
         prompt = prompt_ids(record.prompt_tokens, self._rng, self._vocab_size)
         events = self.report.token_events
+        if self._http is not None:
+            try:
+                await self._http.one(
+                    record,
+                    prompt,
+                    self.config.time_scale,
+                    lambda n: events.append(TokenEvent(self._now(), record.tenant, n)),
+                )
+            except asyncio.CancelledError:
+                record.outcome, record.error = "unfinished", "DRAIN_LIMIT"
+                raise
+            return
+        client = self._clients[lane % len(self._clients)][record.tenant]
         start = time.perf_counter()
         k = 1.0 / self.config.time_scale
         last: float | None = None

@@ -49,6 +49,10 @@ def load_command(
     timeout: Annotated[float | None, typer.Option(help="per-request deadline (s)")] = None,
     model: Annotated[str, typer.Option(help="model name (default: server's)")] = "",
     channels: Annotated[int, typer.Option(help="gRPC connections to spread streams over")] = 4,
+    protocol: Annotated[
+        str,
+        typer.Option(help="grpc, or http: the OpenAI API (--address is its host:port or URL)"),
+    ] = "grpc",
     seed: Annotated[int, typer.Option(help="random seed (lengths, tenants, arrivals)")] = 0,
     json_file: Annotated[
         Path | None, typer.Option("--json", help="write the report as JSON")
@@ -104,6 +108,7 @@ def load_command(
             channels=channels,
             seed=seed,
             time_scale=time_scale,
+            protocol=protocol,
         )
     except (ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -46,6 +46,13 @@ def serve(
     ] = None,
     tenants: Annotated[str | None, typer.Option(help="tenants YAML (weights, quotas)")] = None,
     log_level: Annotated[str | None, typer.Option(help="logging level")] = None,
+    http_listen: Annotated[
+        str | None,
+        typer.Option(help="host:port for the OpenAI-compatible HTTP API (off by default)"),
+    ] = None,
+    chat_template: Annotated[
+        str | None, typer.Option(help="Jinja2 chat template file (default: the tokenizer's)")
+    ] = None,
 ) -> None:
     """Run the server (embedded defaults: simulated RTX 4090, in-memory state)."""
     from service.main import run
@@ -60,6 +67,8 @@ def serve(
             policy=policy,
             tenants_file=tenants,
             log_level=log_level,
+            http_listen=http_listen,
+            chat_template_path=chat_template,
         )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -217,6 +226,12 @@ def sim_server(
         bool, typer.Option(help="stream new text only, as SGLang's flag of that name")
     ] = False,
     enable_priority_scheduling: Annotated[bool, typer.Option()] = False,
+    fault_garble_after_chunks: Annotated[
+        int | None, typer.Option(help="test fault: broken JSON after N chunks of each stream")
+    ] = None,
+    fault_stall_after_chunks: Annotated[
+        int | None, typer.Option(help="test fault: go silent after N chunks of each stream")
+    ] = None,
 ) -> None:
     """Run the simulated engine as a server speaking SGLang's native HTTP API."""
     from service.engines.simulator.http_server import main as sim_main
@@ -235,6 +250,10 @@ def sim_server(
         args.append("--incremental-streaming-output")
     if enable_priority_scheduling:
         args.append("--enable-priority-scheduling")
+    if fault_garble_after_chunks is not None:
+        args.append(f"--fault-garble-after-chunks={fault_garble_after_chunks}")
+    if fault_stall_after_chunks is not None:
+        args.append(f"--fault-stall-after-chunks={fault_stall_after_chunks}")
     sim_main(args)
 
 
@@ -250,6 +269,19 @@ def bench_stream(
 
     levels = [int(x) for x in concurrency.split(",") if x.strip()]
     asyncio.run(bench_main(levels, tokens, duration, coalesce))
+
+
+@bench_app.command("http-overhead")
+def bench_http_overhead(
+    requests: Annotated[int, typer.Option(help="requests per protocol per round")] = 200,
+    concurrency: Annotated[int, typer.Option(help="streams at once")] = 32,
+    tokens: Annotated[int, typer.Option(help="tokens per stream")] = 128,
+    rounds: Annotated[int, typer.Option(help="alternating rounds per protocol")] = 3,
+) -> None:
+    """Server CPU per streamed token: the OpenAI HTTP front vs gRPC, in one run."""
+    from fairgate.bench.http_overhead import main as bench_main
+
+    asyncio.run(bench_main(requests, concurrency, tokens, rounds))
 
 
 @bench_app.command("fairness")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x61irgate/v1/inference.proto\x12\x0b\x66\x61irgate.v1\x1a\x1egoogle/protobuf/duration.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xdc\x03\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x05\x88\x01\x01\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x1e\n\x11\x66requency_penalty\x18\n \x01(\x02H\x06\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x02H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x02H\x08\x88\x01\x01\x12\x17\n\nmin_tokens\x18\r \x01(\x05H\t\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x14\n\x12_frequency_penaltyB\x13\n\x11_presence_penaltyB\x15\n\x13_repetition_penaltyB\r\n\x0b_min_tokens\"\xf0\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12*\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x15.fairgate.v1.TokenIdsH\x00\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.fairgate.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12,\n\x08priority\x18\x06 \x01(\x0e\x32\x1a.fairgate.v1.PriorityClass\x12\x18\n\x10return_token_ids\x18\x07 \x01(\x08\x42\x07\n\x05input\"<\n\nTokenDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\r\n\x05index\x18\x03 \x01(\r\"f\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x04 \x01(\r\"\x9a\x01\n\x07Timings\x12-\n\nqueue_wait\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13time_to_first_token\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12(\n\x05total\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xd6\x01\n\x0eGenerateResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.fairgate.v1.FinishReason\x12\x14\n\x0cstop_matched\x18\x04 \x01(\t\x12!\n\x05usage\x18\x05 \x01(\x0b\x32\x12.fairgate.v1.Usage\x12%\n\x07timings\x18\x06 \x01(\x0b\x32\x14.fairgate.v1.Timings\x12\x0f\n\x07message\x18\x07 \x01(\t\"t\n\x10GenerateResponse\x12(\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x17.fairgate.v1.TokenDeltaH\x00\x12-\n\x06result\x18\x02 \x01(\x0b\x32\x1b.fairgate.v1.GenerateResultH\x00\x42\x07\n\x05\x65vent\"\x13\n\x11ListModelsRequest\"\xa4\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x02 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x03 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12\x1a\n\x12\x65xact_token_counts\x18\x05 \x01(\x08\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x12\n\nis_default\x18\x07 \x01(\x08\"<\n\x12ListModelsResponse\x12&\n\x06models\x18\x01 \x03(\x0b\x32\x16.fairgate.v1.ModelInfo\"K\n\x12\x43ountTokensRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x18\n\x10return_token_ids\x18\x03 \x01(\x08\"L\n\x13\x43ountTokensResponse\x12\x13\n\x0btoken_count\x18\x01 \x01(\r\x12\r\n\x05\x65xact\x18\x02 \x01(\x08\x12\x11\n\ttoken_ids\x18\x03 \x03(\r*i\n\rPriorityClass\x12\x1e\n\x1aPRIORITY_CLASS_UNSPECIFIED\x10\x00\x12\x1e\n\x1aPRIORITY_CLASS_INTERACTIVE\x10\x01\x12\x18\n\x14PRIORITY_CLASS_BATCH\x10\x02*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x32\xfe\x01\n\x10InferenceService\x12I\n\x08Generate\x12\x1c.fairgate.v1.GenerateRequest\x1a\x1d.fairgate.v1.GenerateResponse0\x01\x12M\n\nListModels\x12\x1e.fairgate.v1.ListModelsRequest\x1a\x1f.fairgate.v1.ListModelsResponse\x12P\n\x0b\x43ountTokens\x12\x1f.fairgate.v1.CountTokensRequest\x1a .fairgate.v1.CountTokensResponseBO\n\x0f\x64\x65v.fairgate.v1P\x01Z:github.com/fairgate/fairgate/gen/go/fairgate/v1;fairgatev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x61irgate/v1/inference.proto\x12\x0b\x66\x61irgate.v1\x1a\x1egoogle/protobuf/duration.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\":\n\x0c\x43hatMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.fairgate.v1.ChatMessage\"\xdc\x03\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x05\x88\x01\x01\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x1e\n\x11\x66requency_penalty\x18\n \x01(\x02H\x06\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x02H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x02H\x08\x88\x01\x01\x12\x17\n\nmin_tokens\x18\r \x01(\x05H\t\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x14\n\x12_frequency_penaltyB\x13\n\x11_presence_penaltyB\x15\n\x13_repetition_penaltyB\r\n\x0b_min_tokens\"\x9f\x02\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12*\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x15.fairgate.v1.TokenIdsH\x00\x12-\n\x08messages\x18\x08 \x01(\x0b\x32\x19.fairgate.v1.ChatMessagesH\x00\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.fairgate.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12,\n\x08priority\x18\x06 \x01(\x0e\x32\x1a.fairgate.v1.PriorityClass\x12\x18\n\x10return_token_ids\x18\x07 \x01(\x08\x42\x07\n\x05input\"<\n\nTokenDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\r\n\x05index\x18\x03 \x01(\r\"f\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x04 \x01(\r\"\x9a\x01\n\x07Timings\x12-\n\nqueue_wait\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13time_to_first_token\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12(\n\x05total\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xd6\x01\n\x0eGenerateResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.fairgate.v1.FinishReason\x12\x14\n\x0cstop_matched\x18\x04 \x01(\t\x12!\n\x05usage\x18\x05 \x01(\x0b\x32\x12.fairgate.v1.Usage\x12%\n\x07timings\x18\x06 \x01(\x0b\x32\x14.fairgate.v1.Timings\x12\x0f\n\x07message\x18\x07 \x01(\t\"t\n\x10GenerateResponse\x12(\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x17.fairgate.v1.TokenDeltaH\x00\x12-\n\x06result\x18\x02 \x01(\x0b\x32\x1b.fairgate.v1.GenerateResultH\x00\x42\x07\n\x05\x65vent\"\x13\n\x11ListModelsRequest\"\xa4\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x02 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x03 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12\x1a\n\x12\x65xact_token_counts\x18\x05 \x01(\x08\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x12\n\nis_default\x18\x07 \x01(\x08\"<\n\x12ListModelsResponse\x12&\n\x06models\x18\x01 \x03(\x0b\x32\x16.fairgate.v1.ModelInfo\"K\n\x12\x43ountTokensRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x18\n\x10return_token_ids\x18\x03 \x01(\x08\"L\n\x13\x43ountTokensResponse\x12\x13\n\x0btoken_count\x18\x01 \x01(\r\x12\r\n\x05\x65xact\x18\x02 \x01(\x08\x12\x11\n\ttoken_ids\x18\x03 \x03(\r*i\n\rPriorityClass\x12\x1e\n\x1aPRIORITY_CLASS_UNSPECIFIED\x10\x00\x12\x1e\n\x1aPRIORITY_CLASS_INTERACTIVE\x10\x01\x12\x18\n\x14PRIORITY_CLASS_BATCH\x10\x02*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x32\xfe\x01\n\x10InferenceService\x12I\n\x08Generate\x12\x1c.fairgate.v1.GenerateRequest\x1a\x1d.fairgate.v1.GenerateResponse0\x01\x12M\n\nListModels\x12\x1e.fairgate.v1.ListModelsRequest\x1a\x1f.fairgate.v1.ListModelsResponse\x12P\n\x0b\x43ountTokens\x12\x1f.fairgate.v1.CountTokensRequest\x1a .fairgate.v1.CountTokensResponseBO\n\x0f\x64\x65v.fairgate.v1P\x01Z:github.com/fairgate/fairgate/gen/go/fairgate/v1;fairgatev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,36 +33,40 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fairgate.v1.inference_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\017dev.fairgate.v1P\001Z:github.com/fairgate/fairgate/gen/go/fairgate/v1;fairgatev1'
-  _globals['_PRIORITYCLASS']._serialized_start=1886
-  _globals['_PRIORITYCLASS']._serialized_end=1991
-  _globals['_FINISHREASON']._serialized_start=1994
-  _globals['_FINISHREASON']._serialized_end=2143
+  _globals['_PRIORITYCLASS']._serialized_start=2039
+  _globals['_PRIORITYCLASS']._serialized_end=2144
+  _globals['_FINISHREASON']._serialized_start=2147
+  _globals['_FINISHREASON']._serialized_end=2296
   _globals['_TOKENIDS']._serialized_start=76
   _globals['_TOKENIDS']._serialized_end=99
-  _globals['_SAMPLINGPARAMS']._serialized_start=102
-  _globals['_SAMPLINGPARAMS']._serialized_end=578
-  _globals['_GENERATEREQUEST']._serialized_start=581
-  _globals['_GENERATEREQUEST']._serialized_end=821
-  _globals['_TOKENDELTA']._serialized_start=823
-  _globals['_TOKENDELTA']._serialized_end=883
-  _globals['_USAGE']._serialized_start=885
-  _globals['_USAGE']._serialized_end=987
-  _globals['_TIMINGS']._serialized_start=990
-  _globals['_TIMINGS']._serialized_end=1144
-  _globals['_GENERATERESULT']._serialized_start=1147
-  _globals['_GENERATERESULT']._serialized_end=1361
-  _globals['_GENERATERESPONSE']._serialized_start=1363
-  _globals['_GENERATERESPONSE']._serialized_end=1479
-  _globals['_LISTMODELSREQUEST']._serialized_start=1481
-  _globals['_LISTMODELSREQUEST']._serialized_end=1500
-  _globals['_MODELINFO']._serialized_start=1503
-  _globals['_MODELINFO']._serialized_end=1667
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1669
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1729
-  _globals['_COUNTTOKENSREQUEST']._serialized_start=1731
-  _globals['_COUNTTOKENSREQUEST']._serialized_end=1806
-  _globals['_COUNTTOKENSRESPONSE']._serialized_start=1808
-  _globals['_COUNTTOKENSRESPONSE']._serialized_end=1884
-  _globals['_INFERENCESERVICE']._serialized_start=2146
-  _globals['_INFERENCESERVICE']._serialized_end=2400
+  _globals['_CHATMESSAGE']._serialized_start=101
+  _globals['_CHATMESSAGE']._serialized_end=145
+  _globals['_CHATMESSAGES']._serialized_start=147
+  _globals['_CHATMESSAGES']._serialized_end=205
+  _globals['_SAMPLINGPARAMS']._serialized_start=208
+  _globals['_SAMPLINGPARAMS']._serialized_end=684
+  _globals['_GENERATEREQUEST']._serialized_start=687
+  _globals['_GENERATEREQUEST']._serialized_end=974
+  _globals['_TOKENDELTA']._serialized_start=976
+  _globals['_TOKENDELTA']._serialized_end=1036
+  _globals['_USAGE']._serialized_start=1038
+  _globals['_USAGE']._serialized_end=1140
+  _globals['_TIMINGS']._serialized_start=1143
+  _globals['_TIMINGS']._serialized_end=1297
+  _globals['_GENERATERESULT']._serialized_start=1300
+  _globals['_GENERATERESULT']._serialized_end=1514
+  _globals['_GENERATERESPONSE']._serialized_start=1516
+  _globals['_GENERATERESPONSE']._serialized_end=1632
+  _globals['_LISTMODELSREQUEST']._serialized_start=1634
+  _globals['_LISTMODELSREQUEST']._serialized_end=1653
+  _globals['_MODELINFO']._serialized_start=1656
+  _globals['_MODELINFO']._serialized_end=1820
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1822
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1882
+  _globals['_COUNTTOKENSREQUEST']._serialized_start=1884
+  _globals['_COUNTTOKENSREQUEST']._serialized_end=1959
+  _globals['_COUNTTOKENSRESPONSE']._serialized_start=1961
+  _globals['_COUNTTOKENSRESPONSE']._serialized_end=2037
+  _globals['_INFERENCESERVICE']._serialized_start=2299
+  _globals['_INFERENCESERVICE']._serialized_end=2553
 # @@protoc_insertion_point(module_scope)

@@ -101,6 +101,55 @@ class TokenIds(_message.Message):
 Global___TokenIds: _TypeAlias = TokenIds  # noqa: Y015
 
 @_typing.final
+class ChatMessage(_message.Message):
+    """ChatMessage is one turn of a conversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    role: _builtins.str
+    """"system", "user", "assistant" (or another role the chat template knows)."""
+    content: _builtins.str
+    def __init__(
+        self,
+        *,
+        role: _builtins.str = ...,
+        content: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChatMessage: _TypeAlias = ChatMessage  # noqa: Y015
+
+@_typing.final
+class ChatMessages(_message.Message):
+    """ChatMessages is a conversation; the server appends the generation prompt
+    of the assistant's next turn.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___ChatMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChatMessages: _TypeAlias = ChatMessages  # noqa: Y015
+
+@_typing.final
 class SamplingParams(_message.Message):
     """SamplingParams control decoding. Unset optional fields take the server's
     defaults; out-of-range values are rejected with INVALID_ARGUMENT.
@@ -222,6 +271,7 @@ class GenerateRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
@@ -239,6 +289,8 @@ class GenerateRequest(_message.Message):
     @_builtins.property
     def token_ids(self) -> Global___TokenIds: ...
     @_builtins.property
+    def messages(self) -> Global___ChatMessages: ...
+    @_builtins.property
     def sampling(self) -> Global___SamplingParams: ...
     def __init__(
         self,
@@ -246,16 +298,17 @@ class GenerateRequest(_message.Message):
         model: _builtins.str = ...,
         text: _builtins.str = ...,
         token_ids: Global___TokenIds | None = ...,
+        messages: Global___ChatMessages | None = ...,
         sampling: Global___SamplingParams | None = ...,
         request_id: _builtins.str = ...,
         priority: Global___PriorityClass.ValueType = ...,
         return_token_ids: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "messages", b"messages", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "model", b"model", "priority", b"priority", "request_id", b"request_id", "return_token_ids", b"return_token_ids", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "messages", b"messages", "model", b"model", "priority", b"priority", "request_id", b"request_id", "return_token_ids", b"return_token_ids", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["text", "token_ids"]  # noqa: Y015
+    _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["text", "token_ids", "messages"]  # noqa: Y015
     _WhichOneofArgType_input: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_input) -> _WhichOneofReturnType_input | None: ...
 

@@ -389,6 +389,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--incremental-streaming-output", action="store_true")
     p.add_argument("--enable-priority-scheduling", action="store_true")
     p.add_argument("--announce", action="store_true", help="print PORT n; exit when stdin closes")
+    # Fault switches for tests with real processes (see `Faults`).
+    p.add_argument("--fault-garble-after-chunks", type=int, default=None)
+    p.add_argument("--fault-stall-after-chunks", type=int, default=None)
     a = p.parse_args(argv)
     config = SimConfig(
         cost=preset("rtx-4090", a.model),
@@ -405,6 +408,8 @@ def main(argv: list[str] | None = None) -> None:
             incremental_output=a.incremental_streaming_output,
             enable_priority_scheduling=a.enable_priority_scheduling,
         )
+        server.faults.garble_after_chunks = a.fault_garble_after_chunks
+        server.faults.stall_after_chunks = a.fault_stall_after_chunks
         await serve_forever(server, a.host, a.port, announce=a.announce)
 
     asyncio.run(run())

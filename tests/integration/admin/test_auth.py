@@ -185,3 +185,37 @@ async def test_rotation_grace_period(keyed: App) -> None:
         )
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.field_violations[0][0] == "grace_period_s"
+
+
+BAD_HEADER_IDS = ["x" * 1000, "../../etc/passwd", "a b", "-leading-dash", "semi;colon"]
+
+
+@pytest.mark.parametrize("mode", ["auto", "dev-header"])
+async def test_header_tenant_ids_follow_the_admin_id_rule(
+    start_server: StartServer, mode: str
+) -> None:
+    """Issue #14: open/dev-header modes took any header value as a tenant id (1 000
+    chars, `../../etc/passwd`) and grew per-tenant state for each one."""
+    app = await start_server(auth_mode=mode)
+    model = app.models.resolve("")
+    assert model is not None
+    async with AsyncClient(app.address, tenant="team-ok.1") as c:
+        await c.complete("a valid id is served", max_tokens=1)
+    seen_before = set(model.dispatcher.quotas.tenants_seen())
+    for bad in BAD_HEADER_IDS:
+        err = await _refused(app, grpc.StatusCode.INVALID_ARGUMENT, tenant=bad)
+        assert [f for f, _ in err.field_violations] == ["metadata.x-fairgate-tenant"]
+        # The refusal names the rule and never echoes a huge value back.
+        assert "letters, digits" in str(err) or "at most 63" in str(err)
+        assert len(str(err)) < 400
+    assert set(model.dispatcher.quotas.tenants_seen()) == seen_before
+
+
+async def test_keys_are_checked_before_the_header(keyed: App) -> None:
+    await issue(keyed, "alpha")
+    # No key where keys are required: UNAUTHENTICATED, whatever the header says.
+    await _refused(keyed, grpc.StatusCode.UNAUTHENTICATED, tenant="x" * 1000)
+    # A bad key: UNAUTHENTICATED; a good key with a malformed header: INVALID_ARGUMENT.
+    await _refused(keyed, grpc.StatusCode.UNAUTHENTICATED, api_key="fg_nope", tenant="../x")
+    key = await issue(keyed, "alpha")
+    await _refused(keyed, grpc.StatusCode.INVALID_ARGUMENT, api_key=key.secret, tenant="../x")

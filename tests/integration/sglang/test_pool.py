@@ -54,7 +54,9 @@ async def test_unhealthy_worker_is_ejected_then_readmitted(
     start_server: StartServer, start_sim: StartSim
 ) -> None:
     workers = [await start_sim(max_running_requests=4) for _ in range(2)]
-    app = await start_server(**sglang_settings(*workers, sglang_health_interval_s=0.05))
+    app = await start_server(
+        **sglang_settings(*workers, sglang_health_interval_s=0.05, sglang_ejection_base_s=0.2)
+    )
     pool = _pool(app)
     model = app.models.resolve("")
     assert model is not None

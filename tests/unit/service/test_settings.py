@@ -25,6 +25,14 @@ def test_env_then_overrides() -> None:
         ({"FAIRGATE_SIM_TIME_SCALE": "-1"}, "sim_time_scale"),
         ({"FAIRGATE_KV_TARGET_FRACTION": "1.5"}, "kv_target_fraction"),
         ({"FAIRGATE_ENGINE": "tpu"}, "unknown engine"),
+        # Issue #14: the same finite ranges as tenants' weights and quotas.
+        ({"FAIRGATE_VTC_W_IN": "inf"}, "vtc_w_in must be a finite number"),
+        ({"FAIRGATE_VTC_W_OUT": "5e-324"}, "vtc_w_out must be a finite number"),
+        ({"FAIRGATE_RATE_LIMIT_PER_S": "1e-300"}, "rate_limit_per_s"),
+        ({"FAIRGATE_RATE_LIMIT_BURST": "nan"}, "rate_limit_burst"),
+        ({"FAIRGATE_DEFAULT_TENANT": "../etc"}, "default_tenant"),
+        ({"FAIRGATE_SGLANG_EJECTION_BASE_S": "0"}, "sglang_ejection_base_s"),
+        ({"FAIRGATE_SGLANG_EJECT_AFTER_FAILURES": "0"}, "sglang_eject_after_failures"),
     ],
 )
 def test_bad_settings_say_what_is_wrong(env: dict[str, str], message: str) -> None:

@@ -1,0 +1,207 @@
+"""One generation, transport-neutral: admission → engine stream → settlement.
+
+Both fronts (the gRPC servicer, the OpenAI-compatible HTTP server) run a
+request through `Generation.stream()`, which yields `Delta`s and then one
+`Outcome`, or raises a domain error (service/errors.py, scheduler/errors.py,
+EngineError) before the first token. The admission calls live here and only
+here: `admit` before the engine, `on_output_tokens` per chunk, `finish` in the
+`finally` that also closes (and so aborts) the engine stream — whatever ends
+the stream: completion, client cancel/disconnect, deadline, engine error.
+
+Shutdown (service/drain.py) hooks in here too, so both fronts drain alike: the
+admission wait runs inside `drain.queued()` (refused or failed with
+ServerDraining once the drain begins), and an admitted stream is registered
+with the drain so that `Drain.cut` can abort it in its engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from scheduler.errors import RequestTooLarge
+from scheduler.request import QueuedRequest
+from service.drain import Drain, ServerDraining
+from service.engines.protocol import EngineError, EngineRequest, FinishKind
+from service.telemetry import Telemetry
+from service.validation import GenerateParams
+
+log = logging.getLogger(__name__)
+
+FINISH_NAMES = {
+    FinishKind.STOP: "stop",
+    FinishKind.LENGTH: "length",
+    FinishKind.ABORT: "cancelled",
+    FinishKind.ERROR: "error",
+}
+
+
+@dataclass(slots=True)
+class Delta:
+    """New output: the text (incremental) and ids of tokens from `index` on."""
+
+    text: str
+    token_ids: list[int]
+    index: int
+
+
+@dataclass(slots=True)
+class Outcome:
+    """The end of a generation that produced a result (possibly partial).
+
+    `failure` is set (and `finish` is ERROR) when the engine failed after
+    tokens had reached the client: the usage counts what was produced.
+    """
+
+    request_id: str
+    model: str
+    finish: FinishKind
+    stop_matched: str
+    message: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    queue_wait_s: float
+    ttft_s: float | None
+    total_s: float
+    failure: Exception | None = None
+
+
+class Generation:
+    """One admitted-or-refused request. Construction applies the tenant's output
+    cap to a defaulted max_tokens (raises SchedulingError for a refused tenant)."""
+
+    def __init__(
+        self,
+        params: GenerateParams,
+        *,
+        request_id: str,
+        tenant_id: str,
+        received_s: float,
+        deadline_s: float | None,
+        max_tokens_set: bool,
+        prompt_field: str,
+        telemetry: Telemetry,
+        drain: Drain,
+    ) -> None:
+        self.params = params
+        self.request_id = request_id
+        self.received_s = received_s
+        self.prompt_field = prompt_field
+        self.telemetry = telemetry
+        self.drain = drain
+        if not max_tokens_set:
+            # The server's default must not trip the tenant's own output cap.
+            tenant = params.model.dispatcher.quotas.tenants.resolve(tenant_id, params.priority)
+            cap = tenant.quotas.output_cap_tokens(params.priority)
+            if cap is not None:
+                params.max_tokens = max(1, min(params.max_tokens, cap))
+        self.queued = QueuedRequest(
+            request_id=request_id,
+            tenant_id=tenant_id,
+            prompt_tokens=len(params.prompt_ids),
+            max_tokens=params.max_tokens,
+            priority=params.priority,
+            deadline_s=deadline_s,
+        )
+
+    async def stream(self) -> AsyncGenerator[Delta | Outcome, None]:
+        """Deltas, then one Outcome. Consume it inside `aclosing` so that a
+        consumer that stops early settles at once. Raises ServerDraining when
+        the server is shutting down (refused, failed in the queue, or cut
+        before its first token)."""
+        params, queued = self.params, self.queued
+        dispatcher = params.model.dispatcher
+        obs = self.telemetry.start_generate(queued, params.model, prompt=params.prompt_text)
+        try:
+            async with self.drain.queued():
+                await dispatcher.admit(queued)
+        except RequestTooLarge as exc:
+            if exc.field == "prompt":
+                exc.field = self.prompt_field
+            raise
+        admitted_s = time.monotonic()
+        engine_req = EngineRequest(
+            request_id=self.request_id,
+            prompt_token_ids=params.prompt_ids,
+            prompt_text=params.prompt_text,
+            max_tokens=params.max_tokens,
+            sampling=params.sampling,
+            # SGLang: larger is more urgent.
+            priority=1 - int(params.priority),
+        )
+        obs.admitted(engine_req, dispatcher.budget)
+        sent_tokens = 0
+        first_token_s: float | None = None
+        prompt_tokens = len(params.prompt_ids)
+        cached_tokens = 0
+        failure: Exception | None = None
+        finish: FinishKind | None = None
+        stop_matched = message = ""
+        drain, key = self.drain, id(queued)
+        drain.stream_started(key, self.request_id, params.model.engine)
+        try:
+            async with aclosing(params.model.engine.generate(engine_req)) as chunks:
+                async for chunk in chunks:
+                    new_tokens = chunk.completion_tokens - sent_tokens
+                    if new_tokens > 0:
+                        dispatcher.on_output_tokens(queued, new_tokens)
+                    prompt_tokens = chunk.prompt_tokens or prompt_tokens
+                    cached_tokens = chunk.cached_tokens
+                    if chunk.text or chunk.token_ids:
+                        if first_token_s is None:
+                            first_token_s = time.monotonic()
+                            obs.first_token()
+                        if obs.capture_content:
+                            obs.output_text(chunk.text)
+                        yield Delta(chunk.text, chunk.token_ids, sent_tokens)
+                    sent_tokens = max(sent_tokens, chunk.completion_tokens)
+                    if chunk.finish is not None:
+                        message = chunk.message
+                        cut = chunk.finish is FinishKind.ABORT and drain.draining
+                        if cut:
+                            message = "the server is shutting down"  # by Drain.cut
+                        if chunk.finish is FinishKind.ABORT and sent_tokens == 0:
+                            failure = (
+                                ServerDraining()
+                                if cut
+                                else EngineError(message or "aborted", retryable=True)
+                            )
+                            break
+                        finish = chunk.finish
+                        stop_matched = chunk.stop_matched
+                        break
+        except EngineError as exc:
+            failure = exc
+        finally:
+            drain.stream_ended(key)
+            dispatcher.finish(queued)
+            obs.engine_ended(prompt_tokens, sent_tokens, cached_tokens)
+        if finish is None:
+            if failure is None:
+                failure = EngineError("the engine ended the stream without a finish reason")
+            if sent_tokens == 0:
+                raise failure
+            log.warning(
+                "request %s failed after %d tokens: %s", self.request_id, sent_tokens, failure
+            )
+            finish, message = FinishKind.ERROR, str(failure)
+        done_s = time.monotonic()
+        obs.finished(FINISH_NAMES[finish], failure)
+        yield Outcome(
+            request_id=self.request_id,
+            model=params.model.name,
+            finish=finish,
+            stop_matched=stop_matched,
+            message=message,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=sent_tokens,
+            cached_tokens=cached_tokens,
+            queue_wait_s=admitted_s - self.received_s,
+            ttft_s=None if first_token_s is None else first_token_s - self.received_s,
+            total_s=done_s - self.received_s,
+            failure=failure,
+        )
