@@ -100,25 +100,6 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             deadline_s=received_s + remaining_s if remaining_s is not None else None,
         )
         obs = self.telemetry.start_generate(queued, params.model, prompt=params.prompt_text)
-        try:
-            await dispatcher.admit(queued)
-        except RequestTooLarge as exc:
-            if exc.field == "prompt":
-                exc.field = request.WhichOneof("input") or "text"
-            await errors.abort(context, exc)
-        except SchedulingError as exc:
-            await errors.abort(context, exc)
-        admitted_s = time.monotonic()
-        engine_req = EngineRequest(
-            request_id=request_id,
-            prompt_token_ids=params.prompt_ids,
-            prompt_text=params.prompt_text,
-            max_tokens=params.max_tokens,
-            sampling=params.sampling,
-            # SGLang: larger is more urgent.
-            priority=1 - int(params.priority),
-        )
-        obs.admitted(engine_req, dispatcher.budget)
         sent_tokens = 0
         first_token_s: float | None = None
         prompt_tokens = len(params.prompt_ids)
@@ -126,39 +107,61 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         failure: Exception | None = None
         final: pb.GenerateResult | None = None
         try:
-            async with aclosing(params.model.engine.generate(engine_req)) as stream:
-                async for chunk in stream:
-                    new_tokens = chunk.completion_tokens - sent_tokens
-                    if new_tokens > 0:
-                        dispatcher.on_output_tokens(queued, new_tokens)
-                    prompt_tokens = chunk.prompt_tokens or prompt_tokens
-                    cached_tokens = chunk.cached_tokens
-                    if chunk.text or chunk.token_ids:
-                        if first_token_s is None:
-                            first_token_s = time.monotonic()
-                            obs.first_token()
-                        if obs.capture_content:
-                            obs.output_text(chunk.text)
-                        delta = pb.TokenDelta(text=chunk.text, index=sent_tokens)
-                        if request.return_token_ids:
-                            delta.token_ids.extend(chunk.token_ids)
-                        yield pb.GenerateResponse(delta=delta)
-                    sent_tokens = max(sent_tokens, chunk.completion_tokens)
-                    if chunk.finish is not None:
-                        if chunk.finish is FinishKind.ABORT and sent_tokens == 0:
-                            failure = EngineError(chunk.message or "aborted", retryable=True)
-                            break
-                        final = pb.GenerateResult(
-                            finish_reason=_FINISH[chunk.finish],
-                            stop_matched=chunk.stop_matched,
-                            message=chunk.message,
-                        )
-                        break
-        except EngineError as exc:
-            failure = exc
-        finally:
-            dispatcher.finish(queued)
-            obs.engine_ended(prompt_tokens, sent_tokens, cached_tokens)
+            # Leaving this block settles the admission exactly once, however it is left.
+            async with dispatcher.admitted(queued) as ticket:
+                admitted_s = time.monotonic()
+                engine_req = EngineRequest(
+                    request_id=request_id,
+                    prompt_token_ids=params.prompt_ids,
+                    prompt_text=params.prompt_text,
+                    max_tokens=params.max_tokens,
+                    sampling=params.sampling,
+                    # SGLang: larger is more urgent.
+                    priority=1 - int(params.priority),
+                )
+                obs.admitted(engine_req, dispatcher.budget)
+                try:
+                    async with aclosing(params.model.engine.generate(engine_req)) as stream:
+                        async for chunk in stream:
+                            new_tokens = chunk.completion_tokens - sent_tokens
+                            if new_tokens > 0:
+                                ticket.charge(new_tokens)
+                            prompt_tokens = chunk.prompt_tokens or prompt_tokens
+                            cached_tokens = chunk.cached_tokens
+                            if chunk.text or chunk.token_ids:
+                                if first_token_s is None:
+                                    first_token_s = time.monotonic()
+                                    obs.first_token()
+                                if obs.capture_content:
+                                    obs.output_text(chunk.text)
+                                delta = pb.TokenDelta(text=chunk.text, index=sent_tokens)
+                                if request.return_token_ids:
+                                    delta.token_ids.extend(chunk.token_ids)
+                                yield pb.GenerateResponse(delta=delta)
+                            sent_tokens = max(sent_tokens, chunk.completion_tokens)
+                            if chunk.finish is not None:
+                                if chunk.finish is FinishKind.ABORT and sent_tokens == 0:
+                                    failure = EngineError(
+                                        chunk.message or "aborted", retryable=True
+                                    )
+                                    break
+                                final = pb.GenerateResult(
+                                    finish_reason=_FINISH[chunk.finish],
+                                    stop_matched=chunk.stop_matched,
+                                    message=chunk.message,
+                                )
+                                break
+                except EngineError as exc:
+                    failure = exc
+                finally:
+                    obs.engine_ended(prompt_tokens, sent_tokens, cached_tokens)
+        # Only admission raises these: the block above raises none of its own.
+        except RequestTooLarge as exc:
+            if exc.field == "prompt":
+                exc.field = request.WhichOneof("input") or "text"
+            await errors.abort(context, exc)
+        except SchedulingError as exc:
+            await errors.abort(context, exc)
         if final is None:
             if failure is None:
                 failure = EngineError("the engine ended the stream without a finish reason")
