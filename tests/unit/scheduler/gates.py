@@ -56,11 +56,7 @@ def quiet(gate: AdmissionGate) -> bool:
     if not isinstance(gate, SharedDispatcher):
         return True
     s = gate
-    return (
-        not s._shared.settlements
-        and s._announced == set(s._local.eligible())
-        and not s._offered
-    )
+    return not s._shared.settlements and s._announced == set(s._local.eligible()) and not s._offered
 
 
 async def until(cond: Callable[[], bool], what: str, max_loops: int = 5_000) -> None:

@@ -113,8 +113,10 @@ async def test_cancel_in_the_same_tick_as_the_admission(env: Env) -> None:
     second = Held(env.gate, req("t"))
     await until(lambda: env.gate.stats().queued == 1, "the second queued")
     await first.__aexit__(None, None, None)  # synchronous: frees the room
-    while env.gate.stats().in_flight == 0:
-        await asyncio.sleep(0)  # the shared pump decides (the local one did already)
+    for _ in range(10_000):  # one loop turn at a time: the shared pump decides
+        if env.gate.stats().in_flight:  # (the local dispatcher did already)
+            break
+        await asyncio.sleep(0)
     assert second.state == "queued"  # admitted, but its task has not run since
     second.task.cancel()
     (outcome,) = await asyncio.gather(second.task, return_exceptions=True)
@@ -164,9 +166,9 @@ async def test_refused_at_arrival_is_rejected(env: Env) -> None:
             raise AssertionError("never admitted")
     assert admission.ticket is not None and admission.ticket.state is RequestState.REJECTED
     t = env.gate.stats().tenant("small")
-    assert t is not None and t.rejected_total == 1 and dict(t.rejections) == {
-        "max_prompt_tokens": 1
-    }
+    assert (
+        t is not None and t.rejected_total == 1 and dict(t.rejections) == {"max_prompt_tokens": 1}
+    )
     assert t.finished_total == 0
 
 

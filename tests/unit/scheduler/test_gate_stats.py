@@ -61,9 +61,7 @@ class Twins:
         self.held: dict[str, tuple[Held, Held]] = {}
 
     async def arrive(self, rid: str, tenant: str, prompt: int = 10, max_tokens: int = 20) -> None:
-        pair = tuple(
-            Held(g, QueuedRequest(rid, tenant, prompt, max_tokens)) for g in self.gates
-        )
+        pair = tuple(Held(g, QueuedRequest(rid, tenant, prompt, max_tokens)) for g in self.gates)
         self.held[rid] = (pair[0], pair[1])
         await self.settle()
 
@@ -93,8 +91,10 @@ class Twins:
         local, shared = self.gates
         await asyncio.sleep(0)  # the tasks just created run to their first wait
         await until(
-            lambda: (shared.stats().in_flight, shared.stats().queued)
-            == (local.stats().in_flight, local.stats().queued),
+            lambda: (
+                (shared.stats().in_flight, shared.stats().queued)
+                == (local.stats().in_flight, local.stats().queued)
+            ),
             "the shared gate admits what the local one did",
         )
         await until_quiet(shared)
