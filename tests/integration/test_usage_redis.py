@@ -4,6 +4,7 @@ requests and on another replica sharing the same Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,10 +16,16 @@ from fairgate import AsyncClient
 from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import admin_pb2_grpc as apb_grpc
 
+from scheduler.gate import Admission
 from scheduler.request import QueuedRequest
 from service.app import App
 from service.settings import Settings
+from service.telemetry import Telemetry
 from tests.conftest import StartServer
+from tests.helpers import eventually
+from tests.telemetry_helpers import Captured, captured
+
+__all__ = ["captured"]
 
 ADMIN_TOKEN = "usage-admin-token-0123456789"
 # Slow refills (0.1 token/s, 0.01 request/s): levels barely move during the test.
@@ -30,6 +37,8 @@ tenants:
     quotas: {tokens_per_min: 6, tokens_burst: 1000, requests_per_s: 0.01, requests_burst: 5}
   - id: idle
     quotas: {tokens_per_min: 600, tokens_burst: 600}
+  - id: single
+    quotas: {max_concurrent: 1}
 """
 
 
@@ -39,7 +48,7 @@ async def start_server(redis_url: str, tmp_path: Path) -> AsyncIterator[StartSer
     path.write_text(TENANTS)
     apps: list[App] = []
 
-    async def _start(**overrides: Any) -> App:
+    async def _start(telemetry: Telemetry | None = None, **overrides: Any) -> App:
         base = Settings(
             listen="127.0.0.1:0",
             sim_time_scale=0.0,
@@ -49,7 +58,8 @@ async def start_server(redis_url: str, tmp_path: Path) -> AsyncIterator[StartSer
             tenants_file=str(path),
             admin_token=ADMIN_TOKEN,
         )
-        app = await App.start(dataclasses.replace(base, **overrides).validate())
+        settings = dataclasses.replace(base, **overrides).validate()
+        app = await App.start(settings, telemetry or Telemetry.disabled())
         apps.append(app)
         return app
 
@@ -107,6 +117,33 @@ async def test_get_usage_reads_real_state_from_redis(start_server: StartServer) 
 
     # A tenant that has sent nothing: its buckets read full, on either replica.
     everyone = await usage(other)
-    assert set(everyone) == {"metered", "idle"}
+    assert set(everyone) == {"metered", "idle", "single"}
     assert everyone["idle"].token_bucket.level == 600
     assert everyone["idle"].finished_total == 0
+
+
+async def test_gauges_report_queues_and_in_flight_with_redis(
+    start_server: StartServer, captured: Captured
+) -> None:
+    app = await start_server(telemetry=captured.telemetry)
+    model = app.models.resolve("")
+    assert model is not None
+    gate = model.dispatcher
+    first = gate.admitted(QueuedRequest("first", "single", 10, 20))
+    await first.__aenter__()
+    second = asyncio.create_task(_hold(gate.admitted(QueuedRequest("second", "single", 10, 20))))
+    tenant = {"fairgate.tenant": "single"}
+    await eventually(lambda: captured.value("fairgate.queue.depth", tenant) == 1, what="queued")
+    assert captured.value("fairgate.tenant.in_flight", tenant) == 1
+    assert captured.value("fairgate.engine.in_flight", {"fairgate.kind": "used"}) == 1
+    assert captured.value("fairgate.engine.kv_tokens", {"fairgate.kind": "used"}) == 30
+    await first.__aexit__(None, None, None)
+    await second  # max_concurrent 1: admitted once the first left
+    assert captured.value("fairgate.queue.depth", tenant) == 0
+    assert captured.value("fairgate.tenant.in_flight", tenant) == 0
+    assert captured.value("fairgate.engine.in_flight", {"fairgate.kind": "used"}) == 0
+
+
+async def _hold(admission: Admission) -> None:
+    async with admission as ticket:
+        ticket.charge(1)
