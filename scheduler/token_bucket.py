@@ -34,10 +34,20 @@ class TokenBucket:
     def level(self) -> float:
         """Tokens available now (negative while in debt)."""
         now_s = self._clock.now_s()
+        if now_s > self._updated_s:
+            self._level = self._level_at(now_s)
+            self._updated_s = now_s
+        return self._level
+
+    def peek_level(self) -> float:
+        """`level()` without writing: safe from another thread (a metric reader)
+        while the event loop takes and refunds."""
+        return self._level_at(self._clock.now_s())
+
+    def _level_at(self, now_s: float) -> float:
         elapsed_s = now_s - self._updated_s
         if elapsed_s > 0:
-            self._level = min(self.burst, self._level + elapsed_s * self.rate_per_s)
-            self._updated_s = now_s
+            return min(self.burst, self._level + elapsed_s * self.rate_per_s)
         return self._level
 
     def _slack(self, n: float) -> float:
