@@ -114,20 +114,24 @@ class AdmissionGate(AdmissionCore, Protocol):
 class Ticket:
     """One request's passage through the gate; `state` is where it is now."""
 
-    __slots__ = ("_core", "output_tokens", "req", "state")
+    __slots__ = ("_core", "_state", "output_tokens", "req")
 
     def __init__(self, core: AdmissionCore, req: QueuedRequest) -> None:
         self._core = core
         self.req = req
-        self.state = RequestState.QUEUED
+        self._state = RequestState.QUEUED
         self.output_tokens = 0
 
+    @property
+    def state(self) -> RequestState:
+        return self._state
+
     def _move(self, to: RequestState) -> None:
-        if to not in _NEXT[self.state]:
+        if to not in _NEXT[self._state]:
             raise AssertionError(
-                f"request {self.req.request_id!r}: {self.state.value} -> {to.value} is not allowed"
+                f"request {self.req.request_id!r}: {self._state.value} -> {to.value} is not allowed"
             )
-        self.state = to
+        self._state = to
 
     def charge(self, tokens: int) -> None:
         """Record `tokens` more streamed output tokens (fair counter, token bucket)."""
@@ -138,7 +142,7 @@ class Ticket:
         self._core.on_output_tokens(self.req, tokens)
 
     def _settle(self) -> None:
-        if self.state is RequestState.SETTLED:
+        if self._state is RequestState.SETTLED:
             return  # a second exit: settled already
         self._move(RequestState.SETTLED)  # first, so a failing finish is never repeated
         self._core.finish(self.req)
