@@ -23,6 +23,7 @@ import asyncio
 import heapq
 import itertools
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,6 +31,8 @@ from scheduler import rules
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.errors import SchedulingError
+from scheduler.gate import Admission
+from scheduler.gate_stats import GateStats, ledger_tenants
 from scheduler.policy import QueuePolicy
 from scheduler.quotas import QuotaLedger, Reservation
 from scheduler.request import QueuedRequest
@@ -122,7 +125,7 @@ class Dispatcher:
         self.expired_total = 0
         self.pauses_total = 0
         # Rounds stopped to keep the fair-share reserve for a tenant below its share.
-        self.holds_total = 0
+        self.reserve_holds_total = 0
 
     @property
     def queued(self) -> int:
@@ -227,7 +230,7 @@ class Dispatcher:
                 self._pause(head.tenant_id, wait_s)
                 continue
             if v is Verdict.HOLD:
-                self.holds_total += 1
+                self.reserve_holds_total += 1
             if v is not Verdict.ADMIT:
                 return  # full, or the reserve is kept: nobody jumps the head
             if self.policy.pop_next() is not head:
@@ -356,3 +359,30 @@ class Dispatcher:
         self._drop(entry)
         self.expired_total += 1
         entry.waiter.rejected(error)
+
+    # -- the front door and its stats (scheduler/gate.py) ----------------------
+    def admitted(self, req: QueuedRequest) -> Admission:
+        """`async with dispatcher.admitted(req) as ticket:` (see scheduler/gate.py)."""
+        return Admission(self, req)
+
+    def stats(self, include: Iterable[str] = ()) -> GateStats:
+        """Live state for admin and telemetry (safe from the metric reader's thread)."""
+        # Only fair policies keep a virtual counter.
+        counter: Callable[[str], float] | None = getattr(self.policy, "counter", None)
+        return GateStats(
+            in_flight=self.budget.in_flight_requests,
+            in_flight_kv_tokens=self.budget.in_flight_kv_tokens,
+            limits=self.budget.limits,
+            queued=len(self.policy),
+            admitted_total=self.admitted_total,
+            expired_total=self.expired_total,
+            store="memory",
+            reserve_holds_total=self.reserve_holds_total,
+            tenants=ledger_tenants(self.quotas, counter, set(self._paused_until), include),
+        )
+
+    async def refresh_stats(self) -> None:
+        """Nothing to fetch: every number is in this process."""
+
+    async def aclose(self) -> None:
+        """Nothing to hand over: the state dies with the process."""

@@ -289,9 +289,13 @@ class MemoryStore:
         for replica, tenant in self.backlog:
             backlog.setdefault(tenant, set()).add(replica)
         levels: dict[str, tuple[float | None, float | None]] = {}
+        ages: dict[str, tuple[float | None, float | None]] = {}
         for (tenant, kind), b in self.buckets.items():
             r, t = levels.get(tenant, (None, None))
             levels[tenant] = (b.level, t) if kind == "r" else (r, b.level)
+            ra, ta = ages.get(tenant, (None, None))
+            age_s = now_s - b.updated_s
+            ages[tenant] = (age_s, ta) if kind == "r" else (ra, age_s)
         return StoreSnapshot(
             in_flight=self.in_flight,
             in_flight_kv_tokens=self.in_flight_kv,
@@ -300,6 +304,7 @@ class MemoryStore:
             leases=set(self.leases),
             backlog=backlog,
             bucket_levels=levels,
+            bucket_ages_s=ages,
         )
 
     async def ping(self) -> None:

@@ -274,13 +274,22 @@ class RedisStore:
             replica, _, tenant = _s(m).partition("\0")
             backlog.setdefault(tenant, set()).add(replica)
         levels: dict[str, tuple[float | None, float | None]] = {}
+        ages: dict[str, tuple[float | None, float | None]] = {}
+
+        def age_s(ts_ms: bytes | str | None, now_ms: float) -> float | None:
+            return None if ts_ms is None else max(0.0, (now_ms - float(_s(ts_ms))) / 1000)
+
         try:
+            sec, usec = await self._r.time()
+            now_ms = sec * 1000 + usec / 1000  # the scripts' clock (Redis TIME, ms)
             async for key in self._r.scan_iter(match=f"{self.base}:b:*"):
-                r, t = await self._r.hmget(key, "rl", "tl")
-                levels[_s(key)[len(self.base) + 3 :]] = (
+                r, t, r_ts, t_ts = await self._r.hmget(key, "rl", "tl", "rts", "tts")
+                tenant = _s(key)[len(self.base) + 3 :]
+                levels[tenant] = (
                     None if r is None else float(_s(r)),
                     None if t is None else float(_s(t)),
                 )
+                ages[tenant] = (age_s(r_ts, now_ms), age_s(t_ts, now_ms))
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
         return StoreSnapshot(
@@ -291,6 +300,7 @@ class RedisStore:
             leases={_s(x) for x in leases},
             backlog=backlog,
             bucket_levels=levels,
+            bucket_ages_s=ages,
         )
 
     async def ping(self) -> None:

@@ -43,7 +43,6 @@ class FairShareReserve:
         self.weight_of = weight_of
         self._load: dict[str, _Load] = {}
         self._active_weight = 0.0
-        self.holds_total = 0
 
     @property
     def enabled(self) -> bool:

@@ -30,11 +30,14 @@ import asyncio
 import contextlib
 import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import replace
 
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
-from scheduler.errors import QueueTimeout, QuotaExceeded, StoreUnavailable
+from scheduler.errors import QueueTimeout, QuotaExceeded, RequestTooLarge, StoreUnavailable
+from scheduler.gate import Admission
+from scheduler.gate_stats import GateStats
 from scheduler.memory_store import MemoryStore
 from scheduler.quotas import bucket_exceeded, check_caps
 from scheduler.request import QueuedRequest
@@ -47,6 +50,7 @@ from scheduler.shared_options import (
     StoreHealth,
 )
 from scheduler.shared_pump import SharedPump
+from scheduler.shared_stats import GateTotals, SharedStats
 from scheduler.store import BucketLimits, Step, Store
 from scheduler.tenants import TenantRegistry
 from scheduler.timers import AsyncioTimers, Timers
@@ -98,6 +102,7 @@ class SharedDispatcher(SharedPump):
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._contacted = False  # a first step finding an empty store is no loss
+        self._stats = SharedStats(clock)  # what stats() reports besides the above
 
     # -- life cycle ------------------------------------------------------------
     async def start(self) -> None:
@@ -158,14 +163,20 @@ class SharedDispatcher(SharedPump):
         cfg = self.quotas.tenants.resolve(req.tenant_id, req.priority)
         req.tenant_id = cfg.tenant_id
         buckets = BucketLimits.of(cfg.quotas)
-        check_caps(cfg, req, buckets.tokens_burst)
+        try:
+            check_caps(cfg, req, buckets.tokens_burst)
+        except RequestTooLarge as exc:
+            self._stats.tally.refused(exc)
+            raise
         q = cfg.quotas
         if q.max_queued is not None and self._local.queued(cfg.tenant_id) >= q.max_queued:
-            raise QuotaExceeded(
-                cfg.tenant_id,
-                "max_queued",
-                f"{self._local.queued(cfg.tenant_id)} requests already queued on this "
-                f"replica; the limit is {q.max_queued}",
+            raise self._stats.tally.refused(
+                QuotaExceeded(
+                    cfg.tenant_id,
+                    "max_queued",
+                    f"{self._local.queued(cfg.tenant_id)} requests already queued on this "
+                    f"replica; the limit is {q.max_queued}",
+                )
             )
         req.seq = next(self._seq)
         req.arrival_s = self.clock.now_s()
@@ -211,7 +222,9 @@ class SharedDispatcher(SharedPump):
                 entry.lease_id, req.tenant_id, req.kv_tokens, self._share(entry.buckets)
             )
         if wait_s > 0:
-            raise bucket_exceeded(req.tenant_id, entry.cfg.quotas, limit, wait_s, ", fleet-wide")
+            raise self._stats.tally.refused(
+                bucket_exceeded(req.tenant_id, entry.cfg.quotas, limit, wait_s, ", fleet-wide")
+            )
         entry.requests_taken = 1.0 if entry.buckets.requests_per_s is not None else 0.0
         entry.tokens_taken = float(req.kv_tokens) if entry.buckets.tokens_per_s else 0.0
 
@@ -221,6 +234,7 @@ class SharedDispatcher(SharedPump):
         waited_s = self.clock.now_s() - entry.req.arrival_s
         limit = entry.cfg.quotas.max_queue_wait_s
         self._drop(entry)
+        self._stats.expired_total += 1
         entry.fut.set_exception(
             QueueTimeout(
                 entry.req.tenant_id,
@@ -278,7 +292,8 @@ class SharedDispatcher(SharedPump):
         return self._lease_ids.get(id(req), "")
 
     def _forget(self, entry: Entry) -> None:
-        self._entries.pop(entry.lease_id, None)
+        if self._entries.pop(entry.lease_id, None) is not None:
+            self._stats.ended(entry)
         self._lease_ids.pop(id(entry.req), None)
 
     def _settle(self, entry: Entry) -> None:
@@ -329,3 +344,23 @@ class SharedDispatcher(SharedPump):
         self.budget.reserve(entry.req)
         self.admitted_total += 1
         entry.fut.set_result(None)
+
+    # -- the front door and its stats (scheduler/gate.py) ----------------------------
+    def admitted(self, req: QueuedRequest) -> Admission:
+        """`async with dispatcher.admitted(req) as ticket:` (see scheduler/gate.py)."""
+        return Admission(self, req)
+
+    async def refresh_stats(self) -> None:
+        """Read the store's fleet-wide state (bucket levels, counters) for stats()."""
+        await self._stats.refresh(self.store)
+
+    def stats(self, include: Iterable[str] = ()) -> GateStats:
+        """Live state for admin and telemetry (see shared_stats.py)."""
+        return self._stats.build(
+            list(self._entries.values()),
+            self._local,
+            self.quotas.tenants,
+            self.budget,
+            GateTotals(self.admitted_total, self.reserve_holds_total, self.health.mode),
+            include,
+        )

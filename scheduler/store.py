@@ -174,6 +174,9 @@ class StoreSnapshot:
     leases: set[str]
     backlog: dict[str, set[str]]  # tenant -> replicas that have it backlogged
     bucket_levels: dict[str, tuple[float | None, float | None]]
+    # Seconds since each level above was written, on the store's clock: the
+    # level now is that one refilled over its age (gate_stats.stored_buckets).
+    bucket_ages_s: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
 
 
 class Store(Protocol):

@@ -32,10 +32,18 @@ class TokenBucket:
         """Tokens available now (negative while in debt)."""
         now_s = self._clock.now_s()
         if now_s > self._updated_s:
-            self._level = bucket_level(
-                self._level, self._updated_s, now_s, self.rate_per_s, self.burst
-            )
+            self._level = self._level_at(now_s)
             self._updated_s = now_s
+        return self._level
+
+    def peek_level(self) -> float:
+        """`level()` without writing: safe from another thread (a metric reader)
+        while the event loop takes and refunds."""
+        return self._level_at(self._clock.now_s())
+
+    def _level_at(self, now_s: float) -> float:
+        if now_s > self._updated_s:
+            return bucket_level(self._level, self._updated_s, now_s, self.rate_per_s, self.burst)
         return self._level
 
     def wait_s(self, n: float) -> float:

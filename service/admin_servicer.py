@@ -18,8 +18,8 @@ import grpc
 from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import admin_pb2_grpc as apb_grpc
 
-from scheduler.dispatcher import Dispatcher
 from scheduler.errors import StoreUnavailable
+from scheduler.gate_stats import BucketStats, TenantStats
 from scheduler.tenant_store import (
     MUST_NOT_EXIST,
     ApiKeyRecord,
@@ -33,7 +33,6 @@ from scheduler.tenant_store import (
     TenantWrite,
 )
 from scheduler.tenants import TenantConfig
-from scheduler.token_bucket import TokenBucket
 from service import errors
 from service.admin_convert import (
     MAX_DISPLAY_NAME_CHARS,
@@ -343,21 +342,17 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
             snap = await self.store.snapshot()
             resp = apb.GetUsageResponse(policy=self.policy)
             for model in self.models:
-                d = model.dispatcher
-                # Live usage is this replica's view; the shared (Redis) dispatcher
-                # keeps it in Redis and reports ids only for now.
-                local = d if isinstance(d, Dispatcher) else None
-                seen = set(local.quotas.tenants_seen()) if local is not None else set()
-                known = set(snap.tenants) | seen
+                # This replica's queues and totals; buckets and counters are the
+                # tenant's own (fleet-wide with store=redis, read from Redis now).
+                await model.dispatcher.refresh_stats()
+                stats = model.dispatcher.stats(include=snap.tenants)
+                known = {t.tenant_id: t for t in stats.tenants}
                 wanted = list(request.tenant_ids) or sorted(known)
                 for tid in wanted:
-                    if tid not in known:
+                    found = known.get(tid)
+                    if found is None:
                         raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
-                    resp.usage.append(
-                        _usage(local, tid, model.name)
-                        if local is not None
-                        else apb.TenantUsage(tenant_id=tid, model=model.name)
-                    )
+                    resp.usage.append(_usage(found, model.name))
             return resp
 
         return await self._run(context, work())
@@ -374,48 +369,32 @@ def _check_display_name(name: str) -> None:
         )
 
 
-def _bucket(b: TokenBucket | None) -> apb.BucketLevel | None:
+def _bucket(b: BucketStats | None) -> apb.BucketLevel | None:
     if b is None:
         return None
-    return apb.BucketLevel(level=b.level(), burst=b.burst, rate_per_s=b.rate_per_s)
+    return apb.BucketLevel(level=b.level, burst=b.burst, rate_per_s=b.rate_per_s)
 
 
-def _usage(d: Dispatcher, tenant_id: str, model: str) -> apb.TenantUsage:
-    out = apb.TenantUsage(tenant_id=tenant_id, model=model)
-    counter = getattr(d.policy, "counter", None)
-    if callable(counter):
-        out.virtual_counter = float(counter(tenant_id))
-    out.paused = tenant_id in d.paused_tenants
-    u = d.quotas.usage(tenant_id)
-    if u is None:
-        # No request yet: the configured buckets are full.
-        cfg = d.quotas.tenants.get(tenant_id)
-        q = cfg.quotas if cfg is not None else None
-        if q is not None and q.requests_per_s is not None and q.request_burst is not None:
-            out.request_bucket.CopyFrom(
-                apb.BucketLevel(
-                    level=q.request_burst, burst=q.request_burst, rate_per_s=q.requests_per_s
-                )
-            )
-        if q is not None and q.tokens_per_min is not None and q.token_burst is not None:
-            out.token_bucket.CopyFrom(
-                apb.BucketLevel(
-                    level=q.token_burst, burst=q.token_burst, rate_per_s=q.tokens_per_min / 60
-                )
-            )
-        return out
-    request_bucket, token_bucket = _bucket(u.request_bucket), _bucket(u.token_bucket)
+def _usage(t: TenantStats, model: str) -> apb.TenantUsage:
+    out = apb.TenantUsage(
+        tenant_id=t.tenant_id,
+        model=model,
+        charged_tokens_total=t.charged_tokens,
+        charged_requests_total=t.charged_requests,
+        in_flight=t.in_flight,
+        queued=t.queued,
+        rejected_total=t.rejected_total,
+        finished_total=t.finished_total,
+        paused=t.paused,
+    )
+    if t.virtual_counter is not None:
+        out.virtual_counter = t.virtual_counter
+    request_bucket, token_bucket = _bucket(t.request_bucket), _bucket(t.token_bucket)
     if request_bucket is not None:
         out.request_bucket.CopyFrom(request_bucket)
-    if token_bucket is not None:
+    if token_bucket is not None and t.token_bucket is not None:
         out.token_bucket.CopyFrom(token_bucket)
-        out.tokens_used_in_window = token_bucket.burst - token_bucket.level
-    out.charged_tokens_total = u.charged_tokens
-    out.charged_requests_total = u.charged_requests
-    out.in_flight = u.concurrent
-    out.queued = u.queued
-    out.rejected_total = u.rejected_total
-    out.finished_total = u.settled_total
-    for limit, n in u.rejections.items():
+        out.tokens_used_in_window = t.token_bucket.used
+    for limit, n in t.rejections.items():
         out.rejections[limit] = n
     return out

@@ -14,8 +14,8 @@ from grpc_reflection.v1alpha import reflection
 
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import MonotonicClock
+from scheduler.gate import AdmissionGate
 from scheduler.policies import PolicyOptions
-from scheduler.shared_dispatcher import SharedDispatcher
 from scheduler.tenant_file import load_tenants
 from scheduler.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
@@ -31,7 +31,6 @@ from service.openai_http import OpenAIFront
 from service.servicer import InferenceServicer
 from service.settings import Settings
 from service.shared_state import (
-    AnyDispatcher,
     build_dispatcher,
     build_tenant_store,
     close_tenant_store,
@@ -248,8 +247,7 @@ class App:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for model in self.models:
-            if isinstance(model.dispatcher, SharedDispatcher):
-                await model.dispatcher.aclose()  # hands Redis the last settlements
+            await model.dispatcher.aclose()  # a shared one hands Redis the last settlements
         if self.directory is not None:
             await close_tenant_store(self.directory.store)
         await self.engine.aclose()
@@ -260,7 +258,7 @@ class App:
         await self._stopped.wait()
 
 
-async def _follow_capacity(engine: Engine, dispatcher: AnyDispatcher, settings: Settings) -> None:
+async def _follow_capacity(engine: Engine, dispatcher: AdmissionGate, settings: Settings) -> None:
     """Keep the admission limits in step with the engine's capacity (pools shrink and grow)."""
     while True:
         await asyncio.sleep(settings.capacity_refresh_s)

@@ -3,10 +3,11 @@
 Both fronts (the gRPC servicer, the OpenAI-compatible HTTP server) run a
 request through `Generation.stream()`, which yields `Delta`s and then one
 `Outcome`, or raises a domain error (service/errors.py, scheduler/errors.py,
-EngineError) before the first token. The admission calls live here and only
-here: `admit` before the engine, `on_output_tokens` per chunk, `finish` in the
-`finally` that also closes (and so aborts) the engine stream — whatever ends
-the stream: completion, client cancel/disconnect, deadline, engine error.
+EngineError) before the first token. Admission happens here and only here,
+through the gate's one front door: `async with gate.admitted(req) as ticket`
+around the engine stream, `ticket.charge(n)` per chunk; leaving the block
+settles exactly once and closing the stream aborts the engine request —
+whatever ends it: completion, client cancel/disconnect, deadline, engine error.
 
 Shutdown (service/drain.py) hooks in here too, so both fronts drain alike: the
 admission wait runs inside `drain.queued()` (refused or failed with
@@ -19,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator
-from contextlib import aclosing
+from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass
 
 from scheduler.errors import RequestTooLarge
@@ -116,24 +117,6 @@ class Generation:
         params, queued = self.params, self.queued
         dispatcher = params.model.dispatcher
         obs = self.telemetry.start_generate(queued, params.model, prompt=params.prompt_text)
-        try:
-            async with self.drain.queued():
-                await dispatcher.admit(queued)
-        except RequestTooLarge as exc:
-            if exc.field == "prompt":
-                exc.field = self.prompt_field
-            raise
-        admitted_s = time.monotonic()
-        engine_req = EngineRequest(
-            request_id=self.request_id,
-            prompt_token_ids=params.prompt_ids,
-            prompt_text=params.prompt_text,
-            max_tokens=params.max_tokens,
-            sampling=params.sampling,
-            # SGLang: larger is more urgent.
-            priority=1 - int(params.priority),
-        )
-        obs.admitted(engine_req, dispatcher.budget)
         sent_tokens = 0
         first_token_s: float | None = None
         prompt_tokens = len(params.prompt_ids)
@@ -141,45 +124,64 @@ class Generation:
         failure: Exception | None = None
         finish: FinishKind | None = None
         stop_matched = message = ""
-        drain, key = self.drain, id(queued)
-        drain.stream_started(key, self.request_id, params.model.engine)
-        try:
-            async with aclosing(params.model.engine.generate(engine_req)) as chunks:
-                async for chunk in chunks:
-                    new_tokens = chunk.completion_tokens - sent_tokens
-                    if new_tokens > 0:
-                        dispatcher.on_output_tokens(queued, new_tokens)
-                    prompt_tokens = chunk.prompt_tokens or prompt_tokens
-                    cached_tokens = chunk.cached_tokens
-                    if chunk.text or chunk.token_ids:
-                        if first_token_s is None:
-                            first_token_s = time.monotonic()
-                            obs.first_token()
-                        if obs.capture_content:
-                            obs.output_text(chunk.text)
-                        yield Delta(chunk.text, chunk.token_ids, sent_tokens)
-                    sent_tokens = max(sent_tokens, chunk.completion_tokens)
-                    if chunk.finish is not None:
-                        message = chunk.message
-                        cut = chunk.finish is FinishKind.ABORT and drain.draining
-                        if cut:
-                            message = "the server is shutting down"  # by Drain.cut
-                        if chunk.finish is FinishKind.ABORT and sent_tokens == 0:
-                            failure = (
-                                ServerDraining()
-                                if cut
-                                else EngineError(message or "aborted", retryable=True)
-                            )
+        # Leaving this block settles the admission exactly once, however it is left.
+        async with AsyncExitStack() as admission:
+            try:
+                async with self.drain.queued():
+                    ticket = await admission.enter_async_context(dispatcher.admitted(queued))
+            except RequestTooLarge as exc:
+                if exc.field == "prompt":
+                    exc.field = self.prompt_field
+                raise
+            admitted_s = time.monotonic()
+            engine_req = EngineRequest(
+                request_id=self.request_id,
+                prompt_token_ids=params.prompt_ids,
+                prompt_text=params.prompt_text,
+                max_tokens=params.max_tokens,
+                sampling=params.sampling,
+                # SGLang: larger is more urgent.
+                priority=1 - int(params.priority),
+            )
+            obs.admitted(engine_req, dispatcher.budget)
+            drain, key = self.drain, id(queued)
+            drain.stream_started(key, self.request_id, params.model.engine)
+            try:
+                async with aclosing(params.model.engine.generate(engine_req)) as chunks:
+                    async for chunk in chunks:
+                        new_tokens = chunk.completion_tokens - sent_tokens
+                        if new_tokens > 0:
+                            ticket.charge(new_tokens)
+                        prompt_tokens = chunk.prompt_tokens or prompt_tokens
+                        cached_tokens = chunk.cached_tokens
+                        if chunk.text or chunk.token_ids:
+                            if first_token_s is None:
+                                first_token_s = time.monotonic()
+                                obs.first_token()
+                            if obs.capture_content:
+                                obs.output_text(chunk.text)
+                            yield Delta(chunk.text, chunk.token_ids, sent_tokens)
+                        sent_tokens = max(sent_tokens, chunk.completion_tokens)
+                        if chunk.finish is not None:
+                            message = chunk.message
+                            cut = chunk.finish is FinishKind.ABORT and drain.draining
+                            if cut:
+                                message = "the server is shutting down"  # by Drain.cut
+                            if chunk.finish is FinishKind.ABORT and sent_tokens == 0:
+                                failure = (
+                                    ServerDraining()
+                                    if cut
+                                    else EngineError(message or "aborted", retryable=True)
+                                )
+                                break
+                            finish = chunk.finish
+                            stop_matched = chunk.stop_matched
                             break
-                        finish = chunk.finish
-                        stop_matched = chunk.stop_matched
-                        break
-        except EngineError as exc:
-            failure = exc
-        finally:
-            drain.stream_ended(key)
-            dispatcher.finish(queued)
-            obs.engine_ended(prompt_tokens, sent_tokens, cached_tokens)
+            except EngineError as exc:
+                failure = exc
+            finally:
+                drain.stream_ended(key)
+                obs.engine_ended(prompt_tokens, sent_tokens, cached_tokens)
         if finish is None:
             if failure is None:
                 failure = EngineError("the engine ended the stream without a finish reason")

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from scheduler.dispatcher import Dispatcher
-from scheduler.shared_dispatcher import SharedDispatcher
+from scheduler.gate import AdmissionGate
 from service.chat_template import ChatTemplate
 from service.engines.protocol import Engine
 from service.tokenizer import Tokenizer
@@ -17,7 +16,8 @@ class ServedModel:
     name: str
     engine: Engine
     tokenizer: Tokenizer
-    dispatcher: Dispatcher | SharedDispatcher
+    # Dispatcher (one replica) or SharedDispatcher (store=redis): never asked which.
+    dispatcher: AdmissionGate
     max_context_tokens: int
     max_output_tokens: int
     default_max_tokens: int

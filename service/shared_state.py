@@ -12,6 +12,7 @@ from typing import Literal
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.dispatcher import Dispatcher
+from scheduler.gate import AdmissionGate
 from scheduler.policies import PolicyOptions, make_policy
 from scheduler.redis_store import RedisStore
 from scheduler.redis_tenant_store import RedisTenantStore
@@ -20,7 +21,6 @@ from scheduler.tenant_store import InMemoryTenantStore, TenantStore
 from scheduler.tenants import TenantRegistry
 from service.settings import Settings
 
-AnyDispatcher = Dispatcher | SharedDispatcher
 log = logging.getLogger(__name__)
 
 
@@ -54,7 +54,7 @@ async def build_dispatcher(
     clock: Clock,
     tenants: TenantRegistry,
     model_name: str,
-) -> AnyDispatcher:
+) -> AdmissionGate:
     if settings.store == "memory":
         return Dispatcher(
             make_policy(settings.policy, options),

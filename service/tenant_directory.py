@@ -41,7 +41,7 @@ from scheduler.tenants import TenantRegistry
 from service.api_keys import KeyHasher, key_id_of
 
 if TYPE_CHECKING:
-    from service.shared_state import AnyDispatcher
+    from scheduler.gate import AdmissionGate
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +69,11 @@ class TenantDirectory:
         self.wall_clock = wall_clock
         self.snapshot = TenantSnapshot(revision=-1)
         self.registry = TenantRegistry.permissive(fallback_default or None)
-        self._dispatchers: list[AnyDispatcher] = []
+        self._dispatchers: list[AdmissionGate] = []
         self._lock = asyncio.Lock()
         self._keys_seen = False
 
-    def attach(self, dispatchers: Iterable[AnyDispatcher]) -> None:
+    def attach(self, dispatchers: Iterable[AdmissionGate]) -> None:
         added = list(dispatchers)
         self._dispatchers.extend(added)
         for d in added:

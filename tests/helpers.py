@@ -29,8 +29,8 @@ async def assert_no_leaks(app: App) -> None:
     assert model is not None
     d = model.dispatcher
     await eventually(
-        lambda: d.queued == 0 and d.in_flight == 0 and sim(app).active_requests == 0,
+        lambda: (d.stats().queued, d.stats().in_flight, sim(app).active_requests) == (0, 0, 0),
         what="gateway and engine to drain",
     )
-    assert d.budget.in_flight_kv_tokens == 0
+    assert d.stats().in_flight_kv_tokens == 0
     assert sim(app).core.used_kv == 0

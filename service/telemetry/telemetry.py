@@ -250,27 +250,27 @@ class Telemetry:
 
     def _queue_depth(self, _: CallbackOptions) -> Iterable[Observation]:
         for model in list(self._models):
-            for usage in model.dispatcher.quotas.usages():
-                yield Observation(usage.queued, {n.TENANT: usage.config.tenant_id})
+            for t in model.dispatcher.stats().tenants:
+                yield Observation(t.queued, {n.TENANT: t.tenant_id})
 
     def _tenant_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
         for model in list(self._models):
-            for usage in model.dispatcher.quotas.usages():
-                yield Observation(usage.concurrent, {n.TENANT: usage.config.tenant_id})
+            for t in model.dispatcher.stats().tenants:
+                yield Observation(t.in_flight, {n.TENANT: t.tenant_id})
 
     def _engine_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
         for model in list(self._models):
-            budget = model.dispatcher.budget
+            stats = model.dispatcher.stats()
             attrs = {n.GEN_AI_REQUEST_MODEL: model.name, n.ENGINE_KIND: model.engine.kind}
-            yield Observation(budget.in_flight_requests, {**attrs, "fairgate.kind": "used"})
-            yield Observation(budget.limits.max_requests, {**attrs, "fairgate.kind": "limit"})
+            yield Observation(stats.in_flight, {**attrs, "fairgate.kind": "used"})
+            yield Observation(stats.limits.max_requests, {**attrs, "fairgate.kind": "limit"})
 
     def _engine_kv_tokens(self, _: CallbackOptions) -> Iterable[Observation]:
         for model in list(self._models):
-            budget = model.dispatcher.budget
+            stats = model.dispatcher.stats()
             attrs = {n.GEN_AI_REQUEST_MODEL: model.name, n.ENGINE_KIND: model.engine.kind}
-            yield Observation(budget.in_flight_kv_tokens, {**attrs, "fairgate.kind": "used"})
-            yield Observation(budget.limits.max_kv_tokens, {**attrs, "fairgate.kind": "limit"})
+            yield Observation(stats.in_flight_kv_tokens, {**attrs, "fairgate.kind": "used"})
+            yield Observation(stats.limits.max_kv_tokens, {**attrs, "fairgate.kind": "limit"})
             capacity = model.engine.capacity().max_total_tokens
             yield Observation(capacity, {**attrs, "fairgate.kind": "capacity"})
 

@@ -76,7 +76,7 @@ async def test_keys_map_to_their_tenant_and_refusals_admit_nothing(keyed: App) -
         # ListModels and CountTokens need the key too, and accept it.
         assert await c.list_models()
     model = keyed.models.resolve("")
-    assert model is not None and model.dispatcher.quotas.usage("alpha") is not None
+    assert model is not None and model.dispatcher.stats().tenant("alpha") is not None
 
     err = await _refused(keyed, grpc.StatusCode.UNAUTHENTICATED)  # no key
     assert err.reason == "API_KEY_REQUIRED" and "Bearer" in err.message

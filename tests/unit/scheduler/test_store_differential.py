@@ -56,7 +56,8 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
             step.settlements = [Settlement(lease, tenant, 0.0, refund, SLOW)]
         else:
             cands = []
-            for tenant in sorted(set(draw(st.lists(st.sampled_from(TENANTS), min_size=1, max_size=3)))):
+            offered = draw(st.lists(st.sampled_from(TENANTS), min_size=1, max_size=3))
+            for tenant in sorted(set(offered)):
                 lease = f"{replica}:{k}:{tenant}"
                 shape = draw(st.sampled_from([(300, 20), (100, 200), (100, 60)]))
                 cands.append(
@@ -102,8 +103,9 @@ def test_memory_and_redis_make_the_same_decisions(redis_url_once: str) -> None:
 
         async def run() -> None:
             mem = MemoryStore(MonotonicClock(), lease_ttl_s=600, backlog_ttl_s=600)
+            domain = f"diff-{uuid.uuid4().hex}"
             red = RedisStore.from_url(
-                redis_url_once, domain=f"diff-{uuid.uuid4().hex}", lease_ttl_s=600, backlog_ttl_s=600
+                redis_url_once, domain=domain, lease_ttl_s=600, backlog_ttl_s=600
             )
             try:
                 for i, (replica, step) in enumerate(steps):

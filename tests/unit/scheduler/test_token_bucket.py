@@ -71,3 +71,15 @@ def test_reconfigure_keeps_level() -> None:
     assert b.level() == pytest.approx(2.0)
     b.take(4)
     assert b.try_take(1) == pytest.approx(1.5)
+
+
+def test_peek_level_reads_the_refill_without_writing() -> None:
+    clock = FakeClock()
+    b = TokenBucket(rate_per_s=2.0, burst=10.0, clock=clock)
+    b.take(8)
+    clock.advance(1.5)
+    assert b.peek_level() == pytest.approx(5.0)
+    b.take(1)  # a take after a peek sees the same refill: the peek wrote nothing
+    assert b.level() == pytest.approx(4.0)
+    clock.advance(100)
+    assert b.peek_level() == 10.0

@@ -1,0 +1,165 @@
+"""What an admission gate reports: `GateStats`, one frozen snapshot for every reader.
+
+Admin `GetUsage` and the telemetry gauges read `gate.stats()` and nothing
+else, so they never ask which dispatcher runs. `Dispatcher.stats()` builds it
+from its quota ledger, policy and budget; `SharedDispatcher.stats()` from its
+local requests, its counter mirror, totals of what ended here and the store's
+last snapshot (`refresh_stats`), which holds the fleet-wide buckets
+(shared_stats.py).
+
+Per tenant, `queued`, `in_flight` and the totals are this replica's; the
+bucket levels and the virtual counter are the tenant's own (fleet-wide in
+Redis mode, since the buckets and counters live there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from scheduler.budget import AdmissionLimits
+from scheduler.quotas import QuotaLedger
+from scheduler.rules import bucket_level
+from scheduler.store import BucketLimits
+from scheduler.token_bucket import TokenBucket
+
+# "memory": one replica, nothing shared; else the shared store's health as this
+# replica sees it ("ok", or failing "open" / "closed").
+StoreMode = Literal["memory", "ok", "open", "closed"]
+
+
+@dataclass(frozen=True, slots=True)
+class BucketStats:
+    level: float
+    burst: float
+    rate_per_s: float
+
+    @property
+    def used(self) -> float:
+        """What the bucket has lent out (burst - level): used in the refill window."""
+        return self.burst - self.level
+
+    @classmethod
+    def of(cls, bucket: TokenBucket | None) -> BucketStats | None:
+        if bucket is None:
+            return None
+        return cls(bucket.peek_level(), bucket.burst, bucket.rate_per_s)
+
+
+def stored_buckets(
+    limits: BucketLimits,
+    levels: tuple[float | None, float | None] | None,
+    ages_s: tuple[float | None, float | None] | None,
+) -> tuple[BucketStats | None, BucketStats | None]:
+    """A tenant's (request, token) buckets from a store snapshot: the level last
+    written, refilled over its age (a bucket the store never wrote is full)."""
+
+    def one(
+        rate: float | None, burst: float | None, level: float | None, age_s: float | None
+    ) -> BucketStats | None:
+        if rate is None or burst is None:
+            return None
+        if level is None:
+            return BucketStats(burst, burst, rate)
+        return BucketStats(bucket_level(level, 0.0, age_s or 0.0, rate, burst), burst, rate)
+
+    r_level, t_level = levels or (None, None)
+    r_age, t_age = ages_s or (None, None)
+    return (
+        one(limits.requests_per_s, limits.requests_burst, r_level, r_age),
+        one(limits.tokens_per_s, limits.tokens_burst, t_level, t_age),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TenantStats:
+    tenant_id: str
+    weight: float
+    # The fair policy's virtual counter (None: a policy without one, e.g. fcfs).
+    virtual_counter: float | None
+    queued: int
+    in_flight: int
+    request_bucket: BucketStats | None
+    token_bucket: BucketStats | None
+    # What the buckets were charged, net of refunds (reservations in flight included).
+    charged_requests: float
+    charged_tokens: float
+    # Refused at arrival (caps, max_queued, reject-mode buckets), by the limit.
+    rejected_total: int
+    rejections: Mapping[str, int]
+    # Requests that ended here: finished, cancelled, expired while queued.
+    finished_total: int
+    # Held back by its own limits (max_concurrent, wait-mode buckets).
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GateStats:
+    in_flight: int
+    in_flight_kv_tokens: int
+    limits: AdmissionLimits
+    queued: int
+    admitted_total: int
+    # Queued requests that ran out of queue time (max_queue_wait_s, deadline).
+    expired_total: int
+    store: StoreMode
+    # Candidates held out of the fair-share reserve (reserve.py).
+    reserve_holds_total: int
+    tenants: tuple[TenantStats, ...]
+
+    def tenant(self, tenant_id: str) -> TenantStats | None:
+        for t in self.tenants:
+            if t.tenant_id == tenant_id:
+                return t
+        return None
+
+
+def ledger_tenants(
+    ledger: QuotaLedger,
+    counter: Callable[[str], float] | None,
+    paused: set[str],
+    include: Iterable[str] = (),
+) -> tuple[TenantStats, ...]:
+    """Per-tenant stats of the single-replica `Dispatcher`, from its quota ledger:
+    every tenant seen, plus `include` (a tenant that has sent nothing has full buckets)."""
+    registry = ledger.tenants
+    out: dict[str, TenantStats] = {}
+    for u in ledger.usages():
+        tid = u.config.tenant_id
+        out[tid] = TenantStats(
+            tenant_id=tid,
+            weight=registry.weight_of(tid),
+            virtual_counter=counter(tid) if counter is not None else None,
+            queued=u.queued,
+            in_flight=u.concurrent,
+            request_bucket=BucketStats.of(u.request_bucket),
+            token_bucket=BucketStats.of(u.token_bucket),
+            charged_requests=u.charged_requests,
+            charged_tokens=u.charged_tokens,
+            rejected_total=u.rejected_total,
+            rejections=dict(u.rejections),
+            finished_total=u.settled_total,
+            paused=tid in paused,
+        )
+    for tid in include:
+        if tid in out:
+            continue
+        cfg = registry.get(tid)
+        buckets = stored_buckets(BucketLimits.of(cfg.quotas), None, None) if cfg else (None, None)
+        out[tid] = TenantStats(
+            tenant_id=tid,
+            weight=registry.weight_of(tid),
+            virtual_counter=counter(tid) if counter is not None else None,
+            queued=0,
+            in_flight=0,
+            request_bucket=buckets[0],
+            token_bucket=buckets[1],
+            charged_requests=0.0,
+            charged_tokens=0.0,
+            rejected_total=0,
+            rejections={},
+            finished_total=0,
+            paused=False,
+        )
+    return tuple(out[t] for t in sorted(out))

@@ -1,0 +1,185 @@
+"""`stats()` of `SharedDispatcher`: what it knows locally, and what the store holds.
+
+This replica knows its queued and in-flight requests, a mirror of the fleet's
+counters (updated by every step and by its own output charges) and the totals
+of what ended or was refused here (`TenantTally`). The token buckets live in
+the store: `refresh` reads its snapshot (one Redis round trip plus a SCAN of
+the bucket keys, so only on demand: admin `GetUsage` awaits it) and `build`
+reports each level refilled over its age, on the store's clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from scheduler.budget import AdmissionBudget
+from scheduler.clock import Clock
+from scheduler.errors import QuotaExceeded, RequestTooLarge, StoreUnavailable
+from scheduler.gate_stats import BucketStats, GateStats, StoreMode, TenantStats, stored_buckets
+from scheduler.shared_local import Entry, LocalQueues
+from scheduler.store import BucketLimits, Store, StoreSnapshot
+from scheduler.tenants import TenantRegistry
+
+_Refusal = TypeVar("_Refusal", QuotaExceeded, RequestTooLarge)
+
+
+@dataclass(slots=True)
+class _Totals:
+    rejected_total: int = 0
+    rejections: dict[str, int] = field(default_factory=dict)
+    finished_total: int = 0
+    charged_requests: float = 0.0
+    charged_tokens: float = 0.0
+
+
+class TenantTally:
+    """Per-tenant totals of requests that ended (or were refused) on this replica; the
+    single-replica `Dispatcher` keeps the same totals in its `QuotaLedger`."""
+
+    def __init__(self) -> None:
+        self._by_tenant: dict[str, _Totals] = {}
+
+    def _of(self, tenant_id: str) -> _Totals:
+        t = self._by_tenant.get(tenant_id)
+        if t is None:
+            t = self._by_tenant[tenant_id] = _Totals()
+        return t
+
+    def refused(self, exc: _Refusal) -> _Refusal:
+        """Count a refusal at arrival; returns `exc` for `raise tally.refused(...)`."""
+        t = self._of(exc.tenant_id)
+        t.rejected_total += 1
+        t.rejections[exc.limit] = t.rejections.get(exc.limit, 0) + 1
+        return exc
+
+    def ended(self, tenant_id: str, charged_requests: float, charged_tokens: float) -> None:
+        """A request ended; what it kept of the buckets (net of its refund)."""
+        t = self._of(tenant_id)
+        t.finished_total += 1
+        t.charged_requests += charged_requests
+        t.charged_tokens += charged_tokens
+
+    def tenants(self) -> list[str]:
+        return list(self._by_tenant)
+
+    def get(self, tenant_id: str) -> _Totals:
+        """A copy of the tenant's totals (zeros if it has none)."""
+        t = self._by_tenant.get(tenant_id) or _Totals()
+        return _Totals(
+            t.rejected_total,
+            dict(t.rejections),
+            t.finished_total,
+            t.charged_requests,
+            t.charged_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GateTotals:
+    admitted_total: int
+    reserve_holds_total: int
+    store: StoreMode
+
+
+class SharedStats:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.tally = TenantTally()
+        self.expired_total = 0
+        # The store's last snapshot and the local time it was taken.
+        self._snapshot: tuple[StoreSnapshot, float] | None = None
+
+    def ended(self, entry: Entry) -> None:
+        """An entry is gone: count what it kept of its tenant's buckets (its
+        settlement refunds the rest, see `Entry.settlement`)."""
+        tid = entry.req.tenant_id
+        if not entry.started:
+            self.tally.ended(tid, 0.0, 0.0)
+            return
+        unused = entry.req.max_tokens - entry.output_tokens if entry.tokens_taken else 0
+        self.tally.ended(tid, entry.requests_taken, entry.tokens_taken - unused)
+
+    async def refresh(self, store: Store) -> None:
+        """Take the store's snapshot; keep the previous one while it is unreachable."""
+        with contextlib.suppress(StoreUnavailable):
+            snap = await store.snapshot()
+            self._snapshot = (snap, self.clock.now_s())
+
+    def build(
+        self,
+        entries: list[Entry],
+        local: LocalQueues,
+        registry: TenantRegistry,
+        budget: AdmissionBudget,
+        totals: GateTotals,
+        include: Iterable[str] = (),
+    ) -> GateStats:
+        """Buckets as of the last `refresh` (None before it), counters as of the last
+        step or local charge. Copies before it iterates (metric reader's thread)."""
+        now_s = self.clock.now_s()
+        cached = self._snapshot
+        snap, taken_s = cached if cached is not None else (None, now_s)
+        elapsed_s = max(0.0, now_s - taken_s)
+        mirror = dict(local.mirror)
+        paused = set(local.paused_until)
+        # Per tenant: requests in flight here, and what live requests hold of the buckets.
+        in_flight: Counter[str] = Counter()
+        live: dict[str, tuple[float, float]] = {}
+        for e in entries:
+            tid = e.req.tenant_id
+            in_flight[tid] += e.started
+            r, t = live.get(tid, (0.0, 0.0))
+            live[tid] = (r + e.requests_taken, t + e.tokens_taken)
+        names = {*self.tally.tenants(), *live, *include}
+        if snap is not None:
+            names.update(snap.counters, snap.bucket_levels, snap.concurrency)
+        out = []
+        for tid in sorted(names):
+            cfg = registry.get(tid)
+            buckets: tuple[BucketStats | None, BucketStats | None] = (None, None)
+            if cfg is not None and snap is not None:
+                age_r, age_t = snap.bucket_ages_s.get(tid, (None, None))
+                buckets = stored_buckets(
+                    BucketLimits.of(cfg.quotas),
+                    snap.bucket_levels.get(tid),
+                    (
+                        None if age_r is None else age_r + elapsed_s,
+                        None if age_t is None else age_t + elapsed_s,
+                    ),
+                )
+            ended = self.tally.get(tid)
+            live_r, live_t = live.get(tid, (0.0, 0.0))
+            # Counters only grow (charges, lifts): the larger copy is the fresher.
+            counter = max(mirror.get(tid, 0.0), snap.counters.get(tid, 0.0) if snap else 0.0)
+            out.append(
+                TenantStats(
+                    tenant_id=tid,
+                    weight=registry.weight_of(tid),
+                    virtual_counter=counter,
+                    queued=local.queued(tid),
+                    in_flight=in_flight[tid],
+                    request_bucket=buckets[0],
+                    token_bucket=buckets[1],
+                    charged_requests=ended.charged_requests + live_r,
+                    charged_tokens=ended.charged_tokens + live_t,
+                    rejected_total=ended.rejected_total,
+                    rejections=ended.rejections,
+                    finished_total=ended.finished_total,
+                    paused=tid in paused,
+                )
+            )
+        return GateStats(
+            in_flight=budget.in_flight_requests,
+            in_flight_kv_tokens=budget.in_flight_kv_tokens,
+            limits=budget.limits,
+            queued=len(local),
+            admitted_total=totals.admitted_total,
+            expired_total=self.expired_total,
+            store=totals.store,
+            reserve_holds_total=totals.reserve_holds_total,
+            tenants=tuple(out),
+        )
