@@ -183,10 +183,20 @@ def build_telemetry(settings: Settings, environ: Mapping[str, str] | None = None
     endpoint = None
     if metrics_listen:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import CollectorRegistry
+        from prometheus_client import (
+            CollectorRegistry,
+            GCCollector,
+            PlatformCollector,
+            ProcessCollector,
+        )
 
         registry = CollectorRegistry(auto_describe=True)
-        readers.append(PrometheusMetricReader(registry=registry))
+        # No otel_scope_* labels: one scope, and they double every series' labels.
+        readers.append(PrometheusMetricReader(registry=registry, scope_info_enabled=False))
+        # process_* (CPU, RSS, fds, start time), python_gc_*, python_info.
+        ProcessCollector(registry=registry)
+        GCCollector(registry=registry)
+        PlatformCollector(registry=registry)
         endpoint = MetricsEndpoint(metrics_listen, registry)
     meter_provider = None
     if readers:
@@ -198,7 +208,6 @@ def build_telemetry(settings: Settings, environ: Mapping[str, str] | None = None
         tracer_provider,
         meter_provider,
         capture_content=settings.telemetry_capture_content,
-        tenant_header=settings.tenant_header,
         shutdown=shutdown,
         metrics_endpoint=endpoint,
     )

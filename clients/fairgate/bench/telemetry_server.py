@@ -76,7 +76,6 @@ def bench_telemetry(mode: str, settings: Settings) -> tuple[Telemetry | None, Ca
     telemetry = Telemetry(
         tracer_provider,
         meter_provider,
-        tenant_header=settings.tenant_header,
         shutdown=[tracer_provider.shutdown, meter_provider.shutdown],
     )
 
