@@ -101,22 +101,17 @@ def test_grafana_dashboard_is_provisioned_and_uses_our_metrics() -> None:
         (DEPLOY / "observability/grafana/provisioning/dashboards/fairgate.yaml").read_text()
     )
     assert provider["providers"][0]["options"]["path"] == "/etc/grafana/dashboards"
+    # Which metrics the panels query is checked against a real server's
+    # /metrics in tests/integration/test_dashboard.py.
     dash = json.loads((DEPLOY / "observability/grafana/dashboards/fairgate.json").read_text())
-    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
-    for metric in (
-        "fairgate_queue_depth",
-        "fairgate_queue_wait_seconds_bucket",
-        "fairgate_rejections_total",
-        "fairgate_admissions_total",
-        "gen_ai_server_time_to_first_token_seconds_bucket",
-        "gen_ai_server_time_per_output_token_seconds_bucket",
-        "gen_ai_client_token_usage_sum",
-        "fairgate_engine_in_flight",
-        "fairgate_engine_kv_tokens",
-    ):
-        assert metric in exprs, metric
+    assert dash["panels"] and all(p["datasource"]["uid"] == "${datasource}" for p in dash["panels"])
     datasources = yaml.safe_load(
         (DEPLOY / "observability/grafana/provisioning/datasources/prometheus.yaml").read_text()
     )
-    uids = {d["uid"] for d in datasources["datasources"]}
-    assert all(p["datasource"]["uid"] in uids for p in dash["panels"])
+    assert [d["type"] for d in datasources["datasources"]] == ["prometheus"]
+    scrape = yaml.safe_load((DEPLOY / "observability/prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in scrape["scrape_configs"]}
+    targets = jobs["fairgate"]["static_configs"][0]["targets"]
+    env = compose["services"]["fairgate-1"]["environment"]
+    port = env["FAIRGATE_METRICS_LISTEN"].rsplit(":", 1)[1]
+    assert targets == [f"fairgate-1:{port}", f"fairgate-2:{port}"]
