@@ -280,15 +280,17 @@ def _closed_port() -> int:
 
 
 async def test_unreachable_otlp_collector_neither_slows_nor_fails_requests(
-    start_server: StartServer,
+    start_server: StartServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env = {
+    # The SDK's exporters and processors read these from the process environment.
+    for key, value in {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{_closed_port()}",
         "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
         "OTEL_BSP_SCHEDULE_DELAY": "20",
         "OTEL_METRIC_EXPORT_INTERVAL": "50",
-    }
-    telemetry = build_telemetry(Settings(), env)
+    }.items():
+        monkeypatch.setenv(key, value)
+    telemetry = build_telemetry(Settings())
     assert telemetry.enabled
     app = await start_server(telemetry=telemetry)
     async with AsyncClient(app.address) as client:
