@@ -38,6 +38,11 @@ async def test_generate_bad_input_exits_nonzero_with_field(server: App) -> None:
 async def test_models_and_count_tokens(server: App) -> None:
     code, out, _ = await _run("models", "-a", server.address)
     assert code == 0 and server.models.default in out
+    code, out, _ = await _run("models", "-a", server.address, "-o", "json")
+    import json
+
+    (listed,) = json.loads(out)
+    assert code == 0 and listed["name"] == server.models.default and listed["is_default"]
     code, out, _ = await _run("count-tokens", "one two three", "-a", server.address)
     assert code == 0 and out.startswith("3 tokens")
 

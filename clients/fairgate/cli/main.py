@@ -118,6 +118,10 @@ def generate(
 @typer_app.command()
 def models(
     address: TargetOpt = DEFAULT_TARGET,
+    output: Annotated[
+        str,
+        typer.Option("--output", "-o", envvar="FAIRGATE_OUTPUT", help="table, json or yaml"),
+    ] = "table",
     api_key: ApiKeyOpt = None,
     tls: TlsOpt = False,
     ca_file: CaFileOpt = None,
@@ -130,7 +134,18 @@ def models(
     tls_cfg = tls_config(tls, ca_file, cert_file, key_file)
     try:
         with Client(address, api_key=api_key, tls=tls_cfg) as client:
-            for m in client.list_models():
+            listed = client.list_models()
+            if output in ("json", "yaml"):
+                import dataclasses
+
+                from fairgate.admin.render import print_data
+
+                print_data([dataclasses.asdict(m) for m in listed], output)
+                return
+            if output != "table":
+                typer.echo(f"error: --output {output!r}: use table, json or yaml", err=True)
+                raise typer.Exit(2)
+            for m in listed:
                 mark = "*" if m.is_default else " "
                 typer.echo(
                     f"{mark} {m.name}  engine={m.engine}  context={m.max_context_tokens}  "
@@ -197,6 +212,9 @@ def sim_server(
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port (0: any free port)")] = 30000,
     model: Annotated[str, typer.Option(help="simulator model preset")] = "llama-3.1-8b-int4",
+    gpu: Annotated[
+        str, typer.Option(help="GPU preset (rtx-4090, l40s, a100-80gb, h100-sxm, h200, ...)")
+    ] = "rtx-4090",
     time_scale: Annotated[float, typer.Option(help="1 = real time, 0 = no delays")] = 1.0,
     max_running_requests: Annotated[int, typer.Option()] = 256,
     max_queued_requests: Annotated[int, typer.Option(help="0: unlimited")] = 0,
@@ -214,6 +232,7 @@ def sim_server(
         f"--host={host}",
         f"--port={port}",
         f"--model={model}",
+        f"--gpu={gpu}",
         f"--time-scale={time_scale}",
         f"--max-running-requests={max_running_requests}",
         f"--max-queued-requests={max_queued_requests}",
