@@ -140,6 +140,7 @@ class App:
         )
         models = ModelRegistry([model], default=model_name)
         telemetry.watch_model(model)
+        telemetry.watch_tenants(lambda: directory.registry)
         directory.attach([dispatcher])
         auth = Authenticator(
             directory,

@@ -24,9 +24,7 @@ Health and reflection stay open (probes).
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import grpc
@@ -34,25 +32,14 @@ import grpc
 from scheduler.tenants import tenant_id_problem
 from service import errors
 from service.api_keys import tokens_equal
+from service.identity import Identity, current_identity
 from service.tenant_directory import TenantDirectory
+
+__all__ = ["AuthInterceptor", "Authenticator", "Identity", "current_identity"]
 
 AUTH_MODES = ("auto", "api-key", "dev-header")
 INFERENCE_PREFIX = "/fairgate.v1.InferenceService/"
 ADMIN_PREFIX = "/fairgate.v1.AdminService/"
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    # "" → the default tenant (open mode only).
-    tenant_id: str
-    # "api-key", "header" or "anonymous".
-    via: str
-    key_id: str = ""
-
-
-current_identity: contextvars.ContextVar[Identity | None] = contextvars.ContextVar(
-    "fairgate_identity", default=None
-)
 
 
 class KeyRequired(errors.Unauthenticated):

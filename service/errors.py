@@ -1,8 +1,8 @@
 """The one place that maps domain errors to gRPC status codes.
 
 Every error leaves with google.rpc.Status details in the standard
-`grpc-status-details-bin` trailer: ErrorInfo always, plus BadRequest,
-RetryInfo or QuotaFailure where they apply.
+`grpc-status-details-bin` trailer (packed by grpcio-status): ErrorInfo
+always, plus BadRequest, RetryInfo or QuotaFailure where they apply.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from scheduler.errors import (
     DeadlineExpired,
@@ -35,7 +36,6 @@ from service.engines.protocol import EngineError
 from service.telemetry.status import record_abort
 
 ERROR_DOMAIN = "fairgate.dev"
-STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +92,11 @@ class MappedStatus:
     message: str
     details: list[any_pb2.Any] = field(default_factory=list)
 
-    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+    def to_status(self) -> grpc.Status:
+        """The status with its google.rpc.Status in the details trailer (grpcio-status)."""
         st = status_pb2.Status(code=self.code.value[0], message=self.message, details=self.details)
-        return ((STATUS_DETAILS_KEY, st.SerializeToString()),)
+        status: grpc.Status = rpc_status.to_status(st)
+        return status
 
 
 def _pack(msg: object) -> any_pb2.Any:
@@ -184,7 +186,8 @@ def _map_scheduling(exc: SchedulingError) -> MappedStatus:
 
 
 async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> NoReturn:
-    st = map_error(exc)
-    record_abort(exc, st.code)
-    await context.abort(st.code, st.message, trailing_metadata=st.trailing_metadata())
+    mapped = map_error(exc)
+    record_abort(exc, mapped.code)
+    st = mapped.to_status()
+    await context.abort(st.code, st.details, trailing_metadata=st.trailing_metadata)
     raise AssertionError("context.abort returned")  # pragma: no cover

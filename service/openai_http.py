@@ -319,7 +319,7 @@ class OpenAIFront:
             SpanKind.SERVER,
             {"http.request.method": "POST", "http.route": route, "url.scheme": "http"},
         )
-        scope = RpcScope(tel, span, request.headers.get(tel.tenant_header, ""), is_generate=True)
+        scope = RpcScope(tel, span, is_generate=True)
         scope_token = RPC_SCOPE.set(scope)
         ctx_token = otel_context.attach(scope.ctx)
         failure: BaseException | None = None

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
-
-STATUS_DETAILS_KEY = "grpc-status-details-bin"
+from grpc_status import rpc_status
 
 
 class FairgateError(Exception):
@@ -39,14 +38,14 @@ class FairgateError(Exception):
 def from_rpc_error(exc: grpc.RpcError) -> FairgateError:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     message = (exc.details() if hasattr(exc, "details") else None) or str(exc)
-    trailers: Any = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-    raw = None
-    for key, value in trailers or ():
-        if key == STATUS_DETAILS_KEY:
-            raw = value
     kwargs: dict[str, object] = {}
-    if isinstance(raw, bytes):
-        st = status_pb2.Status.FromString(raw)
+    st: status_pb2.Status | None = None
+    if hasattr(exc, "trailing_metadata"):
+        try:
+            st = rpc_status.from_call(cast(grpc.Call, exc))
+        except ValueError:  # the status was rewritten on the way (a proxy): no details
+            st = None
+    if st is not None:
         for any_msg in st.details:
             if any_msg.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
                 info = error_details_pb2.ErrorInfo()

@@ -87,8 +87,7 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
             SpanKind.SERVER,
             {n.RPC_SYSTEM: "grpc", n.RPC_SERVICE: service, n.RPC_METHOD: name},
         )
-        tenant_hint = carrier.get(self.telemetry.tenant_header, "")
-        return RpcScope(self.telemetry, span, tenant_hint, is_generate=method == GENERATE_METHOD)
+        return RpcScope(self.telemetry, span, is_generate=method == GENERATE_METHOD)
 
     def _wrap_stream(
         self, behavior: Callable[..., AsyncIterator[Any]], method: str, metadata: Metadata | None

@@ -69,19 +69,15 @@ class RpcScope:
         "span",
         "start_s",
         "telemetry",
-        "tenant_hint",
     )
 
-    def __init__(
-        self, telemetry: Telemetry, span: trace.Span, tenant_hint: str, *, is_generate: bool
-    ) -> None:
+    def __init__(self, telemetry: Telemetry, span: trace.Span, *, is_generate: bool) -> None:
         self.telemetry = telemetry
         self.is_generate = is_generate
         self.span = span
         # The context with this span current: the parent of the child spans.
         self.ctx = trace.set_span_in_context(span)
         self.start_s = time.monotonic()
-        self.tenant_hint = tenant_hint
         # Span attributes, set once when the RPC ends.
         self.attrs: dict[str, AttributeValue] = {}
         self.code: grpc.StatusCode | None = None
@@ -99,11 +95,10 @@ class RpcScope:
                 self.attrs[n.REJECTION_LIMIT] = limit
             if self.generate is not None:
                 self.generate.rejected(reason, limit)
-            elif self.is_generate:  # refused before it was queued (validation, tenant)
-                attrs = {n.TENANT: self.tenant_hint, n.REJECTION_REASON: reason}
-                if limit:
-                    attrs[n.REJECTION_LIMIT] = limit
-                self.telemetry.rejections.add(1, attrs)
+            elif self.is_generate:  # refused before it was queued (auth, validation)
+                self.telemetry.rejections.add(
+                    1, rejection_attrs(self.telemetry.tenant_labels.of_caller(), reason, limit)
+                )
         elif code not in CLIENT_CODES:
             self.span.set_status(Status(StatusCode.ERROR, f"{code.name}: {exc}"))
 
@@ -119,12 +114,20 @@ class RpcScope:
         elif self.is_generate:
             outcome = _outcome(code, "rejected" if code in REJECTION_CODES else "error")
             self.attrs[n.OUTCOME] = outcome
-            self.telemetry.duration.record(
-                time.monotonic() - self.start_s,
-                {n.TENANT: self.tenant_hint, n.OUTCOME: outcome, n.ERROR_TYPE: code.name},
-            )
+            tel = self.telemetry
+            attrs = tel.caller_attrs(tel.tenant_labels.of_caller())
+            tel.duration.record(time.monotonic() - self.start_s, attrs.outcome(outcome, code))
         self.span.set_attributes(self.attrs)
         self.span.end()
+
+
+def rejection_attrs(tenant_label: str, reason: str, limit: str) -> dict[str, AttributeValue]:
+    # Every point has every key ("none": no single limit), so no label is empty.
+    return {
+        n.TENANT: tenant_label,
+        n.REJECTION_REASON: reason,
+        n.REJECTION_LIMIT: limit or "none",
+    }
 
 
 def _outcome(code: grpc.StatusCode, otherwise: str) -> str:
@@ -227,10 +230,10 @@ class GenerateObservation(NoopObservation):
     # -- scheduler ----------------------------------------------------------------
     def admitted(self, engine_req: EngineRequest, budget: AdmissionBudget) -> None:
         """Admitted into the engine: close the queue span, open the engine span."""
-        tenant = self._resolved_tenant()
+        self._resolved_tenant()
         wait_s = time.monotonic() - self._scope.start_s
         tel = self._tel
-        tel.admitted(tenant, self._priority)
+        tel.admitted(self._metric, self._priority)
         tel.queue_wait.record(wait_s, self._metric.by_class(self._priority))
         self._scope.attrs[n.QUEUE_WAIT_S] = wait_s
         queue = self._queue_span
@@ -263,11 +266,11 @@ class GenerateObservation(NoopObservation):
     def rejected(self, reason: str, limit: str) -> None:
         tenant = self._resolved_tenant()
         self._outcome = "rejected"
-        attrs = {n.TENANT: tenant, n.REJECTION_REASON: reason}
-        if limit:
-            attrs[n.REJECTION_LIMIT] = limit
-        self._tel.rejections.add(1, attrs)
+        self._tel.rejections.add(1, rejection_attrs(self._metric.label, reason, limit))
         if self._queue_span is not None:
+            attrs: dict[str, AttributeValue] = {n.TENANT: tenant, n.REJECTION_REASON: reason}
+            if limit:
+                attrs[n.REJECTION_LIMIT] = limit
             self._queue_span.set_attributes({**attrs, n.QUOTA_RESULT: reason})
             self._queue_span.end()
             self._queue_span = None
@@ -330,35 +333,43 @@ class GenerateObservation(NoopObservation):
                 span.end()
         self._queue_span = self._engine_span = None
         self._scope.attrs[n.OUTCOME] = outcome
-        attrs = self._metric.outcome(outcome, "" if outcome == "ok" else code.name)
+        attrs = self._metric.outcome(outcome, code)
         self._tel.duration.record(time.monotonic() - self._scope.start_s, attrs)
 
 
 class MetricAttrs:
     """Metric attribute sets of one (tenant, model), built once and shared
-    (`Telemetry.metric_attrs`); the SDK copies what it keeps."""
+    (`Telemetry.metric_attrs`); the SDK copies what it keeps.
 
-    __slots__ = ("_by_class", "_outcomes", "base", "input", "output", "tenant")
+    Every point of a metric carries the same keys, none empty (the Prometheus
+    exposition fills a key missing from one point with "" in every other
+    series). `tenant` is the id; `label`, its bounded metric label."""
 
-    def __init__(self, tenant: str, model: str) -> None:
+    __slots__ = ("_by_class", "_outcomes", "base", "input", "label", "output", "tenant")
+
+    def __init__(self, tenant: str, label: str, model: str) -> None:
         self.tenant = tenant
-        self.base: dict[str, AttributeValue] = {n.TENANT: tenant, n.GEN_AI_REQUEST_MODEL: model}
+        self.label = label
+        self.base: dict[str, AttributeValue] = {
+            n.TENANT: label,
+            n.GEN_AI_OPERATION: n.OPERATION_TEXT_COMPLETION,
+            n.GEN_AI_PROVIDER: n.PROVIDER_FAIRGATE,
+            n.GEN_AI_REQUEST_MODEL: model,
+        }
         self.input = {**self.base, n.GEN_AI_TOKEN_TYPE: "input"}
         self.output = {**self.base, n.GEN_AI_TOKEN_TYPE: "output"}
         self._by_class: dict[str, dict[str, AttributeValue]] = {}
-        self._outcomes: dict[tuple[str, str], dict[str, AttributeValue]] = {}
+        self._outcomes: dict[tuple[str, grpc.StatusCode], dict[str, AttributeValue]] = {}
 
     def by_class(self, priority: str) -> dict[str, AttributeValue]:
         attrs = self._by_class.get(priority)
         if attrs is None:
-            attrs = self._by_class[priority] = {n.TENANT: self.tenant, n.PRIORITY: priority}
+            attrs = self._by_class[priority] = {n.TENANT: self.label, n.PRIORITY: priority}
         return attrs
 
-    def outcome(self, outcome: str, error_type: str) -> dict[str, AttributeValue]:
-        attrs = self._outcomes.get((outcome, error_type))
+    def outcome(self, outcome: str, code: grpc.StatusCode) -> dict[str, AttributeValue]:
+        attrs = self._outcomes.get((outcome, code))
         if attrs is None:
-            attrs = {**self.base, n.OUTCOME: outcome}
-            if error_type:
-                attrs[n.ERROR_TYPE] = error_type
-            self._outcomes[(outcome, error_type)] = attrs
+            attrs = {**self.base, n.OUTCOME: outcome, n.RPC_RESPONSE_STATUS_CODE: code.name}
+            self._outcomes[(outcome, code)] = attrs
         return attrs

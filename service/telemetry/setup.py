@@ -6,9 +6,13 @@
   `otlp` when an OTLP endpoint is configured (`OTEL_EXPORTER_OTLP_ENDPOINT` or
   the per-signal variable) and `none` otherwise, so a bare `fairgate serve`
   does not retry against a collector that is not there.
-- OTLP is sent over gRPC, or HTTP with `OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf`;
-  endpoint, headers, timeout, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
-  `OTEL_BSP_*`, `OTEL_METRIC_EXPORT_INTERVAL` are read by the SDK itself.
+- OTLP is sent over gRPC, or HTTP with `OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf`,
+  by the SDK's own exporters, which read the endpoint (general or per
+  signal, with the /v1/<signal> path for HTTP), headers, timeout,
+  compression and certificates from the process environment, as do its
+  batch span processor (`OTEL_BSP_*`) and metric reader
+  (`OTEL_METRIC_EXPORT_INTERVAL`). `environ` (tests) decides only what is
+  fairgate's: which exporters, the protocol, the exemplar filter.
 - The Prometheus scrape endpoint is on when `FAIRGATE_METRICS_LISTEN` is set
   (or `prometheus` is among the metrics exporters: then on 127.0.0.1:9464).
 
@@ -62,37 +66,20 @@ def _protocol(env: Mapping[str, str], signal: str) -> str:
     return proto
 
 
-def _otlp_options(env: Mapping[str, str], signal: str, http: bool) -> dict[str, Any]:
-    """Endpoint and timeout from `env` (the SDK itself would read only os.environ)."""
-    opts: dict[str, Any] = {}
-    specific = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
-    general = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if specific:
-        opts["endpoint"] = specific
-    elif general:
-        opts["endpoint"] = general.rstrip("/") + f"/v1/{signal}" if http else general
-    timeout = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_TIMEOUT") or env.get(
-        "OTEL_EXPORTER_OTLP_TIMEOUT"
-    )
-    if timeout:
-        opts["timeout"] = float(timeout)
-    return opts
-
-
 def _span_exporter(name: str, env: Mapping[str, str]) -> Any:
     if name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         return ConsoleSpanExporter()
     if _protocol(env, "traces") == "grpc":
-        from service.telemetry.otlp import OtlpGrpcSpanExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return OtlpGrpcSpanExporter(**_otlp_options(env, "traces", http=False))
+        return OTLPSpanExporter()
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpSpanExporter,
     )
 
-    return HttpSpanExporter(**_otlp_options(env, "traces", http=True))
+    return HttpSpanExporter()
 
 
 def _metric_exporter(name: str, env: Mapping[str, str]) -> Any:
@@ -103,12 +90,12 @@ def _metric_exporter(name: str, env: Mapping[str, str]) -> Any:
     if _protocol(env, "metrics") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
-        return OTLPMetricExporter(**_otlp_options(env, "metrics", http=False))
+        return OTLPMetricExporter()
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HttpMetricExporter,
     )
 
-    return HttpMetricExporter(**_otlp_options(env, "metrics", http=True))
+    return HttpMetricExporter()
 
 
 def exemplar_filter(env: Mapping[str, str]) -> Any:
@@ -139,11 +126,6 @@ def exemplar_filter(env: Mapping[str, str]) -> Any:
     return filters[name]()
 
 
-def _millis(env: Mapping[str, str], key: str) -> float | None:
-    raw = env.get(key)
-    return float(raw) if raw else None
-
-
 def build_telemetry(settings: Settings, environ: Mapping[str, str] | None = None) -> Telemetry:
     env = os.environ if environ is None else environ
     if _truthy(env.get("OTEL_SDK_DISABLED")):
@@ -169,24 +151,28 @@ def build_telemetry(settings: Settings, environ: Mapping[str, str] | None = None
     if trace_names:
         tracer_provider = TracerProvider(resource=resource)
         for name in trace_names:
-            processor = BatchSpanProcessor(
-                _span_exporter(name, env),
-                schedule_delay_millis=_millis(env, "OTEL_BSP_SCHEDULE_DELAY"),
-            )
-            tracer_provider.add_span_processor(processor)
+            tracer_provider.add_span_processor(BatchSpanProcessor(_span_exporter(name, env)))
         shutdown.append(tracer_provider.shutdown)
-    interval_ms = _millis(env, "OTEL_METRIC_EXPORT_INTERVAL")
     readers: list[MetricReader] = [
-        PeriodicExportingMetricReader(_metric_exporter(name, env), interval_ms)
-        for name in metric_names
+        PeriodicExportingMetricReader(_metric_exporter(name, env)) for name in metric_names
     ]
     endpoint = None
     if metrics_listen:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import CollectorRegistry
+        from prometheus_client import (
+            CollectorRegistry,
+            GCCollector,
+            PlatformCollector,
+            ProcessCollector,
+        )
 
         registry = CollectorRegistry(auto_describe=True)
-        readers.append(PrometheusMetricReader(registry=registry))
+        # No otel_scope_* labels: one scope, and they double every series' labels.
+        readers.append(PrometheusMetricReader(registry=registry, scope_info_enabled=False))
+        # process_* (CPU, RSS, fds, start time), python_gc_*, python_info.
+        ProcessCollector(registry=registry)
+        GCCollector(registry=registry)
+        PlatformCollector(registry=registry)
         endpoint = MetricsEndpoint(metrics_listen, registry)
     meter_provider = None
     if readers:
@@ -198,7 +184,6 @@ def build_telemetry(settings: Settings, environ: Mapping[str, str] | None = None
         tracer_provider,
         meter_provider,
         capture_content=settings.telemetry_capture_content,
-        tenant_header=settings.tenant_header,
         shutdown=shutdown,
         metrics_endpoint=endpoint,
     )

@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from opentelemetry import metrics, trace
@@ -20,11 +18,13 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from service.telemetry import names as n
 from service.telemetry.observation import MetricAttrs
+from service.telemetry.tenant_labels import TenantLabels
 
 if TYPE_CHECKING:
     import grpc
 
     from scheduler.request import QueuedRequest
+    from scheduler.tenants import TenantRegistry
     from service.models import ServedModel
     from service.telemetry.observation import GenerateObservation, NoopObservation
     from service.telemetry.prometheus import MetricsEndpoint
@@ -41,13 +41,11 @@ class Telemetry:
         meter_provider: metrics.MeterProvider | None = None,
         *,
         capture_content: bool = False,
-        tenant_header: str = "x-fairgate-tenant",
         shutdown: Sequence[Callable[[], None]] = (),
         metrics_endpoint: MetricsEndpoint | None = None,
     ) -> None:
         self.enabled = tracer_provider is not None or meter_provider is not None
         self.capture_content = capture_content
-        self.tenant_header = tenant_header
         self._shutdown = list(shutdown)
         self._models: list[ServedModel] = []
         # Admissions by (tenant, priority): counted here, read by the
@@ -55,6 +53,8 @@ class Telemetry:
         # request costs ~10 µs; this costs a dict update).
         self._admissions: dict[tuple[str, str], int] = {}
         self._metric_attrs: dict[tuple[str, str], MetricAttrs] = {}
+        self._caller_attrs: dict[str, MetricAttrs] = {}
+        self.tenant_labels = TenantLabels()
         self._store_mode: Callable[[], str] | None = None
         self.metrics_endpoint = metrics_endpoint
         self.tracer = (tracer_provider or trace.NoOpTracerProvider()).get_tracer(
@@ -103,17 +103,14 @@ class Telemetry:
             "Generate call duration, by tenant and outcome (ok, rejected, error, cancelled)",
             explicit_bucket_boundaries_advisory=n.DURATION_BUCKETS_S,
         )
+        # The GenAI conventions name only a client-side token histogram
+        # (gen_ai.client.token.usage); this is the server's, under the
+        # server namespace, with the same attributes.
         self.token_usage = m.create_histogram(
-            "gen_ai.client.token.usage",
+            "gen_ai.server.token.usage",
             "{token}",
             "Tokens per request by tenant and type (input, output); _sum: tokens per tenant",
             explicit_bucket_boundaries_advisory=n.TOKEN_BUCKETS,
-        )
-        self.store_duration = m.create_histogram(
-            "fairgate.store.duration",
-            "s",
-            "State store call latency",
-            explicit_bucket_boundaries_advisory=n.STORE_BUCKETS_S,
         )
         m.create_observable_gauge(
             "fairgate.queue.depth", [self._queue_depth], "{request}", "Queued requests per tenant"
@@ -144,17 +141,21 @@ class Telemetry:
         )
 
     # -- per-request helpers (GenerateObservation) ------------------------------
-    def admitted(self, tenant: str, priority: str) -> None:
-        key = (tenant, priority)
+    def admitted(self, attrs: MetricAttrs, priority: str) -> None:
+        key = (attrs.label, priority)
         self._admissions[key] = self._admissions.get(key, 0) + 1
 
     def metric_attrs(self, tenant: str, model: str) -> MetricAttrs:
-        """The metric attribute sets of (tenant, model), built once."""
+        """The metric attribute sets of (tenant, model), built once; the
+        tenant's label is bounded (`TenantLabels`)."""
+        if self.tenant_labels.changed():  # a tenant created or deleted: judge again
+            self._metric_attrs.clear()
         attrs = self._metric_attrs.get((tenant, model))
         if attrs is None:
             if len(self._metric_attrs) >= _MAX_ATTR_SETS:
                 self._metric_attrs.clear()
-            attrs = self._metric_attrs[(tenant, model)] = MetricAttrs(tenant, model)
+            label = self.tenant_labels.of(tenant)
+            attrs = self._metric_attrs[(tenant, model)] = MetricAttrs(tenant, label, model)
         return attrs
 
     # -- wiring -----------------------------------------------------------------
@@ -162,26 +163,20 @@ class Telemetry:
         """Report this model's dispatcher and engine in the gauges."""
         self._models.append(model)
 
+    def caller_attrs(self, label: str) -> MetricAttrs:
+        """Attribute sets of a call refused before it named a model (`label`: bounded)."""
+        attrs = self._caller_attrs.get(label)
+        if attrs is None:
+            attrs = self._caller_attrs[label] = MetricAttrs(label, label, n.NO_MODEL)
+        return attrs
+
+    def watch_tenants(self, registry: Callable[[], TenantRegistry]) -> None:
+        """Tenant labels are judged against `registry()` (the live registry)."""
+        self.tenant_labels.watch(registry)
+
     def watch_store(self, mode: Callable[[], str]) -> None:
         """Hook for the state store: `mode()` names its current failure mode."""
         self._store_mode = mode
-
-    def record_store_call(self, operation: str, duration_s: float, *, ok: bool) -> None:
-        """Hook for the state store: one call's latency and outcome."""
-        self.store_duration.record(
-            duration_s, {"fairgate.store.operation": operation, n.OUTCOME: "ok" if ok else "error"}
-        )
-
-    @contextmanager
-    def store_call(self, operation: str) -> Iterator[None]:
-        """`with telemetry.store_call("reserve"): ...` times a store call."""
-        start_s = time.perf_counter()
-        ok = False
-        try:
-            yield
-            ok = True
-        finally:
-            self.record_store_call(operation, time.perf_counter() - start_s, ok=ok)
 
     def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         if not self.enabled:
@@ -248,15 +243,21 @@ class Telemetry:
         for (tenant, priority), count in self._admissions.copy().items():
             yield Observation(count, {n.TENANT: tenant, n.PRIORITY: priority})
 
-    def _queue_depth(self, _: CallbackOptions) -> Iterable[Observation]:
+    def _per_tenant(self, field: str) -> Iterable[Observation]:
+        # Bounded labels: tenants that share one ("_other") are summed under it.
+        totals: dict[str, int] = {}
         for model in list(self._models):
             for t in model.dispatcher.stats().tenants:
-                yield Observation(t.queued, {n.TENANT: t.tenant_id})
+                label = self.tenant_labels.of(t.tenant_id)
+                totals[label] = totals.get(label, 0) + int(getattr(t, field))
+        for label, value in totals.items():
+            yield Observation(value, {n.TENANT: label})
+
+    def _queue_depth(self, _: CallbackOptions) -> Iterable[Observation]:
+        return self._per_tenant("queued")
 
     def _tenant_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
-        for model in list(self._models):
-            for t in model.dispatcher.stats().tenants:
-                yield Observation(t.in_flight, {n.TENANT: t.tenant_id})
+        return self._per_tenant("in_flight")
 
     def _engine_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
         for model in list(self._models):

@@ -140,12 +140,13 @@ async def test_drain_limit_cancels_and_server_cleans_up(start_server: StartServe
 
 
 async def test_cli_writes_table_json_and_plots(server: App, tmp_path: Path) -> None:
-    out_json, plots = tmp_path / "load.json", tmp_path / "plots"
+    out_json, plots, results = tmp_path / "load.json", tmp_path / "plots", tmp_path / "results"
     proc = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "fairgate.cli.main", "bench", "load", "-a", server.address),
         *("--concurrency", "2,4", "--duration", "0.5", "--requests", "40"),
         *("--prompt-tokens", "8-32", "--output-tokens", "4", "--tenant", "x:1"),
         *("--tenant", "y:1", "--slo-ttft-ms", "5000", "--json", str(out_json)),
+        *("--percentiles", "50,90,99.9", "--result-dir", str(results)),
         *("--plot-dir", str(plots), "--no-progress", "--markdown"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -153,14 +154,30 @@ async def test_cli_writes_table_json_and_plots(server: App, tmp_path: Path) -> N
     out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 0, err.decode()
     text = out.decode()
-    assert "| concurrency" in text and "per-tenant service" in text
+    assert "| conc" in text and "per-tenant service" in text
+    assert "p50 | p90 | p99.9" in " ".join(text.split()), text
+    assert max(len(line) for line in text.splitlines()) <= 80, text
     doc = json.loads(out_json.read_text())
     assert [s["level"] for s in doc["steps"]] == [2, 4]
     for s in doc["steps"]:
         assert s["sent"] == s["ok"] <= 40 and s["output_tokens"] == 4 * s["ok"]
         assert set(s["tenants"]) <= {"x", "y"}
         assert s["e2e"]["p99_ms"] is not None
+        # vllm bench serve's names, with the percentiles asked for.
+        assert s["completed"] == s["ok"] and s["total_output_tokens"] == s["output_tokens"]
+        assert s["max_concurrency"] == s["level"] and s["request_rate"] == "inf"
+        for metric in ("ttft", "tpot", "itl", "e2el"):
+            for stat in ("mean", "median", "std", "p90", "p99.9"):
+                assert s[f"{stat}_{metric}_ms"] is not None, (stat, metric)
+        # Per-request records, in vLLM's arrays and in full.
+        n = s["num_prompts"]
+        assert len(s["input_lens"]) == len(s["ttfts"]) == len(s["itls"]) == n
+        assert len(s["requests"]) == n and all(r["outcome"] == "ok" for r in s["requests"])
+        assert s["output_lens"] == [4] * n
     series = doc["tenant_service"]["tokens"]
     assert sum(map(sum, series.values())) == sum(s["output_tokens"] for s in doc["steps"])
     for name in ("latency.png", "throughput.png", "tenants.png"):
         assert (plots / name).read_bytes().startswith(b"\x89PNG")
+    per_step = sorted(results.iterdir())
+    assert [p.name for p in per_step] == ["fairgate-c2.json", "fairgate-c4.json"]
+    assert json.loads(per_step[0].read_text())["backend"] == "fairgate-grpc"

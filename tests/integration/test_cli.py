@@ -38,6 +38,11 @@ async def test_generate_bad_input_exits_nonzero_with_field(server: App) -> None:
 async def test_models_and_count_tokens(server: App) -> None:
     code, out, _ = await _run("models", "-a", server.address)
     assert code == 0 and server.models.default in out
+    code, out, _ = await _run("models", "-a", server.address, "-o", "json")
+    import json
+
+    (listed,) = json.loads(out)
+    assert code == 0 and listed["name"] == server.models.default and listed["is_default"]
     code, out, _ = await _run("count-tokens", "one two three", "-a", server.address)
     assert code == 0 and out.startswith("3 tokens")
 
@@ -74,3 +79,53 @@ async def test_bench_store_prints_both_stores(redis_url: str) -> None:
     assert code == 0, err
     assert "memory store" in out and "redis store, flush 5 ms" in out
     assert "round trips/req" in out
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_unreachable_server_is_one_line_not_a_traceback() -> None:
+    address = f"127.0.0.1:{_closed_port()}"
+    for args in (
+        ("bench", "load", "-a", address, "--requests", "4"),
+        ("models", "-a", address),
+    ):
+        code, _, err = await _run(*args)
+        assert code == 1, err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: UNAVAILABLE"), err
+
+
+async def test_version_completion_and_help() -> None:
+    from fairgate.cli.shared import version
+
+    code, out, _ = await _run("--version")
+    assert (code, out.strip()) == (0, f"fairgate {version()}")
+    code, out, _ = await _run("--help")
+    assert code == 0 and "--install-completion" in out
+    # Every setting is a serve flag, with its variable and default.
+    from dataclasses import fields
+
+    from service.settings import Settings
+
+    code, out, _ = await _run("serve", "--help")
+    assert code == 0
+    flat = " ".join(out.split())
+    for f in fields(Settings):
+        assert "--" + f.name.replace("_", "-") in flat, f.name
+        assert "FAIRGATE_" + f.name.upper() in flat, f.name
+    assert "[env FAIRGATE_LISTEN; default 127.0.0.1:50051]" in flat
+    # Help text is not Rich markup: `[plot]` survives.
+    code, out, _ = await _run("bench", "load", "--help")
+    assert code == 0 and "fairgate[plot]" in out
+
+
+async def test_serve_flags_reach_the_settings(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A flag for a setting that used to be env-only: its validation answers.
+    code, _, err = await _run("serve", "--store", "nowhere", "--listen", "127.0.0.1:0")
+    assert code == 2 and "unknown store 'nowhere'" in err

@@ -1,14 +1,11 @@
 """`fairgate admin`: tenants, API keys, usage and declarative apply.
 
-Connection flags (or env vars): --address (FAIRGATE_ADDRESS), --token
-(FAIRGATE_ADMIN_TOKEN), --tls (FAIRGATE_TLS), --ca-file (FAIRGATE_CA_FILE),
---cert-file / --key-file (FAIRGATE_CLIENT_CERT_FILE / FAIRGATE_CLIENT_KEY_FILE),
---server-name (FAIRGATE_TLS_SERVER_NAME); --output table|json (FAIRGATE_OUTPUT).
-
-Exit codes: 0 ok; 1 other error; 2 bad usage or input (INVALID_ARGUMENT, a bad
-file); 3 not found; 4 conflict (stale etag, already exists, failed
-precondition); 5 not allowed (UNAUTHENTICATED, PERMISSION_DENIED);
-6 server unreachable (UNAVAILABLE, DEADLINE_EXCEEDED, TLS handshake).
+Connection flags (or env vars), accepted before or after the subcommand:
+--address (FAIRGATE_ADDRESS), --token (FAIRGATE_ADMIN_TOKEN), --tls
+(FAIRGATE_TLS), --ca-file (FAIRGATE_CA_FILE), --cert-file / --key-file
+(FAIRGATE_CLIENT_CERT_FILE / FAIRGATE_CLIENT_KEY_FILE), --server-name
+(FAIRGATE_TLS_SERVER_NAME); --output table|json|yaml (FAIRGATE_OUTPUT).
+Exit codes: fairgate/admin/conn.py.
 """
 
 from __future__ import annotations
@@ -16,144 +13,43 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Annotated, Any
 
-import grpc
 import typer
 
 from fairgate.admin import render
 from fairgate.admin.client import AdminClient
-from fairgate.admin.tenant_args import tenant_from_flags
-from fairgate.errors import FairgateError
-from fairgate.tls import TlsConfig
-
-EXIT_OK, EXIT_ERROR, EXIT_INPUT, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_DENIED, EXIT_UNREACHABLE = (
-    range(7)
+from fairgate.admin.conn import (
+    EXIT_DRIFT,
+    EXIT_INPUT,
+    Conn,
+    connect,
+    die,
+    session,
+    shared,
 )
-_EXIT_BY_CODE = {
-    grpc.StatusCode.INVALID_ARGUMENT: EXIT_INPUT,
-    grpc.StatusCode.NOT_FOUND: EXIT_NOT_FOUND,
-    grpc.StatusCode.ABORTED: EXIT_CONFLICT,
-    grpc.StatusCode.ALREADY_EXISTS: EXIT_CONFLICT,
-    grpc.StatusCode.FAILED_PRECONDITION: EXIT_CONFLICT,
-    grpc.StatusCode.UNAUTHENTICATED: EXIT_DENIED,
-    grpc.StatusCode.PERMISSION_DENIED: EXIT_DENIED,
-    grpc.StatusCode.UNAVAILABLE: EXIT_UNREACHABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED: EXIT_UNREACHABLE,
-}
-
-
-class Output(StrEnum):
-    table = "table"
-    json = "json"
-
-
-@dataclass(slots=True)
-class Conn:
-    address: str
-    token: str | None
-    tls: TlsConfig | None
-    output: Output
-    timeout_s: float
-
-    def client(self) -> AdminClient:
-        return AdminClient(self.address, token=self.token, tls=self.tls, timeout_s=self.timeout_s)
-
-    @property
-    def json(self) -> bool:
-        return self.output is Output.json
-
+from fairgate.admin.tenant_args import FlagErrors, tenant_from_flags
 
 admin_app = typer.Typer(
-    no_args_is_help=True, help="Administer tenants, API keys and quotas (AdminService)."
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Administer tenants, API keys and quotas (AdminService).",
 )
-tenants_app = typer.Typer(no_args_is_help=True, help="Create, show, change and delete tenants.")
-keys_app = typer.Typer(no_args_is_help=True, help="Issue, rotate, revoke and list API keys.")
+tenants_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Create, show, change and delete tenants."
+)
+keys_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Issue, rotate, revoke and list API keys."
+)
 admin_app.add_typer(tenants_app, name="tenants")
 admin_app.add_typer(keys_app, name="keys")
+admin_app.callback()(connect)
 
 
-@admin_app.callback()
-def _connect(
-    ctx: typer.Context,
-    address: Annotated[
-        str, typer.Option("--address", "-a", envvar="FAIRGATE_ADDRESS", help="server host:port")
-    ] = "127.0.0.1:50051",
-    token: Annotated[
-        str | None,
-        typer.Option(envvar="FAIRGATE_ADMIN_TOKEN", help="admin token", show_default=False),
-    ] = None,
-    tls: Annotated[bool, typer.Option(envvar="FAIRGATE_TLS", help="use TLS")] = False,
-    ca_file: Annotated[
-        str | None, typer.Option(envvar="FAIRGATE_CA_FILE", help="PEM root CA (implies --tls)")
-    ] = None,
-    cert_file: Annotated[
-        str | None, typer.Option(envvar="FAIRGATE_CLIENT_CERT_FILE", help="client cert (mTLS)")
-    ] = None,
-    key_file: Annotated[
-        str | None, typer.Option(envvar="FAIRGATE_CLIENT_KEY_FILE", help="client key (mTLS)")
-    ] = None,
-    server_name: Annotated[
-        str | None,
-        typer.Option(envvar="FAIRGATE_TLS_SERVER_NAME", help="name to verify in the server cert"),
-    ] = None,
-    output: Annotated[
-        Output, typer.Option("--output", "-o", envvar="FAIRGATE_OUTPUT", help="table or json")
-    ] = Output.table,
-    timeout: Annotated[float, typer.Option(help="seconds per call")] = 10.0,
-) -> None:
-    try:
-        tls_cfg = (
-            TlsConfig(ca_file, cert_file, key_file, server_name)
-            if tls or ca_file or cert_file
-            else None
-        )
-    except ValueError as exc:
-        _die(EXIT_INPUT, str(exc))
-    ctx.obj = Conn(address, token, tls_cfg, output, timeout)
-
-
-def _die(code: int, message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _fail(exc: FairgateError, as_json: bool) -> typer.Exit:
-    code = _EXIT_BY_CODE.get(exc.code, EXIT_ERROR)
-    if as_json:
-        err: dict[str, Any] = {"code": exc.code.name, "message": exc.message}
-        if exc.reason:
-            err["reason"] = exc.reason
-        if exc.field_violations:
-            err["field_violations"] = [
-                {"field": f, "description": d} for f, d in exc.field_violations
-            ]
-        sys.stderr.write(json.dumps({"error": err}) + "\n")
-    else:
-        # With field violations listed below, the summary line need not repeat them.
-        message = exc.message.split(":", 1)[0] if exc.field_violations else exc.message
-        typer.echo(f"error: {exc.code.name}: {message}", err=True)
-        for field, desc in exc.field_violations:
-            typer.echo(f"  {field}: {desc}", err=True)
-    raise typer.Exit(code)
-
-
-@contextmanager
-def _session(ctx: typer.Context) -> Iterator[tuple[Conn, AdminClient]]:
-    conn: Conn = ctx.obj
-    try:
-        client = conn.client()
-    except ValueError as exc:
-        _die(EXIT_INPUT, str(exc))
-    try:
-        with client:
-            yield conn, client
-    except FairgateError as exc:
-        _fail(exc, conn.json)
+def _bad_flags(exc: FlagErrors) -> typer.Exit:
+    for problem in exc.problems:
+        typer.echo(f"error: {problem}", err=True)
+    raise typer.Exit(EXIT_INPUT)
 
 
 # -- tenants ------------------------------------------------------------------
@@ -169,29 +65,32 @@ QuotaOpt = Annotated[
 
 
 @tenants_app.command("list")
+@shared
 def tenants_list(ctx: typer.Context) -> None:
     """List tenants (the default tenant is marked)."""
-    with _session(ctx) as (conn, client):
+    with session(ctx) as (conn, client):
         resp = client.list_tenants()
         if conn.json:
-            render.print_json(render.to_dict(resp))
+            _out(conn, render.to_dict(resp))
         else:
             render.console().print(render.tenants_table(resp.tenants, resp.default_tenant_id))
 
 
 @tenants_app.command("show")
+@shared
 def tenants_show(ctx: typer.Context, tenant_id: str) -> None:
     """Show one tenant with its etag."""
-    with _session(ctx) as (conn, client):
+    with session(ctx) as (conn, client):
         t = client.get_tenant(tenant_id)
         if conn.json:
-            render.print_json(render.to_dict(t))
+            _out(conn, render.to_dict(t))
         else:
             default = client.list_tenants().default_tenant_id
             render.console().print(render.tenants_table([t], default))
 
 
 @tenants_app.command("create")
+@shared
 def tenants_create(
     ctx: typer.Context,
     tenant_id: str,
@@ -207,9 +106,9 @@ def tenants_create(
         tenant, _ = tenant_from_flags(
             tenant_id, weight, priority, over_quota, quota, None if not disabled else False
         )
-    except ValueError as exc:
-        _die(EXIT_INPUT, str(exc))
-    with _session(ctx) as (conn, client):
+    except FlagErrors as exc:
+        raise _bad_flags(exc) from None
+    with session(ctx) as (conn, client):
         created = client.create_tenant(tenant)
         if default:
             client.set_default_tenant(created.id)
@@ -217,6 +116,7 @@ def tenants_create(
 
 
 @tenants_app.command("update")
+@shared
 def tenants_update(
     ctx: typer.Context,
     tenant_id: str,
@@ -234,17 +134,18 @@ def tenants_update(
     """Change the given fields of a tenant (others stay as they are)."""
     try:
         tenant, paths = tenant_from_flags(tenant_id, weight, priority, over_quota, quota, enabled)
-    except ValueError as exc:
-        _die(EXIT_INPUT, str(exc))
+    except FlagErrors as exc:
+        raise _bad_flags(exc) from None
     if not paths:
-        _die(EXIT_INPUT, "nothing to change: give --weight, --priority, --quota, ...")
+        die(EXIT_INPUT, "nothing to change: give --weight, --priority, --quota, ...")
     tenant.etag = etag or ""
-    with _session(ctx) as (conn, client):
+    with session(ctx) as (conn, client):
         updated = client.update_tenant(tenant, paths)
         _print_tenant(conn, updated, f"updated tenant {updated.id} (etag {updated.etag})")
 
 
 @tenants_app.command("delete")
+@shared
 def tenants_delete(
     ctx: typer.Context,
     tenant_id: str,
@@ -253,82 +154,106 @@ def tenants_delete(
     ] = None,
 ) -> None:
     """Delete a tenant and its API keys."""
-    with _session(ctx) as (conn, client):
+    with session(ctx) as (conn, client):
         client.delete_tenant(tenant_id, etag or "")
         if conn.json:
-            render.print_json({"deleted": tenant_id})
+            _out(conn, {"deleted": tenant_id})
         else:
             typer.echo(f"deleted tenant {tenant_id}")
 
 
 @tenants_app.command("set-default")
+@shared
 def tenants_set_default(
     ctx: typer.Context,
     tenant_id: Annotated[str, typer.Argument(help="tenant id; '' for none")],
 ) -> None:
     """Name the tenant that serves requests naming none ('' to refuse them)."""
-    with _session(ctx) as (conn, client):
+    with session(ctx) as (conn, client):
         client.set_default_tenant(tenant_id)
         if conn.json:
-            render.print_json({"default_tenant_id": tenant_id})
+            _out(conn, {"default_tenant_id": tenant_id})
         else:
             typer.echo(f"default tenant: {tenant_id or '(none)'}")
 
 
+def _out(conn: Conn, value: Any) -> None:
+    render.print_data(value, conn.output.value)
+
+
+@tenants_app.command("export")
+@shared
+def tenants_export(ctx: typer.Context) -> None:
+    """Print the server's tenants as a tenants file (YAML; -o json for JSON).
+
+    `fairgate admin tenants export > tenants.yaml` then `fairgate admin apply
+    -f tenants.yaml` is a no-op: the file is what `serve --tenants` and `apply` read."""
+    from fairgate.admin.tenant_args import tenants_to_file
+
+    with session(ctx) as (conn, client):
+        resp = client.list_tenants()
+        doc = tenants_to_file(resp.tenants, resp.default_tenant_id)
+        render.print_data(doc, "json" if conn.output.value == "json" else "yaml")
+
+
 def _print_tenant(conn: Conn, tenant: Any, message: str) -> None:
     if conn.json:
-        render.print_json(render.to_dict(tenant))
+        _out(conn, render.to_dict(tenant))
     else:
         typer.echo(message)
 
 
 # -- keys ---------------------------------------------------------------------
 @keys_app.command("issue")
+@shared
 def keys_issue(
     ctx: typer.Context,
     tenant_id: str,
     name: Annotated[str, typer.Option(help="a label for the key")] = "",
 ) -> None:
     """Issue an API key; the secret is printed once and never again."""
-    with _session(ctx) as (conn, client):
+    with session(ctx) as (conn, client):
         resp = client.issue_key(tenant_id, name)
         _print_secret(conn, resp.key, resp.secret)
 
 
 @keys_app.command("rotate")
+@shared
 def keys_rotate(
     ctx: typer.Context,
     key_id: str,
     grace_period: Annotated[float, typer.Option(help="seconds the old key keeps working")] = 0.0,
 ) -> None:
     """Replace a key: a new secret for the same tenant; the old key stops working."""
-    with _session(ctx) as (conn, client):
+    with session(ctx) as (conn, client):
         resp = client.rotate_key(key_id, grace_period)
         _print_secret(conn, resp.key, resp.secret, retired=resp.retired)
 
 
 @keys_app.command("revoke")
+@shared
 def keys_revoke(ctx: typer.Context, key_id: str) -> None:
     """Revoke a key: it stops working at once."""
-    with _session(ctx) as (conn, client):
+    with session(ctx) as (conn, client):
         key = client.revoke_key(key_id)
         if conn.json:
-            render.print_json(render.to_dict(key))
+            _out(conn, render.to_dict(key))
         else:
             typer.echo(f"revoked key {key.key_id} of tenant {key.tenant_id}")
 
 
 @keys_app.command("list")
+@shared
 def keys_list(
     ctx: typer.Context,
     tenant: Annotated[str, typer.Option(help="only this tenant's keys")] = "",
     all_keys: Annotated[bool, typer.Option("--all", help="include revoked keys")] = False,
 ) -> None:
     """List keys (ids and hints, never secrets)."""
-    with _session(ctx) as (conn, client):
+    with session(ctx) as (conn, client):
         keys = client.list_keys(tenant, include_inactive=all_keys)
         if conn.json:
-            render.print_json([render.to_dict(k) for k in keys])
+            _out(conn, [render.to_dict(k) for k in keys])
         else:
             render.console().print(render.keys_table(keys))
 
@@ -338,7 +263,7 @@ def _print_secret(conn: Conn, key: Any, secret: str, retired: Any = None) -> Non
         out: dict[str, Any] = {"key": render.to_dict(key), "secret": secret}
         if retired is not None:
             out["retired"] = render.to_dict(retired)
-        render.print_json(out)
+        _out(conn, out)
         return
     typer.echo(f"key {key.key_id} for tenant {key.tenant_id}")
     if retired is not None:
@@ -350,6 +275,7 @@ def _print_secret(conn: Conn, key: Any, secret: str, retired: Any = None) -> Non
 
 # -- usage --------------------------------------------------------------------
 @admin_app.command("usage")
+@shared
 def usage(
     ctx: typer.Context,
     tenant_ids: Annotated[list[str] | None, typer.Argument(help="tenants (default: all)")] = None,
@@ -358,16 +284,28 @@ def usage(
     iterations: Annotated[int, typer.Option(hidden=True, help="stop after N refreshes")] = 0,
 ) -> None:
     """Live usage per tenant: buckets, tokens in the window, in flight, queued, counter."""
-    with _session(ctx) as (conn, client):
+    with session(ctx) as (conn, client):
         ids = tenant_ids or []
         if not watch:
-            resp = client.usage(ids)
+            resp = _current(client, ids)
             if conn.json:
-                render.print_json(render.to_dict(resp))
+                _out(conn, render.to_dict(resp))
             else:
                 render.console().print(render.usage_table(resp))
             return
         _watch(conn, client, ids, interval, iterations)
+
+
+def _current(client: AdminClient, ids: list[str]) -> Any:
+    """Usage of the tenants that exist now (a pruned tenant's counters linger
+    in the scheduler until it forgets them; they are not shown)."""
+    resp = client.usage(ids)
+    known = {t.id for t in client.list_tenants().tenants}
+    if known:  # no tenants configured: every tenant id is served, show them all
+        kept = [u for u in resp.usage if u.tenant_id in known]
+        del resp.usage[:]
+        resp.usage.extend(kept)
+    return resp
 
 
 def _watch(conn: Conn, client: AdminClient, ids: list[str], interval: float, n: int) -> None:
@@ -377,17 +315,17 @@ def _watch(conn: Conn, client: AdminClient, ids: list[str], interval: float, n: 
     try:
         if conn.json:
             while not n or done < n:
-                sys.stdout.write(json.dumps(render.to_dict(client.usage(ids))) + "\n")
+                sys.stdout.write(json.dumps(render.to_dict(_current(client, ids))) + "\n")
                 sys.stdout.flush()
                 done += 1
                 if not n or done < n:
                     time.sleep(interval)
             return
-        with Live(render.usage_table(client.usage(ids)), console=render.console()) as live:
+        with Live(render.usage_table(_current(client, ids)), console=render.console()) as live:
             done = 1
             while not n or done < n:
                 time.sleep(interval)
-                live.update(render.usage_table(client.usage(ids)))
+                live.update(render.usage_table(_current(client, ids)))
                 done += 1
     except KeyboardInterrupt:
         return
@@ -395,27 +333,62 @@ def _watch(conn: Conn, client: AdminClient, ids: list[str], interval: float, n: 
 
 # -- apply --------------------------------------------------------------------
 @admin_app.command("apply")
+@shared
 def apply(
     ctx: typer.Context,
     file: Annotated[str, typer.Option("--file", "-f", help="tenants YAML (as `serve --tenants`)")],
     dry_run: Annotated[bool, typer.Option(help="show the changes, make none")] = False,
-    prune: Annotated[bool, typer.Option(help="delete tenants the file does not declare")] = False,
+    prune: Annotated[
+        bool,
+        typer.Option(help="delete tenants the file does not declare (and their API keys)"),
+    ] = False,
+    exit_code: Annotated[
+        bool,
+        typer.Option(
+            "--exit-code",
+            help=f"exit {EXIT_DRIFT} when the server differed from the file (CI drift check)",
+        ),
+    ] = False,
 ) -> None:
     """Make the server's tenants match a tenants file (idempotent; atomic)."""
     from fairgate.admin.tenant_args import tenants_from_file
 
     try:
         tenants, default = tenants_from_file(file)
-    except ValueError as exc:
-        _die(EXIT_INPUT, str(exc))
-    with _session(ctx) as (conn, client):
+    except FlagErrors as exc:
+        raise _bad_flags(exc) from None
+    with session(ctx) as (conn, client):
+        # The keys a prune deletes with their tenants, read before they go.
+        keys = client.list_keys("") if prune else []
         resp = client.apply(tenants, default, prune=prune, dry_run=dry_run)
+        from fairgate.v1 import admin_pb2 as apb
+
+        deleted = {c.tenant_id for c in resp.changes if c.action == apb.TenantChange.ACTION_DELETE}
+        by_tenant: dict[str, list[Any]] = {}
+        for k in keys:
+            if k.active and k.tenant_id in deleted:
+                by_tenant.setdefault(k.tenant_id, []).append(k)
+        drift = any(
+            c.action
+            in (
+                apb.TenantChange.ACTION_CREATE,
+                apb.TenantChange.ACTION_UPDATE,
+                apb.TenantChange.ACTION_DELETE,
+            )
+            for c in resp.changes
+        ) or resp.HasField("default_tenant")
         if conn.json:
-            render.print_json({**render.to_dict(resp), "dry_run": dry_run})
+            out = {**render.to_dict(resp), "dry_run": dry_run, "drift": drift}
+            out["deleted_api_keys"] = {
+                t: [k.key_id for k in ks] for t, ks in sorted(by_tenant.items())
+            }
+            _out(conn, out)
         else:
             con = render.console()
-            for line in render.diff_lines(resp, dry_run):
+            for line in render.diff_lines(resp, dry_run, by_tenant):
                 con.print(line)
+    if exit_code and drift:
+        raise typer.Exit(EXIT_DRIFT)
 
 
 __all__ = ["admin_app"]

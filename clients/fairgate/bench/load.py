@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ from fairgate.bench.http_load import HttpLoad
 from fairgate.bench.stats import REJECT_CODES, RequestRecord, Slo, StepReport, build_step
 from fairgate.bench.workload import Arrivals, Lengths, Tenant, TenantPicker, prompt_ids
 from fairgate.errors import FairgateError
-from fairgate.types import Delta
+from fairgate.types import Delta, Result
 
 DEFAULT_CONCURRENCY = (10, 50, 100, 300, 500, 1000)
 
@@ -43,6 +43,8 @@ class LoadConfig:
     # Closed loop: concurrency levels. Open loop: arrival rates (requests/s).
     mode: str = "closed"
     levels: Sequence[float] = DEFAULT_CONCURRENCY
+    # Gaps' coefficient of variation: 1 Poisson, > 1 burstier (vLLM's
+    # --burstiness b is the gamma shape: cv = 1 / sqrt(b)).
     cv: float = 1.0
     duration_s: float | None = 30.0
     requests: int | None = None
@@ -58,6 +60,8 @@ class LoadConfig:
     time_scale: float = 1.0
     # "grpc", or "http": the OpenAI-compatible API (fairgate/bench/http_load.py).
     protocol: str = "grpc"
+    # Latency percentiles reported (and in the JSON as p<q>_<metric>_ms).
+    percentiles: Sequence[float] = (50.0, 99.0)
 
     def __post_init__(self) -> None:
         if self.protocol not in ("grpc", "http"):
@@ -72,11 +76,18 @@ class LoadConfig:
             raise ValueError("time_scale must be > 0 (report times are divided by it)")
         if self.mode == "closed" and any(x != int(x) for x in self.levels):
             raise ValueError("concurrency levels must be whole numbers")
+        if not self.percentiles or any(not 0 < q <= 100 for q in self.percentiles):
+            raise ValueError("percentiles must be in (0, 100]")
+
+    @property
+    def burstiness(self) -> float:
+        """vLLM's name for the gamma shape of the arrival gaps (1 = Poisson)."""
+        return 1.0 / self.cv**2
 
 
 @dataclass(slots=True)
 class TokenEvent:
-    t_s: float  # since the run started
+    t_s: float  # when the tokens arrived, since the run started
     tenant: str
     tokens: int
 
@@ -155,33 +166,33 @@ class LoadRunner:
         """Seconds since the run started, in the report's (simulated) time."""
         return (time.perf_counter() - self._t0) / self.config.time_scale
 
-    async def _one(self, record: RequestRecord, lane: int) -> None:
-        prompt = prompt_ids(record.prompt_tokens, self._rng, self._vocab_size)
-        events = self.report.token_events
-        if self._http is not None:
-            try:
-                await self._http.one(
-                    record,
-                    prompt,
-                    self.config.time_scale,
-                    lambda n: events.append(TokenEvent(self._now(), record.tenant, n)),
-                )
-            except asyncio.CancelledError:
-                record.outcome, record.error = "unfinished", "DRAIN_LIMIT"
-                raise
-            return
+    def _stream(self, record: RequestRecord, lane: int) -> AsyncIterator[Delta | Result]:
+        """The transport: token deltas, then one Result; errors as FairgateError.
+
+        gRPC through the Python client; another protocol is another
+        implementation of this method (same events, same errors)."""
         client = self._clients[lane % len(self._clients)][record.tenant]
+        prompt = prompt_ids(record.prompt_tokens, self._rng, self._vocab_size)
+        return client.generate(
+            prompt,
+            model=self.config.model,
+            max_tokens=record.max_tokens,
+            ignore_eos=True,
+            timeout_s=self.config.request_timeout_s,
+        )
+
+    async def _one(self, record: RequestRecord, lane: int) -> None:
+        if self._http is not None:
+            await self._one_http(record)
+            return
+
         start = time.perf_counter()
         k = 1.0 / self.config.time_scale
         last: float | None = None
+        # (arrival time since the run started, index of the delta's first token)
+        arrivals: list[tuple[float, int]] = []
         try:
-            async for ev in client.generate(
-                prompt,
-                model=self.config.model,
-                max_tokens=record.max_tokens,
-                ignore_eos=True,
-                timeout_s=self.config.request_timeout_s,
-            ):
+            async for ev in self._stream(record, lane):
                 now = time.perf_counter()
                 if isinstance(ev, Delta):
                     if last is None:
@@ -189,6 +200,7 @@ class LoadRunner:
                     else:
                         record.itl_s.append((now - last) * k)
                     last = now
+                    arrivals.append((self._now(), ev.index))
                     continue
                 # The final Result: its usage is the exact token count.
                 record.output_tokens = ev.usage.completion_tokens
@@ -199,8 +211,6 @@ class LoadRunner:
                 else:
                     record.outcome = "failed"
                     record.error = f"FINISH_{ev.finish_reason.upper()}"
-                if record.output_tokens:
-                    events.append(TokenEvent(self._now(), record.tenant, record.output_tokens))
         except FairgateError as exc:
             code = exc.code.name
             record.error = f"{code}/{exc.reason}" if exc.reason else code
@@ -212,6 +222,37 @@ class LoadRunner:
         except asyncio.CancelledError:
             record.outcome, record.error = "unfinished", "DRAIN_LIMIT"
             raise
+        finally:
+            self._count_tokens(record, arrivals)
+
+    async def _one_http(self, record: RequestRecord) -> None:
+        """The OpenAI API (fairgate/bench/http_load.py): it fills in the record and
+        reports tokens as they arrive."""
+        assert self._http is not None
+        prompt = prompt_ids(record.prompt_tokens, self._rng, self._vocab_size)
+        events = self.report.token_events
+        try:
+            await self._http.one(
+                record,
+                prompt,
+                self.config.time_scale,
+                lambda n: events.append(TokenEvent(self._now(), record.tenant, n)),
+            )
+        except asyncio.CancelledError:
+            record.outcome, record.error = "unfinished", "DRAIN_LIMIT"
+            raise
+
+    def _count_tokens(self, record: RequestRecord, arrivals: list[tuple[float, int]]) -> None:
+        """Tokens at the time they arrived (a delta holds the tokens up to the
+        next delta's index; the last one, up to the final count)."""
+        if not arrivals:
+            return
+        # Without a final count (the stream failed), the last delta counts one.
+        end = max(record.output_tokens, arrivals[-1][1] + 1)
+        events = self.report.token_events
+        for (t_s, index), (_, following) in zip(arrivals, [*arrivals[1:], (0.0, end)], strict=True):
+            if following > index:
+                events.append(TokenEvent(t_s, record.tenant, following - index))
 
     async def _step(self, level: float) -> None:
         cfg = self.config
@@ -302,7 +343,15 @@ class LoadRunner:
             self.progress(label, done_requests(), len(records), 1.0)
         shares = {t.name: t.share for t in cfg.tenants}
         self.report.steps.append(
-            build_step(cfg.mode, level, records, step_end - step_start, cfg.slo, shares)
+            build_step(
+                cfg.mode,
+                level,
+                records,
+                step_end - step_start,
+                cfg.slo,
+                shares,
+                cfg.percentiles,
+            )
         )
         self.report.step_spans_s.append((step_start, step_end))
         self.report.records.append(records)

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-DEFAULT_TARGET = os.environ.get("FAIRGATE_ADDRESS", "127.0.0.1:50051")
+DEFAULT_TARGET = "127.0.0.1:50051"
 
 
 def load_command(
     address: Annotated[
-        str, typer.Option("--address", "-a", help="server address (env FAIRGATE_ADDRESS)")
+        str, typer.Option("--address", "-a", envvar="FAIRGATE_ADDRESS", help="server host:port")
     ] = DEFAULT_TARGET,
     concurrency: Annotated[
         str, typer.Option(help="closed loop: comma-separated concurrency levels")
@@ -26,6 +25,22 @@ def load_command(
     cv: Annotated[
         float, typer.Option(help="open loop burstiness: CV of gaps (1 Poisson, >1 gamma-bursty)")
     ] = 1.0,
+    burstiness: Annotated[
+        float | None,
+        typer.Option(
+            help="open loop, as vLLM's --burstiness: gamma shape of the gaps "
+            "(1 Poisson, < 1 burstier); overrides --cv (cv = 1/sqrt(burstiness))",
+            show_default=False,
+        ),
+    ] = None,
+    percentiles: Annotated[
+        str,
+        typer.Option(
+            "--percentiles",
+            "--metric-percentiles",
+            help="latency percentiles to report, comma-separated (JSON: p<q>_<metric>_ms)",
+        ),
+    ] = "50,99",
     duration: Annotated[
         float | None, typer.Option(help="seconds each step issues requests")
     ] = 30.0,
@@ -55,7 +70,16 @@ def load_command(
     ] = "grpc",
     seed: Annotated[int, typer.Option(help="random seed (lengths, tenants, arrivals)")] = 0,
     json_file: Annotated[
-        Path | None, typer.Option("--json", help="write the report as JSON")
+        Path | None,
+        typer.Option(
+            "--json",
+            help="write the report as JSON (each step with vllm bench serve's names "
+            "and per-request records)",
+        ),
+    ] = None,
+    result_dir: Annotated[
+        Path | None,
+        typer.Option(help="write one vllm-bench-serve-compatible JSON file per step here"),
     ] = None,
     plot_dir: Annotated[
         Path | None, typer.Option(help="write PNG plots here (needs fairgate[plot])")
@@ -74,7 +98,7 @@ def load_command(
     from rich.console import Console
 
     from fairgate.bench.load import LoadConfig, run_load
-    from fairgate.bench.report import render_table, write_json, write_plots
+    from fairgate.bench.report import render_table, write_json, write_plots, write_results
     from fairgate.bench.stats import Slo
     from fairgate.bench.workload import Lengths, Tenant, Trace, parse_length, parse_tenant
 
@@ -85,6 +109,11 @@ def load_command(
             trace=Trace.load(trace) if trace else None,
         )
         tenants = [parse_tenant(t) for t in tenant] if tenant else [Tenant("default")]
+        if burstiness is not None:
+            if burstiness <= 0:
+                raise ValueError("--burstiness must be > 0")
+            cv = 1.0 / burstiness**0.5
+        qs = [float(x) for x in percentiles.split(",") if x.strip()]
         if rate:
             mode, levels = "open", [float(x) for x in rate.split(",") if x.strip()]
         else:
@@ -109,14 +138,13 @@ def load_command(
             seed=seed,
             time_scale=time_scale,
             protocol=protocol,
+            percentiles=qs,
         )
     except (ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
+    console = Console()  # the terminal's width; 80 for pipes (the tables fit)
     if progress:
         from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
@@ -142,6 +170,9 @@ def load_command(
     if json_file is not None:
         write_json(report, json_file)
         console.print(f"JSON report: {json_file}")
+    if result_dir is not None:
+        files = write_results(report, result_dir)
+        console.print(f"vllm-compatible results: {len(files)} files in {result_dir}")
     if plot_dir is not None:
         try:
             paths = write_plots(report, plot_dir)

@@ -72,39 +72,64 @@ class Slo:
         return self.tpot_s is None or tpot is None or tpot <= self.tpot_s
 
 
+def percentile_key(q: float) -> str:
+    """50 → "p50", 99.9 → "p99.9" (vLLM's spelling)."""
+    return f"p{int(q)}" if q == int(q) else f"p{q:g}"
+
+
 @dataclass(frozen=True, slots=True)
 class Latency:
-    """Seconds; NaN when there were no samples."""
+    """Seconds; NaN when there were no samples. `quantiles`: percentile key
+    ("p50", "p99.9") → value, for the percentiles the run asked for."""
 
     count: int
     mean: float
     p50: float
     p99: float
     max: float
+    std: float = math.nan
+    quantiles: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> Latency:
+    def of(cls, values: Sequence[float], percentiles: Sequence[float] = (50, 99)) -> Latency:
         if not values:
-            return cls(0, math.nan, math.nan, math.nan, math.nan)
+            nan = math.nan
+            return cls(0, nan, nan, nan, nan, nan, {percentile_key(q): nan for q in percentiles})
+        mean = sum(values) / len(values)
         return cls(
             len(values),
-            sum(values) / len(values),
+            mean,
             percentile(values, 50),
             percentile(values, 99),
             max(values),
+            math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)),
+            {percentile_key(q): percentile(values, q) for q in percentiles},
         )
 
     def to_ms_dict(self) -> dict[str, float | int | None]:
-        def ms(v: float) -> float | None:
-            return None if math.isnan(v) else round(v * 1e3, 3)
-
-        return {
+        out: dict[str, float | int | None] = {
             "count": self.count,
-            "mean_ms": ms(self.mean),
-            "p50_ms": ms(self.p50),
-            "p99_ms": ms(self.p99),
-            "max_ms": ms(self.max),
+            "mean_ms": _ms(self.mean),
+            "p50_ms": _ms(self.p50),
+            "p99_ms": _ms(self.p99),
+            "max_ms": _ms(self.max),
         }
+        out.update({f"{k}_ms": _ms(v) for k, v in self.quantiles.items()})
+        return out
+
+    def vllm_fields(self, metric: str) -> dict[str, float | None]:
+        """`vllm bench serve` result names: mean_/median_/std_/p<q>_<metric>_ms."""
+        out = {
+            f"mean_{metric}_ms": _ms(self.mean),
+            f"median_{metric}_ms": _ms(self.p50),
+            f"std_{metric}_ms": _ms(self.std),
+        }
+        out.update({f"{k}_{metric}_ms": _ms(v) for k, v in self.quantiles.items()})
+        return out
+
+
+def _ms(v: float) -> float | None:
+    return None if math.isnan(v) else round(v * 1e3, 3)
 
 
 @dataclass(slots=True)
@@ -167,6 +192,23 @@ class StepReport:
         d["tenants"] = {k: asdict(v) for k, v in self.tenants.items()}
         d["jain_index"] = None if math.isnan(self.jain_index) else round(self.jain_index, 4)
         d["failure_rate"] = round(self.failure_rate, 6)
+        # The names `vllm bench serve --save-result` writes (e2el: end-to-end).
+        d.update(
+            {
+                "duration": self.elapsed_s,
+                "completed": self.ok,
+                "total_input_tokens": self.prompt_tokens,
+                "total_output_tokens": self.output_tokens,
+                "request_throughput": self.requests_per_s,
+                "request_goodput": self.goodput_requests_per_s,
+                "output_throughput": self.output_tokens_per_s,
+                "total_token_throughput": (self.prompt_tokens + self.output_tokens) / self.elapsed_s
+                if self.elapsed_s > 0
+                else 0.0,
+            }
+        )
+        for name, metric in (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2el")):
+            d.update(getattr(self, name).vllm_fields(metric))
         return d
 
 
@@ -177,6 +219,7 @@ def build_step(
     elapsed_s: float,
     slo: Slo,
     shares: dict[str, float],
+    percentiles: Sequence[float] = (50, 99),
 ) -> StepReport:
     ok = [r for r in records if r.outcome == "ok"]
     errors: dict[str, int] = {}
@@ -209,10 +252,10 @@ def build_step(
         requests_per_s=len(ok) * per_s,
         goodput_requests_per_s=good * per_s,
         slo_met_fraction=good / len(ok) if ok else 0.0,
-        ttft=Latency.of([r.ttft_s for r in ok if r.ttft_s is not None]),
-        tpot=Latency.of([x for r in ok if (x := r.tpot_s) is not None]),
-        itl=Latency.of([g for r in ok for g in r.itl_s]),
-        e2e=Latency.of([r.e2e_s for r in ok if r.e2e_s is not None]),
+        ttft=Latency.of([r.ttft_s for r in ok if r.ttft_s is not None], percentiles),
+        tpot=Latency.of([x for r in ok if (x := r.tpot_s) is not None], percentiles),
+        itl=Latency.of([g for r in ok for g in r.itl_s], percentiles),
+        e2e=Latency.of([r.e2e_s for r in ok if r.e2e_s is not None], percentiles),
         tenants=dict(sorted(tenants.items())),
         jain_index=jain_index(v.output_tokens / v.share for v in tenants.values()),
     )

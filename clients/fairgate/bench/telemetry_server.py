@@ -27,6 +27,7 @@ def bench_telemetry(mode: str, settings: Settings) -> tuple[Telemetry | None, Ca
     if mode != "on":
         raise ValueError(f"telemetry must be off, on or env, not {mode!r}")
     from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import (
         MetricExporter,
@@ -41,7 +42,6 @@ def bench_telemetry(mode: str, settings: Settings) -> tuple[Telemetry | None, Ca
         SpanExportResult,
     )
 
-    from service.telemetry.otlp import encode_request
     from service.telemetry.setup import exemplar_filter
 
     counts = {"spans": 0, "span_bytes": 0, "metric_exports": 0}
@@ -49,8 +49,8 @@ def bench_telemetry(mode: str, settings: Settings) -> tuple[Telemetry | None, Ca
     class EncodingSpanExporter(SpanExporter):
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             counts["spans"] += len(spans)
-            # What OtlpGrpcSpanExporter hands gRPC, serialized as gRPC would.
-            counts["span_bytes"] += len(encode_request(spans).SerializeToString())
+            # What the SDK's OTLPSpanExporter hands gRPC, serialized as gRPC would.
+            counts["span_bytes"] += len(encode_spans(spans).SerializeToString())
             return SpanExportResult.SUCCESS
 
     class EncodingMetricExporter(MetricExporter):
@@ -76,7 +76,6 @@ def bench_telemetry(mode: str, settings: Settings) -> tuple[Telemetry | None, Ca
     telemetry = Telemetry(
         tracer_provider,
         meter_provider,
-        tenant_header=settings.tenant_header,
         shutdown=[tracer_provider.shutdown, meter_provider.shutdown],
     )
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from typing import Annotated
 
@@ -12,71 +11,52 @@ import typer
 from fairgate.admin.cli import admin_app
 from fairgate.bench.load_cli import load_command
 from fairgate.cli.conn import ApiKeyOpt, CaFileOpt, CertFileOpt, KeyFileOpt, TlsOpt, tls_config
+from fairgate.cli.serve import serve_command
+from fairgate.cli.shared import version
 from fairgate.errors import FairgateError
 from fairgate.plan.cli import plan_command
 
-app = typer.Typer(
+typer_app = typer.Typer(
     no_args_is_help=True,
-    add_completion=False,
+    pretty_exceptions_enable=False,
+    # Help text is plain text: `fairgate[plot]` is not Rich markup.
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 100},
     help="fairgate: a weighted-fair, multi-tenant gRPC front door for LLM engines.",
 )
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (print ratios measured in one run).")
-app.add_typer(bench_app, name="bench")
+typer_app.add_typer(bench_app, name="bench")
 bench_app.command("load")(load_command)
-app.command("plan")(plan_command)
-app.add_typer(admin_app, name="admin")
+typer_app.command("plan")(plan_command)
+typer_app.add_typer(admin_app, name="admin")
 
-DEFAULT_TARGET = os.environ.get("FAIRGATE_ADDRESS", "127.0.0.1:50051")
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"fairgate {version()}")
+        raise typer.Exit(0)
+
+
+@typer_app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """fairgate: a weighted-fair, multi-tenant gRPC front door for LLM engines."""
+
+
+DEFAULT_TARGET = "127.0.0.1:50051"
 TargetOpt = Annotated[
-    str, typer.Option("--address", "-a", help="server address (env FAIRGATE_ADDRESS)")
+    str, typer.Option("--address", "-a", envvar="FAIRGATE_ADDRESS", help="server host:port")
 ]
 TenantOpt = Annotated[str | None, typer.Option(help="tenant name sent in x-fairgate-tenant")]
 
 
-@app.command()
-def serve(
-    listen: Annotated[str | None, typer.Option(help="host:port to bind [127.0.0.1:50051]")] = None,
-    time_scale: Annotated[
-        float | None, typer.Option(help="simulator time scale; 0 = no delays")
-    ] = None,
-    sim_model: Annotated[str | None, typer.Option(help="simulator model preset")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="directory with a tokenizer.json")] = None,
-    policy: Annotated[
-        str | None, typer.Option(help="queue policy: vtc | fcfs | rate-limit")
-    ] = None,
-    tenants: Annotated[str | None, typer.Option(help="tenants YAML (weights, quotas)")] = None,
-    log_level: Annotated[str | None, typer.Option(help="logging level")] = None,
-    http_listen: Annotated[
-        str | None,
-        typer.Option(help="host:port for the OpenAI-compatible HTTP API (off by default)"),
-    ] = None,
-    chat_template: Annotated[
-        str | None, typer.Option(help="Jinja2 chat template file (default: the tokenizer's)")
-    ] = None,
-) -> None:
-    """Run the server (embedded defaults: simulated RTX 4090, in-memory state)."""
-    from service.main import run
-    from service.settings import Settings
-
-    try:
-        settings = Settings.from_env(
-            listen=listen,
-            sim_time_scale=time_scale,
-            sim_model=sim_model,
-            tokenizer_path=tokenizer,
-            policy=policy,
-            tenants_file=tenants,
-            log_level=log_level,
-            http_listen=http_listen,
-            chat_template_path=chat_template,
-        )
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    raise typer.Exit(run(settings))
-
-
-@app.command()
+@typer_app.command()
 def generate(
     prompt: Annotated[str, typer.Argument(help="prompt text")],
     address: TargetOpt = DEFAULT_TARGET,
@@ -135,9 +115,13 @@ def generate(
         _fail(exc)
 
 
-@app.command()
+@typer_app.command()
 def models(
     address: TargetOpt = DEFAULT_TARGET,
+    output: Annotated[
+        str,
+        typer.Option("--output", "-o", envvar="FAIRGATE_OUTPUT", help="table, json or yaml"),
+    ] = "table",
     api_key: ApiKeyOpt = None,
     tls: TlsOpt = False,
     ca_file: CaFileOpt = None,
@@ -150,7 +134,18 @@ def models(
     tls_cfg = tls_config(tls, ca_file, cert_file, key_file)
     try:
         with Client(address, api_key=api_key, tls=tls_cfg) as client:
-            for m in client.list_models():
+            listed = client.list_models()
+            if output in ("json", "yaml"):
+                import dataclasses
+
+                from fairgate.admin.render import print_data
+
+                print_data([dataclasses.asdict(m) for m in listed], output)
+                return
+            if output != "table":
+                typer.echo(f"error: --output {output!r}: use table, json or yaml", err=True)
+                raise typer.Exit(2)
+            for m in listed:
                 mark = "*" if m.is_default else " "
                 typer.echo(
                     f"{mark} {m.name}  engine={m.engine}  context={m.max_context_tokens}  "
@@ -160,7 +155,7 @@ def models(
         _fail(exc)
 
 
-@app.command("count-tokens")
+@typer_app.command("count-tokens")
 def count_tokens(
     text: str,
     address: TargetOpt = DEFAULT_TARGET,
@@ -183,7 +178,7 @@ def count_tokens(
         _fail(exc)
 
 
-@app.command()
+@typer_app.command()
 def health(
     address: TargetOpt = DEFAULT_TARGET,
     service: Annotated[str, typer.Option(help="service name; empty = whole server")] = "",
@@ -212,11 +207,14 @@ def health(
     raise typer.Exit(0 if resp.status == health_pb2.HealthCheckResponse.SERVING else 1)
 
 
-@app.command("sim-server")
+@typer_app.command("sim-server")
 def sim_server(
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port (0: any free port)")] = 30000,
     model: Annotated[str, typer.Option(help="simulator model preset")] = "llama-3.1-8b-int4",
+    gpu: Annotated[
+        str, typer.Option(help="GPU preset (rtx-4090, l40s, a100-80gb, h100-sxm, h200, ...)")
+    ] = "rtx-4090",
     time_scale: Annotated[float, typer.Option(help="1 = real time, 0 = no delays")] = 1.0,
     max_running_requests: Annotated[int, typer.Option()] = 256,
     max_queued_requests: Annotated[int, typer.Option(help="0: unlimited")] = 0,
@@ -240,6 +238,7 @@ def sim_server(
         f"--host={host}",
         f"--port={port}",
         f"--model={model}",
+        f"--gpu={gpu}",
         f"--time-scale={time_scale}",
         f"--max-running-requests={max_running_requests}",
         f"--max-queued-requests={max_queued_requests}",
@@ -362,5 +361,16 @@ def _fail(exc: FairgateError) -> None:
     raise typer.Exit(1)
 
 
+typer_app.command("serve")(serve_command())
+app = typer_app
+
+
+def main() -> None:
+    """The `fairgate` program."""
+    from fairgate.cli.shared import run
+
+    run(app)
+
+
 if __name__ == "__main__":
-    app()
+    main()

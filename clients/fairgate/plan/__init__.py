@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fairgate.bench.workload import Lengths
 from fairgate.plan.capacity import Capacity, capacity
@@ -16,7 +17,7 @@ from fairgate.plan.search import Probe, SearchResult, Slos, Workload, max_rate, 
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import GIB, CostModel
 
-__all__ = ["Plan", "PlanInputs", "make_plan"]
+__all__ = ["Plan", "PlanInputs", "make_plan", "plan_to_dict"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +147,7 @@ def make_plan(inputs: PlanInputs, say: Callable[[str], None] | None = None) -> P
             f"9. Highest rate meeting the SLOs: {result.max_rate_per_s:.2f} requests/s"
             f" ({result.max_rate_per_s * lengths.mean_output:,.0f} output tokens/s). With"
             f" {inputs.headroom:.0%} headroom, plan for {plan.recommended_rate_per_s:.2f}"
-            f" requests/s per GPU: TTFT p99 {rec.ttft_p99_s * 1e3:.1f} ms, TPOT p99"
+            f" requests/s per engine ({gpu.name}): TTFT p99 {rec.ttft_p99_s * 1e3:.1f} ms, TPOT p99"
             f" {rec.tpot_p99_s * 1e3:.2f} ms, ~{plan.recommended_rate_per_s * rec.e2e_mean_s:.0f}"
             " requests in flight (Little's law)."
         )
@@ -159,9 +160,59 @@ def make_plan(inputs: PlanInputs, say: Callable[[str], None] | None = None) -> P
             else float("inf")
         )
         out(
-            f"10. At the expected {inputs.expected_rate_per_s:g} requests/s one GPU gives TTFT"
+            f"10. At the expected {inputs.expected_rate_per_s:g} requests/s one engine gives TTFT"
             f" p99 {exp.ttft_p99_s * 1e3:.1f} ms, TPOT p99 {exp.tpot_p99_s * 1e3:.2f} ms →"
-            f" {'meets' if exp.meets else 'misses'} the SLOs; replicas needed with headroom:"
+            f" {'meets' if exp.meets else 'misses'} the SLOs; engines needed with headroom:"
             f" {gpus:.2f} → {max(1, -(-gpus // 1)):.0f}."
         )
     return plan
+
+
+def _probe(p: Probe | None) -> dict[str, Any] | None:
+    if p is None:
+        return None
+    return {
+        "rate_per_s": p.rate_per_s,
+        "ttft_p99_ms": p.ttft_p99_s * 1e3,
+        "tpot_p99_ms": p.tpot_p99_s * 1e3,
+        "e2e_mean_ms": p.e2e_mean_s * 1e3,
+        "preemptions": p.preemptions,
+        "meets_slos": p.meets,
+    }
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The plan for scripts (`fairgate plan --json`): inputs, numbers, probes, reasoning."""
+    inp, cap = plan.inputs, plan.capacity
+    gpu, m = inp.cost.gpu, inp.cost.model
+    return {
+        "gpu": {
+            "name": gpu.name,
+            "memory_bytes": gpu.memory_bytes,
+            "effective_bandwidth_bytes_per_s": gpu.effective_bandwidth,
+            "effective_flops_per_s": gpu.effective_flops,
+        },
+        "model": {
+            "name": m.name,
+            "params": m.params,
+            "weight_bytes": m.weight_bytes,
+            "kv_bytes_per_token": m.kv_bytes_per_token,
+        },
+        "traffic": inp.lengths.describe(),
+        "slos": {
+            "ttft_p99_ms": inp.slos.ttft_p99_s * 1e3,
+            "tpot_p99_ms": inp.slos.tpot_p99_s * 1e3,
+        },
+        "kv_capacity_tokens": cap.kv_capacity_tokens,
+        "sessions_that_fit": cap.sessions,
+        "roofline_rate_per_s": plan.roofline_rate_per_s,
+        "feasible": plan.search.feasible,
+        "max_rate_per_s": plan.search.max_rate_per_s,
+        "headroom": inp.headroom,
+        "recommended_rate_per_s": plan.recommended_rate_per_s,
+        "at_recommended": _probe(plan.at_recommended),
+        "expected_rate_per_s": inp.expected_rate_per_s,
+        "at_expected": _probe(plan.at_expected),
+        "probes": [_probe(p) for p in plan.search.probes],
+        "steps": plan.lines,
+    }

@@ -32,6 +32,34 @@ def dtype_bytes(name: str) -> float:
         raise ValueError(f"unknown precision {name!r}; known: {', '.join(DTYPE_BYTES)}") from None
 
 
+# Tensor parallelism: each of N GPUs holds 1/N of the weights and of every
+# token's KV, and all N stream and compute at once, so one engine sees N× the
+# memory, bandwidth and FLOP/s, less the all-reduces (two per layer per step)
+# and uneven shards. Assumed: 90 % of linear scaling with NVLink (A100, H100
+# SXM, H200), 75 % over PCIe (RTX 4090, L40S, H100 PCIe).
+TP_EFFICIENCY_NVLINK = 0.90
+TP_EFFICIENCY_PCIE = 0.75
+_NVLINK = frozenset({"a100-40gb", "a100-80gb", "h100-sxm", "h200"})
+
+
+def tensor_parallel(gpu: GpuSpec, n: int, efficiency: float | None = None) -> GpuSpec:
+    """N GPUs as one engine (tensor parallelism of degree n)."""
+    if n < 1:
+        raise ValueError("tensor parallelism must be >= 1")
+    if n == 1:
+        return gpu
+    eff = efficiency
+    if eff is None:
+        eff = TP_EFFICIENCY_NVLINK if gpu.name in _NVLINK else TP_EFFICIENCY_PCIE
+    return dataclasses.replace(
+        gpu,
+        name=f"{n}× {gpu.name} (TP{n})",
+        memory_bytes=gpu.memory_bytes * n,
+        bandwidth_bytes_per_s=gpu.bandwidth_bytes_per_s * n * eff,
+        peak_flops_per_s=gpu.peak_flops_per_s * n * eff,
+    )
+
+
 def build_gpu(
     preset: str | None = "rtx-4090",
     *,

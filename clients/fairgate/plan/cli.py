@@ -8,10 +8,28 @@ from typing import Annotated
 import typer
 
 
+def _presets(kind: str) -> str:
+    from service.engines.simulator.hardware import GPUS, MODELS
+
+    return ", ".join(GPUS if kind == "gpu" else MODELS)
+
+
 def plan_command(
     gpu: Annotated[
-        str, typer.Option(help="GPU preset; 'custom' needs the three --gpu-* numbers")
+        str,
+        typer.Option(
+            help=f"GPU preset ({_presets('gpu')}); 'custom' needs the three --gpu-* numbers"
+        ),
     ] = "rtx-4090",
+    tp: Annotated[
+        int,
+        typer.Option(
+            "--tp",
+            "--tensor-parallel",
+            help="GPUs per engine (tensor parallelism): memory, bandwidth and FLOP/s × N at "
+            "90 % (NVLink) or 75 % (PCIe) efficiency",
+        ),
+    ] = 1,
     gpu_memory_gib: Annotated[float | None, typer.Option(help="GPU memory (GiB)")] = None,
     gpu_bandwidth_gbps: Annotated[
         float | None, typer.Option(help="memory bandwidth (GB/s)")
@@ -20,7 +38,8 @@ def plan_command(
         float | None, typer.Option(help="dense fp16 tensor peak (TFLOP/s)")
     ] = None,
     model: Annotated[
-        str, typer.Option(help="model preset; 'custom' needs the shape flags")
+        str,
+        typer.Option(help=f"model preset ({_presets('model')}); 'custom' needs the shape flags"),
     ] = "llama-3.1-8b-int4",
     params_b: Annotated[float | None, typer.Option(help="parameters (billions)")] = None,
     layers: Annotated[int | None, typer.Option()] = None,
@@ -42,20 +61,26 @@ def plan_command(
     headroom: Annotated[float, typer.Option(help="fraction kept in reserve, e.g. 0.2")] = 0.2,
     requests: Annotated[int, typer.Option(help="simulated requests per probe")] = 800,
     seed: Annotated[int, typer.Option()] = 0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the plan as JSON (the reasoning under `steps`)")
+    ] = False,
 ) -> None:
     """Capacity plan: KV capacity, sessions that fit, highest rate meeting the SLOs."""
     from fairgate.bench.workload import Lengths, Trace, parse_length
-    from fairgate.plan import PlanInputs, make_plan
-    from fairgate.plan.capacity import build_gpu, build_model
+    from fairgate.plan import PlanInputs, make_plan, plan_to_dict
+    from fairgate.plan.capacity import build_gpu, build_model, tensor_parallel
     from fairgate.plan.search import Slos
     from service.engines.simulator.hardware import CostModel
 
     try:
-        gpu_spec = build_gpu(
-            None if gpu == "custom" else gpu,
-            memory_gib=gpu_memory_gib,
-            bandwidth_gbps=gpu_bandwidth_gbps,
-            tflops=gpu_tflops,
+        gpu_spec = tensor_parallel(
+            build_gpu(
+                None if gpu == "custom" else gpu,
+                memory_gib=gpu_memory_gib,
+                bandwidth_gbps=gpu_bandwidth_gbps,
+                tflops=gpu_tflops,
+            ),
+            tp,
         )
         model_spec = build_model(
             None if model == "custom" else model,
@@ -67,8 +92,12 @@ def plan_command(
             kv_dtype=kv_dtype,
             max_context_tokens=max_context,
         )
+        # Each GPU of a tensor-parallel group keeps its own activations reserve.
         cost = CostModel(
-            gpu_spec, model_spec, mem_fraction_static=mem_fraction, reserve_bytes=reserve_gib * 1e9
+            gpu_spec,
+            model_spec,
+            mem_fraction_static=mem_fraction,
+            reserve_bytes=reserve_gib * 1e9 * tp,
         )
         cost.kv_capacity_tokens  # noqa: B018  (raises when the weights do not fit)
         if not 0 <= headroom < 1:
@@ -93,4 +122,9 @@ def plan_command(
     except (ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    make_plan(inputs, say=typer.echo)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(plan_to_dict(make_plan(inputs)), indent=2))
+    else:
+        make_plan(inputs, say=typer.echo)

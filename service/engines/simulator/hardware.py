@@ -16,6 +16,7 @@ token (~50 tok/s); 4-bit weights bring it to ~7-8 ms.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 GIB = 1024**3
 
@@ -101,12 +102,22 @@ class CostModel:
         return overhead_s + max(memory_s, compute_s)
 
 
+MIB = 1024**2
+
+# Datasheet numbers: memory (as nvidia-smi reports it), peak memory bandwidth,
+# dense fp16/bf16 tensor peak (no sparsity).
 RTX_4090 = GpuSpec(
     name="rtx-4090",
     memory_bytes=24 * GIB,
     bandwidth_bytes_per_s=1008e9,
     peak_flops_per_s=165e12,
 )
+A100_40GB = GpuSpec("a100-40gb", 40960 * MIB, 1555e9, 312e12)
+A100_80GB = GpuSpec("a100-80gb", 81920 * MIB, 2039e9, 312e12)
+L40S = GpuSpec("l40s", 46068 * MIB, 864e9, 362e12)
+H100_PCIE = GpuSpec("h100-pcie", 81559 * MIB, 2000e9, 756e12)
+H100_SXM = GpuSpec("h100-sxm", 81559 * MIB, 3350e9, 989e12)
+H200 = GpuSpec("h200", 143771 * MIB, 4800e9, 989e12)
 
 _LLAMA_31_8B = dict(params=8.03e9, layers=32, kv_heads=8, head_dim=128, max_context_tokens=32768)
 
@@ -130,10 +141,55 @@ QWEN_25_7B_INT4 = ModelSpec(
     max_context_tokens=32768,
 )
 
+LLAMA_31_8B_FP8 = ModelSpec(name="llama-3.1-8b-fp8", weight_bytes_per_param=1.0, **_LLAMA_31_8B)  # type: ignore[arg-type]
+# Llama-3.1-70B: 80 layers, 8 KV heads (GQA), head dim 128 → 320 KiB of fp16
+# KV per token. Quantized variants keep the embeddings and LM head (128256 ×
+# 8192 each) in 16 bits: ~2.1 GB.
+_LLAMA_31_70B: dict[str, Any] = dict(
+    params=70.6e9, layers=80, kv_heads=8, head_dim=128, max_context_tokens=131072
+)
+LLAMA_31_70B_FP16 = ModelSpec(
+    name="llama-3.1-70b-fp16", weight_bytes_per_param=2.0, **_LLAMA_31_70B
+)
+LLAMA_31_70B_FP8 = ModelSpec(
+    name="llama-3.1-70b-fp8",
+    weight_bytes_per_param=1.0,
+    weight_overhead_bytes=2.1e9,
+    **_LLAMA_31_70B,
+)
+LLAMA_31_70B_INT4 = ModelSpec(
+    name="llama-3.1-70b-int4",
+    weight_bytes_per_param=0.5,
+    weight_overhead_bytes=3.2e9,
+    **_LLAMA_31_70B,
+)
+QWEN_25_72B_INT4 = ModelSpec(
+    name="qwen2.5-72b-int4",
+    params=72.7e9,
+    layers=80,
+    kv_heads=8,
+    head_dim=128,
+    weight_bytes_per_param=0.5,
+    weight_overhead_bytes=3.3e9,
+    max_context_tokens=131072,
+)
+
 MODELS: dict[str, ModelSpec] = {
-    m.name: m for m in (LLAMA_31_8B_FP16, LLAMA_31_8B_INT4, QWEN_25_7B_INT4)
+    m.name: m
+    for m in (
+        LLAMA_31_8B_FP16,
+        LLAMA_31_8B_FP8,
+        LLAMA_31_8B_INT4,
+        QWEN_25_7B_INT4,
+        LLAMA_31_70B_FP16,
+        LLAMA_31_70B_FP8,
+        LLAMA_31_70B_INT4,
+        QWEN_25_72B_INT4,
+    )
 }
-GPUS: dict[str, GpuSpec] = {RTX_4090.name: RTX_4090}
+GPUS: dict[str, GpuSpec] = {
+    g.name: g for g in (RTX_4090, L40S, A100_40GB, A100_80GB, H100_PCIE, H100_SXM, H200)
+}
 
 
 def preset(gpu: str = "rtx-4090", model: str = "llama-3.1-8b-int4") -> CostModel:

@@ -381,6 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--model", default="llama-3.1-8b-int4")
+    p.add_argument("--gpu", default="rtx-4090")
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--max-running-requests", type=int, default=256)
     p.add_argument("--max-queued-requests", type=int, default=0)
@@ -394,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fault-stall-after-chunks", type=int, default=None)
     a = p.parse_args(argv)
     config = SimConfig(
-        cost=preset("rtx-4090", a.model),
+        cost=preset(a.gpu, a.model),
         max_running_requests=a.max_running_requests,
         max_queued_requests=a.max_queued_requests or None,
         kv_capacity_tokens=a.kv_capacity_tokens or None,

@@ -46,16 +46,15 @@ def test_tenant_lifecycle_and_keys(cli: Cli, server_thread: ServerThread) -> Non
     assert tenant["quotas"] == {"requests_per_s": 50}
     assert tenant["priorities"] == ["PRIORITY_CLASS_INTERACTIVE"]
     table = cli("admin", "tenants", "list")
-    assert (
-        table.exit_code == 0 and "team-a (default)" in table.stdout and "req/s=50" in table.stdout
-    )
+    assert table.exit_code == 0 and "team-a *" in table.stdout and "req/s=50" in table.stdout
 
     # Update some fields; the rest stay.
     r = cli("admin", "tenants", "update", "team-a", "--weight", "3", "-q", "max_concurrent=4")
     assert r.exit_code == 0, r.output
     shown = _json(cli("admin", "-o", "json", "tenants", "show", "team-a"))
     assert shown["weight"] == 3 and shown["etag"] == "2"  # type: ignore[index]
-    assert shown["quotas"] == {"requests_per_s": 50, "max_concurrent": "4"}  # type: ignore[index]
+    # int64 fields are JSON numbers (not proto3 JSON's strings).
+    assert shown["quotas"] == {"requests_per_s": 50, "max_concurrent": 4}  # type: ignore[index]
     # The dispatcher saw it (no restart).
     model = server_thread.app.models.resolve("")
     assert model is not None
@@ -103,7 +102,7 @@ def test_tenant_lifecycle_and_keys(cli: Cli, server_thread: ServerThread) -> Non
     assert idle["tokens_used_in_window"] == 0
     usage = _json(cli("admin", "-o", "json", "usage", "team-a"))
     (u,) = usage["usage"]  # type: ignore[index]
-    assert u["tenant_id"] == "team-a" and int(u["finished_total"]) == 2
+    assert u["tenant_id"] == "team-a" and u["finished_total"] == 2
     assert u["request_bucket"]["burst"] == 50
     assert "virtual_counter" in u
     watched = cli("admin", "usage", "--watch", "--interval", "0.05", "--iterations", "2")
@@ -239,3 +238,79 @@ def test_admin_credentials(server_thread: ServerThread) -> None:
     assert r.exit_code == 5 and "UNAUTHENTICATED" in r.stderr
     r = no_token("admin", "--token", "wrong", "tenants", "list")
     assert r.exit_code == 5 and "invalid admin token" in r.stderr
+
+
+def test_options_after_the_subcommand_and_output_formats(
+    cli: Cli, server_thread: ServerThread
+) -> None:
+    anon = Cli(server_thread.address, token=None)
+    # Connection options and -o after the subcommand, as before it.
+    r = anon("admin", "tenants", "create", "t1", "--token", ADMIN_TOKEN, "-o", "json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["id"] == "t1"
+    issued = anon("admin", "keys", "issue", "t1", "-o", "json", "--token", ADMIN_TOKEN)
+    assert issued.exit_code == 0, issued.output
+    assert json.loads(issued.stdout)["secret"].startswith("fg_")
+    # After the subcommand wins over before it.
+    r = anon("admin", "--token", "wrong", "tenants", "list", "--token", ADMIN_TOKEN)
+    assert r.exit_code == 0, r.output
+    r = anon("admin", "-a", "127.0.0.1:1", "tenants", "list", "-a", server_thread.address)
+    assert r.exit_code == 5  # reached the server (no token), not unreachable (6)
+    listed = cli("admin", "tenants", "list", "-o", "yaml")
+    assert listed.exit_code == 0, listed.output
+    import yaml
+
+    doc = yaml.safe_load(listed.stdout)
+    assert [t["id"] for t in doc["tenants"]] == ["t1"] and doc["tenants"][0]["active_api_keys"] == 1
+
+
+def test_export_applies_back_unchanged(cli: Cli, tmp_path: Path) -> None:
+    v1 = write(tmp_path, "v1.yaml", TENANTS_V1)
+    assert cli("admin", "apply", "-f", v1).exit_code == 0
+    cli("admin", "tenants", "update", "web", "-q", "max_queue_wait_s=2.5", "--disable")
+    exported = cli("admin", "tenants", "export")
+    assert exported.exit_code == 0, exported.output
+    path = write(tmp_path, "exported.yaml", exported.stdout)
+    again = cli("admin", "apply", "-f", path, "--dry-run", "--prune", "--exit-code")
+    assert again.exit_code == 0, again.output
+    assert "dry run: 0 to create, 0 to update, 0 to delete" in again.stdout
+
+
+def test_prune_names_the_keys_it_deletes_and_exit_code_on_drift(cli: Cli, tmp_path: Path) -> None:
+    v1 = write(tmp_path, "v1.yaml", TENANTS_V1)
+    assert cli("admin", "apply", "-f", v1).exit_code == 0
+    key_id = _json(cli("admin", "-o", "json", "keys", "issue", "batch-jobs"))["key"]["key_id"]  # type: ignore[index]
+    v2 = write(tmp_path, "v2.yaml", TENANTS_V2)
+    dry = cli("admin", "apply", "-f", v2, "--prune", "--dry-run", "--exit-code")
+    assert dry.exit_code == 7, dry.output  # drift
+    assert f"deletes 1 API key(s) with it: {key_id}" in dry.stdout
+    plain = cli("admin", "apply", "-f", v2, "--prune", "--dry-run")
+    assert plain.exit_code == 0  # without --exit-code, drift is not an error
+    done = _json(cli("admin", "-o", "json", "apply", "-f", v2, "--prune"))
+    assert done["deleted_api_keys"] == {"batch-jobs": [key_id]}  # type: ignore[index]
+    assert done["drift"] is True  # type: ignore[index]
+    same = cli("admin", "apply", "-f", v2, "--prune", "--exit-code")
+    assert same.exit_code == 0 and "no changes" in same.stdout
+
+
+def test_every_bad_flag_and_field_is_listed(cli: Cli, tmp_path: Path) -> None:
+    r = cli(
+        "admin", "tenants", "create", "t", "--priority", "urgent", "--over-quota", "later",
+        "-q", "nope=1", "-q", "max_queued=lots",
+    )  # fmt: skip
+    assert r.exit_code == 2
+    for part in ("'urgent'", "'later'", "'nope=1'", "max_queued"):
+        assert part in r.stderr, (part, r.stderr)
+    bad = write(
+        tmp_path,
+        "bad.yaml",
+        "tenants:\n"
+        "  - id: a\n    weight: -2\n    wieght: 1\n"
+        "    quotas: {max_queued: 0, requests_per_s: x}\n"
+        "  - id: b\n    over_quota: later\n",
+    )
+    r = cli("admin", "apply", "-f", bad)
+    assert r.exit_code == 2
+    for part in ("wieght", "'weight'", "quotas.max_queued", "quotas.requests_per_s", "over_quota"):
+        assert part in r.stderr, (part, r.stderr)
+    assert r.stderr.count("error:") >= 5

@@ -102,3 +102,30 @@ def test_build_step_counts_and_slo() -> None:
     # Service normalized by share: a 22/2 = 11, b 11/1 = 11 → perfectly fair.
     assert step.jain_index == pytest.approx(1.0)
     assert step.to_dict()["ttft"]["p50_ms"] == pytest.approx(100.0)
+
+
+def test_tokens_are_counted_when_they_arrive() -> None:
+    from fairgate.bench.load import LoadConfig, LoadRunner
+    from fairgate.bench.workload import Fixed, Lengths
+
+    runner = LoadRunner(LoadConfig("127.0.0.1:1", Lengths(Fixed(1), Fixed(8)), requests=1))
+    done = RequestRecord("a", 1, 8, 0.0, output_tokens=8, outcome="ok")
+    # Deltas at t = 1, 2, 3 s starting at token 0, 3, 5; 8 tokens in all.
+    runner._count_tokens(done, [(1.0, 0), (2.0, 3), (3.0, 5)])
+    cut = RequestRecord("b", 1, 8, 0.0, outcome="failed")  # no final count
+    runner._count_tokens(cut, [(4.0, 0), (5.0, 2)])
+    events = [(e.t_s, e.tenant, e.tokens) for e in runner.report.token_events]
+    assert events == [(1.0, "a", 3), (2.0, "a", 2), (3.0, "a", 3), (4.0, "b", 2), (5.0, "b", 1)]
+
+
+def test_percentiles_and_burstiness() -> None:
+    from fairgate.bench.load import LoadConfig
+    from fairgate.bench.workload import Fixed, Lengths
+
+    lat = Latency.of([0.1, 0.2, 0.3, 0.4], (50, 90, 99.9))
+    assert set(lat.quantiles) == {"p50", "p90", "p99.9"}
+    assert lat.vllm_fields("ttft")["std_ttft_ms"] == pytest.approx(111.803, abs=1e-3)
+    cfg = LoadConfig("x", Lengths(Fixed(1), Fixed(1)), mode="open", levels=[1], cv=2.0)
+    assert cfg.burstiness == pytest.approx(0.25)
+    with pytest.raises(ValueError):
+        LoadConfig("x", Lengths(Fixed(1), Fixed(1)), percentiles=[0])

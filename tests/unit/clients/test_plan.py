@@ -155,3 +155,56 @@ def test_cli() -> None:
         check=False,
     )
     assert bad.returncode == 2 and "unknown model" in bad.stderr
+
+
+def test_datacenter_presets_and_tensor_parallelism() -> None:
+    from fairgate.plan.capacity import build_gpu, build_model, tensor_parallel
+
+    from service.engines.simulator.hardware import GPUS, CostModel
+
+    small = build_model("llama-3.1-8b-int4")
+    by_memory = sorted(GPUS.values(), key=lambda g: g.memory_bytes)
+    caps = [CostModel(g, small).kv_capacity_tokens for g in by_memory]
+    assert caps == sorted(caps) and caps[0] > 0
+    assert {"a100-80gb", "l40s", "h100-sxm", "h200"} <= set(GPUS)
+    big = build_model("llama-3.1-70b-fp16")
+    assert big.kv_bytes_per_token == 2 * 80 * 8 * 128 * 2
+    h100 = build_gpu("h100-sxm")
+    with pytest.raises(ValueError, match="does not fit"):
+        _ = CostModel(h100, big).kv_capacity_tokens
+    tp2 = tensor_parallel(h100, 2)
+    assert tp2.memory_bytes == 2 * h100.memory_bytes
+    assert tp2.effective_bandwidth == pytest.approx(2 * 0.9 * h100.effective_bandwidth)
+    assert CostModel(tp2, big, reserve_bytes=4e9).kv_capacity_tokens > 0
+    # One H200 holds the 70B model in fp8; an L40S pair (PCIe) scales less than NVLink.
+    assert CostModel(build_gpu("h200"), build_model("llama-3.1-70b-fp8")).kv_capacity_tokens > 0
+    l40s = build_gpu("l40s")
+    assert tensor_parallel(l40s, 2).effective_flops == pytest.approx(
+        2 * 0.75 * l40s.effective_flops
+    )
+    with pytest.raises(ValueError):
+        tensor_parallel(h100, 0)
+
+
+def test_cli_json_with_tensor_parallelism() -> None:
+    import json
+
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "fairgate.cli.main", "plan", "--gpu", "h100-sxm", "--tp", "2"),
+            *("--model", "llama-3.1-70b-fp8", "--prompt-tokens", "256", "--output-tokens", "64"),
+            *("--requests", "100", "--rate", "1", "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["gpu"]["name"] == "2× h100-sxm (TP2)"
+    assert plan["model"]["name"] == "llama-3.1-70b-fp8"
+    assert plan["kv_capacity_tokens"] > 0 and plan["feasible"] is True
+    assert plan["recommended_rate_per_s"] == pytest.approx(plan["max_rate_per_s"] * 0.8)
+    assert plan["at_expected"]["rate_per_s"] == 1 and plan["probes"]
+    assert plan["steps"][0].startswith("1. GPU 2× h100-sxm")

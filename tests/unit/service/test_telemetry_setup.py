@@ -11,7 +11,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from service.settings import Settings
 from service.telemetry import build_telemetry
 from service.telemetry.logs import JsonFormatter
-from service.telemetry.setup import _otlp_options
 
 
 def test_nothing_configured_means_nothing_installed() -> None:
@@ -39,13 +38,17 @@ def test_prometheus_exporter_name_opens_the_default_port() -> None:
     tel.shutdown_now()
 
 
-def test_otlp_http_endpoint_gets_the_signal_path() -> None:
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/", "OTEL_EXPORTER_OTLP_TIMEOUT": "3"}
-    assert _otlp_options(env, "traces", http=True) == {
-        "endpoint": "http://c:4318/v1/traces",
-        "timeout": 3.0,
-    }
-    assert _otlp_options(env, "metrics", http=False)["endpoint"] == "http://c:4318/"
+def test_the_sdk_exporters_read_their_own_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Endpoint and signal path are the SDK's to read, not ours.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    tel = build_telemetry(Settings())
+    (processor,) = tel.tracer.span_processor._span_processors  # type: ignore[attr-defined]
+    exporter = processor.span_exporter
+    assert type(exporter).__module__.startswith("opentelemetry.exporter.otlp.proto.http")
+    assert exporter._endpoint == "http://c:4318/v1/traces"
+    tel.shutdown_now()
 
 
 def test_json_logs_carry_trace_and_span_ids() -> None:
