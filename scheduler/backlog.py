@@ -93,6 +93,16 @@ class Backlog:
         self.paused.discard(tenant_id)
         self.refresh(tenant_id)
 
+    def forget(self, tenant_id: str) -> bool:
+        """Drop an idle tenant's (empty) queue; False while it has requests queued."""
+        q = self._queues.get(tenant_id)
+        if q is not None and len(q):
+            return False
+        self._queues.pop(tenant_id, None)
+        self.paused.discard(tenant_id)
+        self._eligible.discard(tenant_id)
+        return True
+
     def top_tenant(self) -> str | None:
         return self._eligible.peek()
 

@@ -96,12 +96,16 @@ class Dispatcher:
         timers: Timers | None = None,
         expire_deadlines: bool = False,
         reserve_fraction: float = 0.0,
+        idle_ttl_s: float = 600.0,
     ) -> None:
         """`expire_deadlines`: reject a queued request with DeadlineExpired when
         its `deadline_s` passes (off by default: the gRPC layer cancels it).
         `reserve_fraction`: share of the engine kept for tenants below their
         fair share (see `FairShareReserve`; 0 turns it off; never applied under a
-        baseline policy, `policy.fair` False)."""
+        baseline policy, `policy.fair` False).
+        `idle_ttl_s`: a tenant the registry does not configure (open mode: any
+        id a caller names) is forgotten after this long idle, once its buckets
+        are full again, so callers cannot grow the dispatcher's state at will."""
         self.policy = policy
         self.budget = budget
         self.clock = clock
@@ -124,6 +128,11 @@ class Dispatcher:
         self.admitted_total = 0
         self.expired_total = 0
         self.pauses_total = 0
+        self.idle_ttl_s = idle_ttl_s
+        # Tenant -> when it last became idle (nothing queued or in flight).
+        self._idle_since: dict[str, float] = {}
+        self._next_sweep_s = clock.now_s() + idle_ttl_s / 4
+        self.forgotten_total = 0
         # Rounds stopped to keep the fair-share reserve for a tenant below its share.
         self.reserve_holds_total = 0
 
@@ -163,6 +172,7 @@ class Dispatcher:
         req.seq = next(self._seq)
         req.arrival_s = self.clock.now_s()
         res = self.quotas.open(req)
+        self._idle_since.pop(req.tenant_id, None)
         try:
             self.policy.push(req)
         except SchedulingError:
@@ -198,6 +208,7 @@ class Dispatcher:
         self.policy.remove(entry.req)
         self.reserve.on_dequeued(entry.req)
         self.quotas.settle(entry.reservation)
+        self._note_idle(entry.req.tenant_id)
 
     # -- admission ----------------------------------------------------------
     def pump(self) -> None:
@@ -206,6 +217,9 @@ class Dispatcher:
             # A waiter callback re-entered; the outer loop sees the new state.
             return
         self._pumping = True
+        now_s = self.clock.now_s()
+        if now_s >= self._next_sweep_s:
+            self._sweep_idle(now_s)
         try:
             self._admit_while_room()
         finally:
@@ -292,7 +306,26 @@ class Dispatcher:
         self.policy.on_finish(req)
         if self._paused_until.get(req.tenant_id) == math.inf:
             self._resume(req.tenant_id)
+        self._note_idle(req.tenant_id)
         self.pump()
+
+    # -- idle tenants -------------------------------------------------------------
+    def _note_idle(self, tenant_id: str) -> None:
+        if self.quotas.idle(tenant_id):
+            self._idle_since[tenant_id] = self.clock.now_s()
+
+    def _sweep_idle(self, now_s: float) -> None:
+        """Forget the unconfigured tenants idle for `idle_ttl_s` (bounded state)."""
+        self._next_sweep_s = now_s + self.idle_ttl_s / 4
+        for tid, since_s in list(self._idle_since.items()):
+            if now_s - since_s < self.idle_ttl_s:
+                continue
+            if self.quotas.tenants.configured(tid) or tid in self._paused_until:
+                del self._idle_since[tid]  # configured: its state is bounded by the config
+                continue
+            if self.quotas.forget(tid) and self.policy.forget(tid):
+                del self._idle_since[tid]
+                self.forgotten_total += 1
 
     # -- configuration ------------------------------------------------------
     def set_limits(self, limits: AdmissionLimits) -> None:

@@ -43,5 +43,8 @@ class FcfsPolicy:
     def on_finish(self, req: QueuedRequest) -> None:
         return None
 
+    def forget(self, tenant_id: str) -> bool:
+        return self._backlog.forget(tenant_id)
+
     def __len__(self) -> int:
         return len(self._backlog)

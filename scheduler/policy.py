@@ -53,6 +53,10 @@ class QueuePolicy(Protocol):
         """An admitted request left the engine."""
         ...
 
+    def forget(self, tenant_id: str) -> bool:
+        """Free an idle tenant's state (nothing queued); False if it is not idle."""
+        ...
+
     def __len__(self) -> int:
         """Number of queued (not admitted) requests."""
         ...

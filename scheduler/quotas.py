@@ -156,6 +156,25 @@ class QuotaLedger:
         """Every tenant seen so far (a snapshot list; for metrics readers)."""
         return list(self._usage.values())
 
+    def idle(self, tenant_id: str) -> bool:
+        """Nothing queued, in flight or reserved."""
+        u = self._usage.get(tenant_id)
+        return u is None or (u.queued == 0 and u.concurrent == 0 and u.open_reservations == 0)
+
+    def forget(self, tenant_id: str) -> bool:
+        """Drop an idle tenant's record once its buckets are full again (forgetting
+        a drained bucket would refill it); False if it cannot go yet."""
+        u = self._usage.get(tenant_id)
+        if u is None:
+            return True
+        if not self.idle(tenant_id):
+            return False
+        for b in (u.request_bucket, u.token_bucket):
+            if b is not None and b.level() < b.burst:
+                return False
+        del self._usage[tenant_id]
+        return True
+
     def _usage_of(self, cfg: TenantConfig) -> TenantUsage:
         usage = self._usage.get(cfg.tenant_id)
         if usage is None:

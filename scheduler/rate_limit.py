@@ -47,3 +47,12 @@ class RateLimitPolicy(FcfsPolicy):
                 retry_after_s=wait_s,
             )
         super().push(req)
+
+    def forget(self, tenant_id: str) -> bool:
+        bucket = self._buckets.get(tenant_id)
+        if bucket is not None and bucket.level() < bucket.burst:
+            return False  # forgetting a drained bucket would refill it
+        if not super().forget(tenant_id):
+            return False
+        self._buckets.pop(tenant_id, None)
+        return True

@@ -211,6 +211,10 @@ class TenantRegistry:
     def get(self, tenant_id: str) -> TenantConfig | None:
         return self._lookup(tenant_id)
 
+    def configured(self, tenant_id: str) -> bool:
+        """Declared by the operator (not a copy of the permissive template)."""
+        return tenant_id in self._tenants
+
     def resolve(self, tenant_id: str | None, priority: Priority | None = None) -> TenantConfig:
         """The config that serves this request; raises TenantRefused subclasses."""
         if not tenant_id:

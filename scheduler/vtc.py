@@ -130,6 +130,15 @@ class VtcPolicy:
     def on_finish(self, req: QueuedRequest) -> None:
         return None
 
+    def forget(self, tenant_id: str) -> bool:
+        # An idle tenant is lifted when it returns, so its counter only matters
+        # while above the floor (served more than the others): forgiven now.
+        if not self._backlog.forget(tenant_id):
+            return False
+        self._counters.pop(tenant_id, None)
+        self._last_admitted.pop(tenant_id, None)
+        return True
+
     @property
     def backlogged_tenants(self) -> int:
         return self._backlog.eligible_tenants

@@ -257,3 +257,39 @@ def test_output_charges_can_admit_a_request_waiting_behind_an_oversized_head() -
     assert (w_big.admitted_count, w_small.admitted_count) == (0, 0)
     d.on_output_tokens(running, 10)
     assert w_small.admitted_count == 1 and w_big.admitted_count == 0
+
+
+def test_idle_unconfigured_tenants_are_forgotten_configured_ones_kept() -> None:
+    # Issue #14: in open mode every caller-chosen tenant id left state behind
+    # (queues, counters, usage records) forever.
+    clock = FakeClock()
+    quota = TenantQuotas(tokens_per_min=60.0, tokens_burst=600.0)  # refills 1 token/s
+    reg = TenantRegistry([TenantConfig("known")], template=TenantConfig("x", quotas=quota))
+    d = Dispatcher(
+        VtcPolicy(),
+        AdmissionBudget(AdmissionLimits(max_requests=4, max_kv_tokens=10_000)),
+        clock,
+        tenants=reg,
+        timers=ManualTimers(clock),
+        idle_ttl_s=60.0,
+    )
+    for tid in ["known", *(f"t{i}" for i in range(500))]:
+        r = req(tid, prompt=100, max_tokens=10)
+        d.submit(r, Waiter())
+        d.on_output_tokens(r, 10)
+        d.finish(r)  # 110 tokens drained: full again after 110 s
+    assert len(d.quotas.usages()) == 501
+    clock.advance(61.0)
+    d.pump()
+    assert d.forgotten_total == 0  # idle long enough, but a drained bucket is kept
+    clock.advance(60.0)
+    d.pump()
+    assert d.forgotten_total == 500
+    assert [u.config.tenant_id for u in d.quotas.usages()] == ["known"]
+    policy = d.policy
+    assert isinstance(policy, VtcPolicy)
+    assert set(policy._counters) == {"known"} and set(policy._backlog._queues) <= {"known"}
+    # A forgotten tenant that returns starts afresh, with full buckets.
+    w = Waiter()
+    d.submit(req("t7", prompt=10, max_tokens=10), w)
+    assert w.admitted_count == 1
