@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 import asyncio
+import time
 from pathlib import Path
 
 import grpc
