@@ -58,6 +58,8 @@ class SglangHttpConfig:
     # The server runs --incremental-streaming-output; /server_info overrides when it says.
     incremental_output: bool = False
     max_connections: int = 0  # 0: unlimited
+    # SGLang's /health generates a token behind the running batch, after a 1 s sleep.
+    health_timeout_s: float = 10.0
 
 
 class SglangHttpEngine:
@@ -108,8 +110,22 @@ class SglangHttpEngine:
         self.served_model_name = str(
             find_key(info, "served_model_name") or find_key(info, "model_path") or ""
         )
+        if not isinstance(find_key(info, "context_length"), int):
+            # No --context-length: the model's own window is only in /v1/models.
+            info = {**info, "context_length": await self._model_len()}
         self._capacity = capacity_from_server_info(info, model_info)
         return self._capacity
+
+    async def _model_len(self) -> int | None:
+        try:
+            models = await self._get_json("/v1/models")
+        except EngineError:
+            return None
+        for entry in models.get("data") or ():
+            if isinstance(entry, dict) and isinstance(entry.get("max_model_len"), int):
+                length: int = entry["max_model_len"]
+                return length
+        return None
 
     async def aclose(self) -> None:
         if self._abort_tasks:
@@ -147,11 +163,11 @@ class SglangHttpEngine:
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("%s: abort of %s failed: %s", self.url, request_id, exc)
 
-    async def health(self, timeout_s: float = 2.0) -> bool:
+    async def health(self, timeout_s: float | None = None) -> bool:
+        """GET /health. SGLang's runs a one-token generation and sleeps 1 s first."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.config.health_timeout_s)
         try:
-            async with self.session.get(
-                self.url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as resp:
+            async with self.session.get(self.url + "/health", timeout=timeout) as resp:
                 await resp.read()
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
