@@ -110,22 +110,8 @@ class SglangHttpEngine:
         self.served_model_name = str(
             find_key(info, "served_model_name") or find_key(info, "model_path") or ""
         )
-        if not isinstance(find_key(info, "context_length"), int):
-            # No --context-length: the model's own window is only in /v1/models.
-            info = {**info, "context_length": await self._model_len()}
         self._capacity = capacity_from_server_info(info, model_info)
         return self._capacity
-
-    async def _model_len(self) -> int | None:
-        try:
-            models = await self._get_json("/v1/models")
-        except EngineError:
-            return None
-        for entry in models.get("data") or ():
-            if isinstance(entry, dict) and isinstance(entry.get("max_model_len"), int):
-                length: int = entry["max_model_len"]
-                return length
-        return None
 
     async def aclose(self) -> None:
         if self._abort_tasks:
@@ -342,10 +328,12 @@ def capacity_from_server_info(info: dict[str, Any], model_info: dict[str, Any]) 
     if running <= 0:
         configured = find_key(info, "max_running_requests")
         running = configured if isinstance(configured, int) and configured > 0 else 256
-    context = find_key(info, "context_length")
-    if not isinstance(context, int) or context <= 0:
-        max_input = find_key(info, "max_req_input_len")
-        context = max_input + 1 if isinstance(max_input, int) and max_input > 0 else kv
+    # SGLang refuses a prompt of max_req_input_len tokens or more (an abort chunk
+    # with 400) and silently caps prompt + max_new_tokens at context_length - 2, so
+    # max_req_input_len (context_length - 6) is the window where both hold.
+    limits = [find_key(info, "context_length"), find_key(info, "max_req_input_len")]
+    known = [n for n in limits if isinstance(n, int) and n > 0]
+    context = min(known) if known else kv
     vocab = model_info.get("vocab_size") or find_key(info, "vocab_size")
     return EngineCapacity(
         max_running_requests=running,

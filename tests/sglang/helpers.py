@@ -64,6 +64,16 @@ async def collect(engine: SglangHttpEngine, req: EngineRequest) -> list[EngineCh
         return [c async for c in stream]
 
 
+def pick_stop(text: str) -> str:
+    """A stop string that occurs in `text` (random weights: no word is certain)."""
+    words = [w for w in text.split(" ") if w.isalpha() and len(w) > 1]
+    if words:
+        return words[len(words) // 2]
+    clean = [c for c in text[len(text) // 2 :] if c.isalnum()]
+    assert clean, f"no stop string candidate in {text!r}"
+    return clean[0]
+
+
 def joined(chunks: list[EngineChunk]) -> tuple[str, list[int]]:
     return "".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids]
 
@@ -75,6 +85,7 @@ __all__ = [
     "joined",
     "loads",
     "post_generate",
+    "pick_stop",
     "reference",
     "wait_running",
 ]
