@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
@@ -47,7 +48,7 @@ class SglangInprocEngine:
         self.incremental = incremental_output
         self.served_model_name = ""
         self._capacity: EngineCapacity | None = None
-        self._live: set[str] = set()
+        self._live: dict[str, str] = {}  # request id -> SGLang rid
         self.send_priority = False
 
     async def start(self) -> None:
@@ -97,14 +98,19 @@ class SglangInprocEngine:
         )
 
     async def abort(self, request_id: str) -> None:
-        if request_id in self._live:
-            self.engine.tokenizer_manager.abort_request(rid=request_id)
+        rid = self._live.get(request_id)
+        if rid is not None:
+            self.engine.tokenizer_manager.abort_request(rid=rid)
 
     async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
+        if not (req.prompt_text or req.prompt_token_ids):
+            raise EngineError("refusing an empty prompt (it kills SGLang 0.5.23's scheduler)")
+        # A fresh rid, never the client's id (see SglangHttpEngine.generate).
+        rid = uuid.uuid4().hex
         kwargs: dict[str, Any] = {
             "sampling_params": sampling_params(req),
             "stream": True,
-            "rid": req.request_id,
+            "rid": rid,
         }
         if req.prompt_text is not None:
             kwargs["prompt"] = req.prompt_text
@@ -119,7 +125,7 @@ class SglangInprocEngine:
             gen = await self.engine.async_generate(**kwargs)
         except ValueError as exc:  # e.g. a duplicate rid, an over-long prompt
             raise EngineError(f"sglang rejected the request: {exc}") from exc
-        self._live.add(req.request_id)
+        self._live[req.request_id] = rid
         try:
             async with aclosing(gen) as stream:
                 async for out in stream:
@@ -133,10 +139,10 @@ class SglangInprocEngine:
                 retryable=decoder.completion_tokens == 0,
             )
         finally:
-            self._live.discard(req.request_id)
+            self._live.pop(req.request_id, None)
             if not decoder.finished:
                 # Cancelled or failed: free the request in the scheduler now.
-                self.engine.tokenizer_manager.abort_request(rid=req.request_id)
+                self.engine.tokenizer_manager.abort_request(rid=rid)
 
     async def aclose(self) -> None:
         if self.engine is not None and hasattr(self.engine, "shutdown"):

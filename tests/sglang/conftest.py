@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.sglang.real_server import RealSglang, SglangUnavailable, install, tokenizer_file
+from tests.sglang_helpers import start_sim
 
 # Flags of the second server: the other streaming mode, priority scheduling, a small batch.
 B_FLAGS = (
@@ -76,3 +77,6 @@ def tiny_tokenizer() -> str:
     if not path.is_file():
         pytest.fail(f"no tokenizer at {path}: did install.sh run?", pytrace=False)
     return str(path)
+
+
+__all__ = ["start_sim"]

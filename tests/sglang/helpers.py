@@ -84,8 +84,8 @@ __all__ = [
     "collect",
     "joined",
     "loads",
-    "post_generate",
     "pick_stop",
+    "post_generate",
     "reference",
     "wait_running",
 ]

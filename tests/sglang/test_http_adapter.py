@@ -81,7 +81,9 @@ async def test_stop_string_and_stop_token_id(sglang_a: RealSglang) -> None:
     try:
         probe = await reference(sglang_a.url, PROMPT, 24)
         stop = pick_stop(probe["text"])
-        chunks = await collect(engine, _req("stop-str", 24, dataclasses.replace(GREEDY, stop=(stop,))))
+        chunks = await collect(
+            engine, _req("stop-str", 24, dataclasses.replace(GREEDY, stop=(stop,)))
+        )
         want = await reference(sglang_a.url, PROMPT, 24, stop=[stop])
         text, _ = joined(chunks)
         assert chunks[-1].finish is FinishKind.STOP and chunks[-1].stop_matched == stop
