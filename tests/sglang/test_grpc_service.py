@@ -179,3 +179,18 @@ async def test_context_window_is_where_sglang_serves_in_full(
                 await c.complete(prompt, max_tokens=max_tokens)
             assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
     await assert_drained(app, sglang_a)
+
+
+async def test_a_reused_request_id_is_not_aborted_by_sglang(
+    start_server: StartServer, sglang_a: RealSglang
+) -> None:
+    # SGLang schedules an abort of a stream's rid 2 s after the stream ends
+    # (tokenizer_manager.create_abort_task); a new request under the same rid in
+    # that window would be aborted. fairgate never sends the client's id as rid.
+    app = await start_server(**settings(sglang_a))
+    async with AsyncClient(app.address) as c:
+        first = await c.complete(PROMPT, max_tokens=4, request_id="same-id")
+        again = await c.complete(PROMPT, max_tokens=1000, ignore_eos=True, request_id="same-id")
+    assert first.result.finish_reason == again.result.finish_reason == "length"
+    assert again.result.usage.completion_tokens == 1000
+    await assert_drained(app, sglang_a)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import uuid
 from contextlib import aclosing
 
+import aiohttp
 import pytest
 
 from service.engines.protocol import EngineError, EngineRequest, FinishKind, SamplingOptions
@@ -215,3 +218,22 @@ async def test_trace_headers_are_accepted(sglang_a: RealSglang) -> None:
         assert chunks[-1].finish is FinishKind.LENGTH
     finally:
         await engine.aclose()
+
+
+async def test_sglang_aborts_a_reused_rid_within_two_seconds(sglang_a: RealSglang) -> None:
+    # Why the adapter makes up a fresh rid per attempt: the hazard, shown directly.
+    body: dict[str, object] = {
+        "rid": f"reused-{uuid.uuid4().hex}",
+        "text": PROMPT,
+        "sampling_params": {"max_new_tokens": 2, "temperature": 0.0},
+        "stream": True,
+    }
+    async with aiohttp.ClientSession() as s:
+        async with s.post(sglang_a.url + "/generate", json=body) as r:
+            await r.read()
+        body["sampling_params"] = {"max_new_tokens": 1900, "ignore_eos": True}
+        async with s.post(sglang_a.url + "/generate", json=body) as r:
+            events = [line async for line in r.content if line.startswith(b"data: {")]
+    last = json.loads(events[-1][5:])["meta_info"]
+    assert last["finish_reason"]["type"] == "abort" and last["completion_tokens"] < 1900
+    await assert_sglang_idle(sglang_a.url)

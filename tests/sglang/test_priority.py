@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,8 @@ async def _stream(s: aiohttp.ClientSession, url: str, rid: str, priority: int, n
         "stream": True,
         "priority": priority,
     }
+    # Unique rids: SGLang can abort a new request whose rid an ended one used.
+    body["rid"] = f"{rid}-{uuid.uuid4().hex}"
     first, last = 0.0, None
     async with s.post(url + "/generate", json=body) as resp:
         assert resp.status == 200
@@ -89,7 +92,8 @@ async def test_a_priority_gap_above_the_threshold_preempts(sglang_b: RealSglang)
     lows = [got[f"low-{i}"] for i in range(SLOTS)]
     # Served at once: done before any of the running low-priority streams.
     assert got["urgent"].done_s < min(o.done_s for o in lows)
-    # A running request was retracted (its KV freed, recomputed later) to make room.
+    # One running request was retracted (its KV freed, recomputed later) to make
+    # room; it still finishes in full, as do the others.
     assert sum(o.meta["num_retractions"] for o in lows) >= 1
-    outcomes = sorted(o.meta["finish_reason"]["type"] for o in lows)
-    print("low-priority outcomes after preemption:", outcomes)
+    assert all(o.meta["finish_reason"]["type"] == "length" for o in lows)
+    assert all(o.meta["completion_tokens"] == 1200 for o in lows)
