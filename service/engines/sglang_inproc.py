@@ -38,6 +38,16 @@ def _field(obj: Any, name: str, default: Any = 0) -> Any:
     return getattr(obj, name, default)
 
 
+def _scheduler_info(engine: Any) -> dict[str, Any]:
+    """`max_total_num_tokens`, `max_req_input_len` as the scheduler reported them."""
+    result = getattr(engine, "_scheduler_init_result", None)
+    infos = getattr(result, "scheduler_infos", None)
+    if isinstance(infos, list) and infos and isinstance(infos[0], dict):
+        return infos[0]
+    legacy = getattr(engine, "scheduler_info", None)  # SGLang before 0.5
+    return legacy if isinstance(legacy, dict) else {}
+
+
 class SglangInprocEngine:
     kind = "sglang"
 
@@ -65,15 +75,19 @@ class SglangInprocEngine:
             # Sending a priority to a server without priority scheduling may abort it.
             self.send_priority = getattr(args, "enable_priority_scheduling", False) is True
         tm = self.engine.tokenizer_manager
+        # The scheduler's start-up report (the first load snapshot can still be empty).
+        info = _scheduler_info(self.engine)
         loads = await tm.get_loads()
-        if not loads:
-            raise EngineError("sglang.Engine reported no load snapshots")
-        info: dict[str, Any] = dict(getattr(self.engine, "scheduler_info", None) or {})
-        kv = sum(int(_field(x, "max_total_num_tokens")) for x in loads) or int(
-            find_key(info, "max_total_num_tokens") or 0
+        kv = int(find_key(info, "max_total_num_tokens") or 0) or sum(
+            int(_field(x, "max_total_num_tokens")) for x in loads
         )
-        running = sum(int(_field(x, "max_running_requests")) for x in loads) or 256
-        context = int(getattr(tm, "context_len", 0) or find_key(info, "max_req_input_len") or kv)
+        running = sum(int(_field(x, "max_running_requests")) for x in loads) or int(
+            getattr(args, "max_running_requests", 0) or 256
+        )
+        # As over HTTP: SGLang refuses prompts of max_req_input_len tokens or more.
+        limits = [getattr(tm, "context_len", 0), find_key(info, "max_req_input_len")]
+        known = [int(n) for n in limits if isinstance(n, int) and n > 0]
+        context = min(known) if known else kv
         vocab = getattr(getattr(tm, "tokenizer", None), "vocab_size", 0) or DEFAULT_VOCAB_SIZE
         if kv <= 0:
             raise EngineError("sglang.Engine reported no KV capacity")

@@ -105,19 +105,19 @@ async def test_stop_string_and_stop_token_id(sglang_a: RealSglang) -> None:
 
 async def test_abort_by_sglang_ends_with_partial_output(sglang_a: RealSglang) -> None:
     engine = await _engine(sglang_a)
-    other = await _engine(sglang_a)
     try:
         chunks = []
         async with aclosing(engine.generate(_req("to-abort", 1500))) as stream:
             async for chunk in stream:
                 chunks.append(chunk)
                 if len(chunks) == 3:
-                    await other.abort("to-abort")  # someone else aborts it in SGLang
+                    # Engine.abort by request id: POST /abort_request with its rid.
+                    await engine.abort("to-abort")
         assert chunks[-1].finish is FinishKind.ABORT and chunks[-1].message == "Aborted"
         assert 3 <= chunks[-1].completion_tokens < 1500
+        await engine.abort("to-abort")  # ended: unknown now, and harmless
     finally:
         await engine.aclose()
-        await other.aclose()
     await assert_sglang_idle(sglang_a.url)
 
 
