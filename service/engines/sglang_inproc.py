@@ -1,7 +1,8 @@
 """SGLang in-process: `sglang.Engine(...).async_generate(stream=True)` behind the Engine Protocol.
 
-Needs the optional `sglang` extra and a CUDA GPU; `sglang` is imported only
-when the engine is built. The chunks are the same dicts as over HTTP, so the
+Needs the optional `sglang` extra and a GPU, or SGLang's CPU engine (tested on
+CPU in tests/sglang/test_inproc.py); `sglang` is imported only when the engine
+is built. The chunks are the same dicts as over HTTP, so the
 same `ChunkDecoder` handles cumulative or incremental output. Abort: the
 tokenizer manager's `abort_request(rid=...)` plus closing the generator.
 Capacity and live load come from `await tokenizer_manager.get_loads()` (the
@@ -175,7 +176,7 @@ def build_sglang_inproc(settings: Settings) -> SglangInprocEngine:
         except ImportError as exc:
             raise RuntimeError(
                 "engine 'sglang' needs the optional extra: pip install 'fairgate[sglang]' "
-                "(and a CUDA GPU)"
+                "(a CUDA GPU, or SGLang's CPU engine: see docs/sglang.md)"
             ) from exc
         return sglang.Engine(model_path=settings.sglang_model_path, **kwargs)
 
