@@ -24,6 +24,11 @@ async def post_generate(url: str, body: dict[str, Any]) -> tuple[int, Any]:
         return r.status, await r.json(content_type=None)
 
 
+async def post_json(url: str, body: dict[str, Any]) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as s, s.post(url, json=body) as r:
+        return r.status, await r.text()
+
+
 async def reference(url: str, prompt: str, max_new_tokens: int, **params: Any) -> dict[str, Any]:
     """SGLang's own non-streaming answer (greedy unless told), the oracle for streams."""
     sampling = {"max_new_tokens": max_new_tokens, "temperature": 0.0, **params}
@@ -86,6 +91,7 @@ __all__ = [
     "loads",
     "pick_stop",
     "post_generate",
+    "post_json",
     "reference",
     "wait_running",
 ]

@@ -11,7 +11,13 @@ from fairgate import AsyncClient, Delta, FairgateError
 from service.app import App
 from tests.conftest import StartServer
 from tests.helpers import eventually
-from tests.sglang.helpers import assert_sglang_idle, pick_stop, reference, wait_running
+from tests.sglang.helpers import (
+    assert_sglang_idle,
+    pick_stop,
+    post_json,
+    reference,
+    wait_running,
+)
 from tests.sglang.real_server import RealSglang
 
 PROMPT = "The quick brown fox"
@@ -193,4 +199,28 @@ async def test_a_reused_request_id_is_not_aborted_by_sglang(
         again = await c.complete(PROMPT, max_tokens=1000, ignore_eos=True, request_id="same-id")
     assert first.result.finish_reason == again.result.finish_reason == "length"
     assert again.result.usage.completion_tokens == 1000
+    await assert_drained(app, sglang_a)
+
+
+async def test_abort_inside_sglang_ends_the_stream_as_cancelled(
+    start_server: StartServer, sglang_a: RealSglang
+) -> None:
+    # An operator aborting everything in SGLang: the client keeps what streamed.
+    app = await start_server(**settings(sglang_a))
+    async with AsyncClient(app.address) as c:
+        deltas, result = 0, None
+        async for ev in c.generate(PROMPT, max_tokens=1500, ignore_eos=True):
+            if isinstance(ev, Delta):
+                deltas += 1
+                if deltas == 3:
+                    status, _ = await post_json(
+                        sglang_a.url + "/abort_request", {"abort_all": True}
+                    )
+                    assert status == 200
+            else:
+                result = ev
+    # fairgate names an engine-side abort "cancelled", with SGLang's message.
+    assert result is not None and result.finish_reason == "cancelled"
+    assert result.message == "Aborted"
+    assert deltas <= result.usage.completion_tokens < 1500
     await assert_drained(app, sglang_a)

@@ -144,8 +144,11 @@ async def test_consumer_leaving_mid_stream_frees_the_request_in_sglang(
         (dataclasses.replace(GREEDY, temperature=-1.0), None, "temperature"),
         (GREEDY, [5] * 2100, "context length"),
         (dataclasses.replace(GREEDY, top_p=0.0), None, "top_p"),
+        # Under the context but at max_req_input_len: an abort chunk with status 400
+        # (and one junk output token), which must not reach a client as output.
+        (GREEDY, [5] * 2042, "maximum allowed length"),
     ],
-    ids=["temperature", "too-long", "top_p"],
+    ids=["temperature", "too-long", "top_p", "input-limit"],
 )
 async def test_invalid_parameters_are_final_errors_with_sglangs_message(
     sglang_a: RealSglang,
