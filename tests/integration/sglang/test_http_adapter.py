@@ -238,3 +238,28 @@ async def test_unreachable_sglang_fails_fast_at_start() -> None:
     with pytest.raises(EngineError):
         await engine.start()
     await engine.aclose()
+
+
+async def test_stand_in_keeps_sglangs_input_limit_and_silent_cap(start_sim: StartSim) -> None:
+    # As SGLang 0.5.23 (tests/sglang checks the real one): a prompt of
+    # max_req_input_len tokens is refused by the scheduler (an abort chunk with
+    # 400 in a stream), and prompt + max_new_tokens is capped at context - 2.
+    stand_in = await start_sim()
+    engine = SglangHttpEngine(SglangHttpConfig(url=stand_in.url))
+    await engine.start()
+    window = engine.capacity().max_context_tokens
+    assert window == stand_in.engine.core.max_context - INPUT_MARGIN_TOKENS
+    req = EngineRequest("limit", [300] * window, max_tokens=1)
+    with pytest.raises(EngineError) as err:
+        async with aclosing(engine.generate(req)) as stream:
+            async for _ in stream:
+                pass
+    assert not err.value.retryable and "maximum allowed length" in str(err.value)
+    context = stand_in.engine.core.max_context
+    req = EngineRequest("cap", [300] * (window - 1), max_tokens=context - window + 1)
+    req.sampling = SamplingOptions(ignore_eos=True)
+    async with aclosing(engine.generate(req)) as stream:
+        chunks = [c async for c in stream]
+    assert chunks[-1].finish is not None
+    assert chunks[-1].completion_tokens == context - 2 - (window - 1)
+    await engine.aclose()
