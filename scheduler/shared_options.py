@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
+from scheduler.budget import AdmissionLimits
 from scheduler.quotas import TenantUsage
-from scheduler.store import Settlement
+from scheduler.store import Step
 from scheduler.tenants import TenantRegistry
 from scheduler.vtc import DEFAULT_BATCH_EVERY_N
 
@@ -29,6 +30,10 @@ class SharedOptions:
     retry_s: float = 0.5
     max_candidates: int = 16
     batch_every_n: int | None = DEFAULT_BATCH_EVERY_N
+
+    def step(self, limits: AdmissionLimits) -> Step:
+        """An empty step with this fleet's weights and reserve."""
+        return Step(limits, w_in=self.w_in, reserve_fraction=self.reserve_fraction)
 
 
 @dataclass(slots=True)
@@ -56,14 +61,3 @@ class QuotaView:
     def usages(self) -> list[TenantUsage]:
         """Per-tenant usage lives in the shared store; none is kept locally."""
         return []
-
-
-@dataclass(slots=True)
-class Pending:
-    """Work for the next step to the shared store."""
-
-    settlements: list[Settlement] = field(default_factory=list)
-    charges: dict[str, float] = field(default_factory=dict)
-
-    def charge(self, tenant_id: str, delta: float) -> None:
-        self.charges[tenant_id] = self.charges.get(tenant_id, 0.0) + delta
