@@ -38,7 +38,13 @@ from dataclasses import replace
 
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
-from scheduler.errors import QueueTimeout, QuotaExceeded, RequestTooLarge, StoreUnavailable
+from scheduler.errors import (
+    QueueTimeout,
+    QuotaExceeded,
+    RequestTooLarge,
+    SchedulingError,
+    StoreUnavailable,
+)
 from scheduler.gate import Admission, RequestState
 from scheduler.gate_stats import GateStats
 from scheduler.quotas import bucket_exceeded, check_caps
@@ -49,7 +55,7 @@ from scheduler.shared_options import FailureMode, QuotaView, SharedOptions, Stor
 from scheduler.shared_outbox import Outbox
 from scheduler.shared_pump import Pump
 from scheduler.shared_stats import GateTotals, SharedStats
-from scheduler.store import BucketLimits, Lease, Step, Store
+from scheduler.store import BucketLimits, Lease, Settlement, Step, Store
 from scheduler.tenants import TenantRegistry
 from scheduler.timers import AsyncioTimers, Timers
 
@@ -175,9 +181,25 @@ class SharedDispatcher:
             self._drop(entry, RequestState.REJECTED)
             entry.fut.set_exception(exc)
 
-    def adopt_in_flight(self) -> None:
-        for entry in self._entries.in_flight():
-            entry.lease_at = Place.SHARED  # its settlement releases the shared lease
+    def adopt_in_flight(self, renewed: list[Lease]) -> None:
+        for lease in renewed:
+            entry = self._entries.get(lease.lease_id)
+            if entry is not None and entry.started:
+                entry.lease_at = Place.SHARED  # its settlement releases the shared lease
+            else:  # ended while the probe was away: release the lease it re-registered
+                self._outbox.settle(Settlement(lease.lease_id, lease.tenant_id, 0.0, 0.0))
+        self._pump.wake()
+
+    def bucket_tenants(self) -> list[str]:
+        tenants = {e.req.tenant_id for e in self._entries if e.buckets.any}
+        tenants.update(c.tenant_id for c in self.quotas.tenants if BucketLimits.of(c.quotas).any)
+        return sorted(tenants)
+
+    def buckets_of(self, tenant_id: str) -> BucketLimits:
+        try:
+            return BucketLimits.of(self.quotas.tenants.resolve(tenant_id).quotas)
+        except SchedulingError:  # no longer served: no buckets to start
+            return BucketLimits()
 
     # -- arrival -----------------------------------------------------------------
     async def admit(self, req: QueuedRequest) -> None:
@@ -227,7 +249,7 @@ class SharedDispatcher:
     async def _reserve(self, entry: Entry) -> None:
         req = entry.req
         limit, wait_s = "", 0.0
-        if self._failover.ok:
+        while self._failover.ok:
             try:
                 limit, wait_s = await self.store.reserve(
                     entry.lease_id, req.tenant_id, req.kv_tokens, entry.buckets
@@ -235,10 +257,14 @@ class SharedDispatcher:
             except StoreUnavailable as exc:
                 if self._failover.failed(exc):
                     self._pump.kick()
-                if self.options.failure_mode == "closed":
-                    raise
+                elif self._failover.ok:  # suspect: try again shortly
+                    await asyncio.sleep(self._failover.backoff_s())
             else:
+                self._failover.succeeded()
                 entry.buckets_at = Place.SHARED
+                break
+        if self.health.mode == "closed":
+            raise StoreUnavailable("the shared state store is unreachable; retry later")
         fb = self._failover.fallback
         if fb is not None:
             entry.lease_at = Place.LOCAL

@@ -1,14 +1,22 @@
 """Store failure and recovery for `SharedDispatcher`: the `FailoverController`.
 
+A failed call first makes the store *suspect*: the caller retries after a
+short backoff, and only `failover_after_failures` failures in a row, or
+failures for `failover_after_s`, fail over — one slow call does not.
+
 `failure_mode` "open" continues with a local `MemoryStore` (the fallback)
-holding this replica's share of the limits (buckets and engine room ÷
-`replicas`) and local fairness; "closed" refuses new requests with
+holding this replica's share of the limits (buckets and engine room ÷ the
+replicas alive at the last look, `FleetSeen`; ÷ `replicas` if it never
+looked) and local fairness. Its buckets start from the last levels seen in
+the store (÷ the same divisor), not full, so an outage costs a quota at most
+what the fleet took since that look. "closed" refuses new requests with
 StoreUnavailable (UNAVAILABLE) and rejects the queued ones. Either way,
 streams in flight continue; their settlements wait in the `Outbox`. When the
 store answers again (`probe`, every `retry_s`), the replica reconciles:
 replays settlements (idempotent), sends the counter charges it owes,
-re-registers every in-flight request's lease, and resumes. Every transition
-is logged and counted in `health`.
+re-registers every in-flight request's lease (and releases those that ended
+while the probe was away), and resumes. Every transition is logged and
+counted in `health`.
 
 The controller owns the health, the fallback and the probe's timing; what it
 needs of the replica (its in-flight leases, counters, weights, and refusing
@@ -17,16 +25,18 @@ what is queued) comes through `ReplicaView`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Iterable
 from typing import Protocol
 
+from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.errors import StoreUnavailable
 from scheduler.memory_store import MemoryStore
-from scheduler.shared_options import SharedOptions, StoreHealth
+from scheduler.shared_options import FleetObserver, FleetSeen, SharedOptions, StoreHealth
 from scheduler.shared_outbox import Outbox
 from scheduler.store import BucketLimits, Lease, Settlement, Step, StepOutcome, Store
 
@@ -52,9 +62,16 @@ class ReplicaView(Protocol):
         """Fail-closed: reject every queued request with `exc`."""
         ...
 
-    def adopt_in_flight(self) -> None:
-        """Reconciled: every in-flight request's lease is in the store now."""
+    def adopt_in_flight(self, renewed: list[Lease]) -> None:
+        """Reconciled: the `renewed` leases are in the store now (release those that
+        ended meanwhile)."""
         ...
+
+    def bucket_tenants(self) -> list[str]:
+        """Tenants whose bucket levels to watch (for a fail-open start)."""
+        ...
+
+    def buckets_of(self, tenant_id: str) -> BucketLimits: ...
 
 
 class FailoverController:
@@ -75,6 +92,13 @@ class FailoverController:
         # Fail-open: the local store deciding while the shared one is down.
         self.fallback: MemoryStore | None = None
         self.next_probe_s = math.inf
+        # Failed calls in a row while "ok" (suspect), and when the streak began.
+        self._failures = 0
+        self._failing_since_s = math.inf
+        # The fleet as last seen (replicas alive, bucket levels) and when.
+        self.seen: FleetSeen | None = None
+        self._seen_at_s = 0.0
+        self._observing: asyncio.Task[None] | None = None
 
     @property
     def mode(self) -> str:
@@ -84,23 +108,77 @@ class FailoverController:
     def ok(self) -> bool:
         return self.health.mode == "ok"
 
-    def share(self, buckets: BucketLimits) -> BucketLimits:
-        return buckets.share(self.options_replicas)
-
     @property
-    def options_replicas(self) -> int:
-        return max(1, self._options.replicas)
+    def divisor(self) -> int:
+        """Replicas sharing the limits while failing open: alive at the last look."""
+        n = self.seen.replicas if self.seen is not None else self._options.replicas
+        return max(1, n)
+
+    def share(self, buckets: BucketLimits) -> BucketLimits:
+        return buckets.share(self.divisor)
 
     def local_limits(self) -> AdmissionLimits:
         """This replica's share of the engine room while failing open."""
-        lim, n = self._replica.limits, self.options_replicas
+        lim, n = self._replica.limits, self.divisor
         return AdmissionLimits(max(1, lim.max_requests // n), max(1, lim.max_kv_tokens // n))
 
+    # -- watching the fleet --------------------------------------------------------
+    def observe_soon(self) -> None:
+        """Look at the fleet (live replicas, bucket levels) in the background."""
+        if not isinstance(self._store, FleetObserver):
+            return
+        if self._observing is not None and not self._observing.done():
+            return
+        self._observing = asyncio.create_task(self._observe(self._store))
+
+    async def _observe(self, store: FleetObserver) -> None:
+        ttl_s = 3 * self._options.heartbeat_s
+        try:
+            seen = await store.observe(
+                self._options.replica_id, ttl_s, self._replica.bucket_tenants()
+            )
+        except StoreUnavailable:
+            return  # the pump's own calls judge the store's health
+        self.seen, self._seen_at_s = seen, self._clock.now_s()
+
+    async def aclose(self) -> None:
+        if self._observing is not None:
+            self._observing.cancel()
+            await asyncio.gather(self._observing, return_exceptions=True)
+
     # -- going down ---------------------------------------------------------------
+    @property
+    def suspect(self) -> bool:
+        return self._failures > 0
+
+    def backoff_s(self) -> float:
+        """How long to wait before retrying while suspect (doubling, at most `retry_s`)."""
+        return min(self._options.retry_s, self._options.poll_s * 2.0**self._failures)
+
+    def succeeded(self) -> None:
+        """A call to the store answered: the streak of failures is over."""
+        if self._failures:
+            log.info("shared store answers again after %d failed calls", self._failures)
+        self._failures = 0
+        self._failing_since_s = math.inf
+
     def failed(self, exc: StoreUnavailable) -> bool:
         """A call to the store failed; True if this replica fails over now."""
         if not self.ok:
             return False
+        now_s = self._clock.now_s()
+        self._failures += 1
+        self._failing_since_s = min(self._failing_since_s, now_s)
+        self.health.last_error = str(exc)
+        o = self._options
+        if (
+            self._failures < o.failover_after_failures
+            and now_s - self._failing_since_s < o.failover_after_s
+        ):
+            log.info("shared store call failed (%s): retrying (%d in a row)", exc, self._failures)
+            return False
+        self._failures = 0
+        self._failing_since_s = math.inf
         mode = self._options.failure_mode
         self.health.mode = mode
         self.health.transitions_total += 1
@@ -110,7 +188,7 @@ class FailoverController:
             "shared store unavailable (%s): failing %s (%s)",
             exc,
             mode,
-            f"local limits ÷ {self.options_replicas} replicas"
+            f"local limits ÷ {self.divisor} replicas"
             if mode == "open"
             else "new requests get UNAVAILABLE",
         )
@@ -125,12 +203,32 @@ class FailoverController:
     def _open_fallback(self) -> MemoryStore:
         fb = MemoryStore(self._clock, lease_ttl_s=math.inf)
         fb.seed_counters(self._replica.counters())
+        fb.seed_levels(self._start_levels())
         renew = self._replica.in_flight_leases()
         weights = self._replica.weights({lease.tenant_id for lease in renew})
         fb.step_now(
             self._options.replica_id, Step(self._replica.limits, renew=renew, weights=weights)
         )
         return fb
+
+    def _start_levels(self) -> dict[tuple[str, str], float]:
+        """This replica's share of each bucket level last seen, refilled to now."""
+        if self.seen is None:
+            return {}  # never looked: full shares (nothing better is known)
+        levels: dict[tuple[str, str], float] = {}
+        since_s = self._clock.now_s() - self._seen_at_s
+        for (tenant, kind), seen in self.seen.levels.items():
+            b = self._replica.buckets_of(tenant)
+            rate, burst = (
+                (b.requests_per_s, b.requests_burst)
+                if kind == "r"
+                else (b.tokens_per_s, b.tokens_burst)
+            )
+            if rate is None or burst is None:
+                continue
+            level = rules.bucket_level(seen.level, 0.0, seen.age_s + since_s, rate, burst)
+            levels[(tenant, kind)] = level / self.divisor
+        return levels
 
     # -- while down ---------------------------------------------------------------
     def settle_locally(self, s: Settlement) -> None:
@@ -157,7 +255,7 @@ class FailoverController:
         except StoreUnavailable:
             self._outbox.requeue(step)
             return None
-        self._replica.adopt_in_flight()
+        self._replica.adopt_in_flight(step.renew)
         was = self.health.mode
         self.health.mode = "ok"
         self.health.transitions_total += 1

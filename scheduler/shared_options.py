@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
 
 from scheduler.budget import AdmissionLimits
 from scheduler.quotas import TenantUsage
@@ -28,6 +29,11 @@ class SharedOptions:
     poll_s: float = 0.02
     heartbeat_s: float = 1.0
     retry_s: float = 0.5
+    # Hysteresis: fail over after this many store calls failed in a row, or once
+    # calls have kept failing this long; a single slow call retries (after a
+    # short backoff) instead.
+    failover_after_failures: int = 3
+    failover_after_s: float = 2.0
     max_candidates: int = 16
     batch_every_n: int | None = DEFAULT_BATCH_EVERY_N
 
@@ -61,3 +67,31 @@ class QuotaView:
     def usages(self) -> list[TenantUsage]:
         """Per-tenant usage lives in the shared store; none is kept locally."""
         return []
+
+
+@dataclass(frozen=True, slots=True)
+class SeenLevel:
+    """A token bucket's level as the store last showed it, `age_s` before it was read."""
+
+    level: float
+    age_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSeen:
+    """What a replica last saw of the fleet in the store (for failing open)."""
+
+    # Replicas with a live heartbeat in the store (this one included).
+    replicas: int
+    # (tenant, "r" | "t") -> the bucket's level (requests, tokens)
+    levels: dict[tuple[str, str], SeenLevel] = field(default_factory=dict)
+
+
+@runtime_checkable
+class FleetObserver(Protocol):
+    """A store that can tell which replicas are alive and where buckets stand (Redis)."""
+
+    async def observe(self, replica_id: str, ttl_s: float, tenants: Iterable[str]) -> FleetSeen:
+        """Renew this replica's heartbeat (for `ttl_s`); count the live replicas; read
+        the buckets of `tenants`. Raises StoreUnavailable."""
+        ...

@@ -7,7 +7,14 @@ may have room again (`poll_s` after the store said it was full; at once after
 a local arrival or finish) — then sends one step carrying everything owed
 (the `Outbox`) and the heads of the eligible local tenants, and applies the
 outcome. While the store is down it makes the fail-open decisions against the
-`FailoverController`'s fallback, or probes (shared_failover.py).
+`FailoverController`'s fallback, or probes (shared_failover.py). While the
+store is suspect (a call failed, not yet failed over) it retries after the
+controller's backoff.
+
+After the store comes back from an outage, or is found wiped, the pump offers
+no candidate for `heartbeat_s + retry_s`: the time every live replica takes
+to re-register its in-flight leases (a heartbeat, or a probe), so that no
+admission is decided against a fleet count missing them (the engine limit).
 
 The pump owns the task, the due times and what the fleet was told (announced
 tenants, candidates in flight); the decisions reach the requests through
@@ -83,6 +90,10 @@ class Pump:
         self._announced: set[str] = set()
         self._offered: set[str] = set()  # lease ids in the step awaiting its answer
         self._full_until_s = -math.inf
+        # No candidates before this (re-registration after an outage or a wipe).
+        self._hold_until_s = -math.inf
+        # Suspect store: the next try after a failed call.
+        self._retry_at_s = -math.inf
         self._next_heartbeat_s = -math.inf
         self._contacted = False  # a first step finding an empty store is no loss
         self._wake = asyncio.Event()
@@ -116,6 +127,7 @@ class Pump:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        await self._failover.aclose()
         if self._failover.ok:
             with contextlib.suppress(StoreUnavailable):
                 step = self._outbox.take_into(self._options.step(self._budget.limits))
@@ -172,13 +184,17 @@ class Pump:
                 due = min(due, self._full_until_s)
             return min(due, self._local.next_resume_s())
         if self._outbox.settlements or set(self._local.eligible()) != self._announced:
-            return -math.inf
+            return self._retry_at_s
         due = self._next_heartbeat_s
         if self._outbox.charges:
             due = min(due, self._outbox.flush_due_s)
         if self._local.eligible():
-            due = min(due, self._full_until_s)
-        return min(due, self._local.next_resume_s())
+            due = min(due, max(self._full_until_s, self._hold_until_s))
+        return max(self._retry_at_s, min(due, self._local.next_resume_s()))
+
+    def _hold(self, now_s: float) -> None:
+        """Admit nothing until every live replica has re-registered its leases."""
+        self._hold_until_s = now_s + self._options.heartbeat_s + self._options.retry_s
 
     # -- shared decisions ------------------------------------------------------------
     def _build_step(self, now_s: float) -> Step:
@@ -201,7 +217,7 @@ class Pump:
             step.backlogged = sorted(rejoin)
         named = {*step.announce, *(step.backlogged or ()), *(x.tenant_id for x in step.renew or ())}
         step.weights = self._offers.weights(named)
-        if now_s >= self._full_until_s:
+        if now_s >= self._full_until_s and now_s >= self._hold_until_s:
             for head in local.heads(self._options.max_candidates):
                 entry = self._entries.of(head)
                 assert entry is not None
@@ -224,13 +240,18 @@ class Pump:
             self._offered = set()
             if self._failover.failed(exc):
                 self._full_until_s = -math.inf
+            else:
+                self._retry_at_s = self._clock.now_s() + self._failover.backoff_s()
             self._offers.after_offer([], step)
             return
         finally:
             self._outbox.sent()
         self._offered = set()
+        self._retry_at_s = -math.inf
+        self._failover.succeeded()
         if step.renew is not None:
             self._next_heartbeat_s = now_s + self._options.heartbeat_s
+            self._failover.observe_soon()
         self._apply(step, out, now_s)
 
     def _apply(self, step: Step, out: StepOutcome, now_s: float) -> None:
@@ -239,6 +260,7 @@ class Pump:
         if out.state_lost:
             if self._contacted:
                 log.warning("shared state was lost (Redis restarted empty?): re-registering")
+                self._hold(now_s)
             self._next_heartbeat_s = -math.inf
             self._announced = set()
             self._wake.set()
@@ -264,9 +286,12 @@ class Pump:
         out = await self._failover.probe()
         if out is None:
             return
+        now_s = self._clock.now_s()
         self._announced = set()
-        self._next_heartbeat_s = self._clock.now_s() + self._options.heartbeat_s
+        self._next_heartbeat_s = now_s + self._options.heartbeat_s
         self._full_until_s = -math.inf
+        self._retry_at_s = -math.inf
+        self._hold(now_s)
         self._local.mirror.update(out.counters)
         self._wake.set()
 
