@@ -127,6 +127,11 @@ class SharedDispatcher:
         return self._pump.reserve_holds_total
 
     @property
+    def pump_restarts_total(self) -> int:
+        """Times the pump task died of an unexpected error and was restarted."""
+        return self._pump.restarts_total
+
+    @property
     def max_charge_lag(self) -> float:
         return self._pump.max_charge_lag
 
@@ -262,6 +267,7 @@ class SharedDispatcher:
             else:
                 self._failover.succeeded()
                 entry.buckets_at = Place.SHARED
+                self._failover.took(req.tenant_id, *entry.taken(float(req.kv_tokens)))
                 break
         if self.health.mode == "closed":
             raise StoreUnavailable("the shared state store is unreachable; retry later")
@@ -275,8 +281,7 @@ class SharedDispatcher:
             raise self._stats.tally.refused(
                 bucket_exceeded(req.tenant_id, entry.cfg.quotas, limit, wait_s, ", fleet-wide")
             )
-        entry.requests_taken = 1.0 if entry.buckets.requests_per_s is not None else 0.0
-        entry.tokens_taken = float(req.kv_tokens) if entry.buckets.tokens_per_s else 0.0
+        entry.requests_taken, entry.tokens_taken = entry.taken(float(req.kv_tokens))
 
     def _expire(self, entry: Entry) -> None:
         if not entry.wanted:
@@ -342,6 +347,8 @@ class SharedDispatcher:
         self._failover.settle_locally(none if buckets_shared else s)
         if entry.lease_at is Place.SHARED or buckets_shared:
             self._outbox.settle(s if buckets_shared else none)
+        if buckets_shared:
+            self._failover.took(s.tenant_id, -s.refund_requests, -s.refund_tokens)
 
     # -- decisions made (by the store, or the fail-open fallback) ---------------------
     def after_offer(self, admitted: list[str], step: Step) -> None:
@@ -353,8 +360,9 @@ class SharedDispatcher:
             if c.lease_id in admitted:
                 if c.take_buckets:
                     entry.buckets_at = entry.lease_at
-                    entry.requests_taken = 1.0 if entry.buckets.requests_per_s else 0.0
-                    entry.tokens_taken = float(c.kv_tokens) if entry.buckets.tokens_per_s else 0.0
+                    entry.requests_taken, entry.tokens_taken = entry.taken(float(c.kv_tokens))
+                    if entry.buckets_at is Place.SHARED:
+                        self._failover.took(c.tenant_id, entry.requests_taken, entry.tokens_taken)
                 self._start(entry)
             elif entry.withdrawn:
                 self._forget(entry)

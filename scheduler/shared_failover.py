@@ -5,9 +5,10 @@ short backoff, and only `failover_after_failures` failures in a row, or
 failures for `failover_after_s`, fail over — one slow call does not.
 
 `failure_mode` "open" continues with a local `MemoryStore` (the fallback)
-holding this replica's share of the limits (buckets and engine room ÷ the
-replicas alive at the last look, `FleetSeen`; ÷ `replicas` if it never
-looked) and local fairness. Its buckets start from the last levels seen in
+holding this replica's share of the limits (buckets and KV room ÷ the
+replicas alive at the last look, `FleetSeen`, at least `replicas`; engine
+slots: those it held plus its share of the fleet's free slots at the last
+step) and local fairness. Its buckets start from the last levels seen in
 the store (÷ the same divisor), not full, so an outage costs a quota at most
 what the fleet took since that look. "closed" refuses new requests with
 StoreUnavailable (UNAVAILABLE) and rejects the queued ones. Either way,
@@ -99,6 +100,13 @@ class FailoverController:
         self.seen: FleetSeen | None = None
         self._seen_at_s = 0.0
         self._observing: asyncio.Task[None] | None = None
+        # What this replica took from the store's buckets, net of refunds, in all, and
+        # as of the last look's start: the difference is not in the levels seen.
+        self._taken: dict[tuple[str, str], float] = {}
+        self._taken_at_look: dict[tuple[str, str], float] = {}
+        # Fleet-wide in-flight requests at the last step; this replica's at failover.
+        self._fleet_in_flight: int | None = None
+        self._own_in_flight = 0
 
     @property
     def mode(self) -> str:
@@ -110,17 +118,32 @@ class FailoverController:
 
     @property
     def divisor(self) -> int:
-        """Replicas sharing the limits while failing open: alive at the last look."""
-        n = self.seen.replicas if self.seen is not None else self._options.replicas
-        return max(1, n)
+        """Replicas sharing the limits while failing open: those alive at the last look,
+        at least `replicas` (set it to the fleet's minimum size)."""
+        seen = self.seen.replicas if self.seen is not None else 0
+        return max(1, self._options.replicas, seen)
 
     def share(self, buckets: BucketLimits) -> BucketLimits:
         return buckets.share(self.divisor)
 
-    def local_limits(self) -> AdmissionLimits:
-        """This replica's share of the engine room while failing open."""
+    def local_limits(self) -> AdmissionLimits | None:
+        """This replica's room while failing open (None: none at all). Requests: what it
+        ran when the store went down plus its share of the room the fleet had free at
+        the last step, so that the fleet's sum stays within the engine's limit; KV
+        tokens: its share (the store reports no fleet-wide KV per step)."""
         lim, n = self._replica.limits, self.divisor
-        return AdmissionLimits(max(1, lim.max_requests // n), max(1, lim.max_kv_tokens // n))
+        if self._fleet_in_flight is None:
+            requests = lim.max_requests // n
+        else:
+            free = max(0, lim.max_requests - max(self._fleet_in_flight, self._own_in_flight))
+            requests = self._own_in_flight + free // n
+        if requests < 1:
+            return None
+        return AdmissionLimits(requests, max(1, lim.max_kv_tokens // n))
+
+    def saw(self, out: StepOutcome) -> None:
+        """A step answered: the fleet's in-flight count then."""
+        self._fleet_in_flight = out.in_flight
 
     # -- watching the fleet --------------------------------------------------------
     def observe_soon(self) -> None:
@@ -133,13 +156,21 @@ class FailoverController:
 
     async def _observe(self, store: FleetObserver) -> None:
         ttl_s = 3 * self._options.heartbeat_s
+        taken = dict(self._taken)
         try:
             seen = await store.observe(
                 self._options.replica_id, ttl_s, self._replica.bucket_tenants()
             )
         except StoreUnavailable:
             return  # the pump's own calls judge the store's health
-        self.seen, self._seen_at_s = seen, self._clock.now_s()
+        self.seen, self._seen_at_s, self._taken_at_look = seen, self._clock.now_s(), taken
+
+    def took(self, tenant_id: str, requests: float, tokens: float) -> None:
+        """This replica took from (negative: gave back to) the store's buckets."""
+        for kind, x in (("r", requests), ("t", tokens)):
+            if x:
+                key = (tenant_id, kind)
+                self._taken[key] = self._taken.get(key, 0.0) + x
 
     async def aclose(self) -> None:
         if self._observing is not None:
@@ -201,6 +232,7 @@ class FailoverController:
         return True
 
     def _open_fallback(self) -> MemoryStore:
+        self._own_in_flight = len(self._replica.in_flight_leases())
         fb = MemoryStore(self._clock, lease_ttl_s=math.inf)
         fb.seed_counters(self._replica.counters())
         fb.seed_levels(self._start_levels())
@@ -212,12 +244,13 @@ class FailoverController:
         return fb
 
     def _start_levels(self) -> dict[tuple[str, str], float]:
-        """This replica's share of each bucket level last seen, refilled to now."""
-        if self.seen is None:
-            return {}  # never looked: full shares (nothing better is known)
-        levels: dict[tuple[str, str], float] = {}
+        """This replica's share of each bucket's level last seen (refilled to now; a
+        bucket not seen, or never looked at, was full), less what this replica took
+        since (debt allowed): the fleet's sum is the level the store would have."""
+        seen = self.seen.levels if self.seen is not None else {}
         since_s = self._clock.now_s() - self._seen_at_s
-        for (tenant, kind), seen in self.seen.levels.items():
+        levels: dict[tuple[str, str], float] = {}
+        for tenant, kind in {*seen, *self._taken}:
             b = self._replica.buckets_of(tenant)
             rate, burst = (
                 (b.requests_per_s, b.requests_burst)
@@ -226,8 +259,15 @@ class FailoverController:
             )
             if rate is None or burst is None:
                 continue
-            level = rules.bucket_level(seen.level, 0.0, seen.age_s + since_s, rate, burst)
-            levels[(tenant, kind)] = level / self.divisor
+            last = seen.get((tenant, kind))
+            level = (
+                burst
+                if last is None
+                else rules.bucket_level(last.level, 0.0, last.age_s + since_s, rate, burst)
+            )
+            key = (tenant, kind)
+            mine = self._taken.get(key, 0.0) - self._taken_at_look.get(key, 0.0)
+            levels[key] = level / self.divisor - mine
         return levels
 
     # -- while down ---------------------------------------------------------------

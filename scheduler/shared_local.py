@@ -88,6 +88,11 @@ class Entry:
         self.state = RequestState.STREAMING
         self.output_tokens += tokens
 
+    def taken(self, kv_tokens: float) -> tuple[float, float]:
+        """What admitting it takes from its buckets: (requests, tokens)."""
+        requests = 1.0 if self.buckets.requests_per_s is not None else 0.0
+        return requests, (kv_tokens if self.buckets.tokens_per_s else 0.0)
+
     def lease(self) -> Lease:
         return Lease(self.lease_id, self.req.tenant_id, self.req.kv_tokens)
 

@@ -256,6 +256,7 @@ class Pump:
 
     def _apply(self, step: Step, out: StepOutcome, now_s: float) -> None:
         self.decisions_total += bool(step.candidates)
+        self._failover.saw(out)
         self._local.mirror.update(out.counters)
         if out.state_lost:
             if self._contacted:
@@ -286,6 +287,7 @@ class Pump:
         out = await self._failover.probe()
         if out is None:
             return
+        self._failover.saw(out)
         now_s = self._clock.now_s()
         self._announced = set()
         self._next_heartbeat_s = now_s + self._options.heartbeat_s
@@ -301,10 +303,11 @@ class Pump:
         assert fb is not None
         while True:
             heads = self._local.heads(self._options.max_candidates)
-            if not heads:
-                return
+            limits = self._failover.local_limits()
+            if not heads or limits is None:
+                return  # (no room at all: the fleet was full when the store went down)
             entries = [self._entries.of(h) for h in heads]
-            step = self._options.step(self._failover.local_limits())
+            step = self._options.step(limits)
             for e in entries:
                 assert e is not None
                 step.candidates.append(e.candidate(self._failover.share(e.buckets)))
