@@ -329,10 +329,11 @@ class RedisStore:
         bucket levels: one pipelined round trip, off the decision path."""
         key = f"{self.base}:rep"
         names = sorted(tenants)
-        now = time.time()  # replicas' wall clocks: NTP-close, heartbeats last 3 periods
+        # The wall clock (NTP-close to Redis's, whose TIME the scripts use): a cluster
+        # pipeline cannot carry a keyless TIME.
+        now = time.time()
         try:
             async with self._r.pipeline(transaction=False) as pipe:
-                pipe.time()
                 pipe.zadd(key, {replica_id: now + ttl_s})
                 pipe.zremrangebyscore(key, "-inf", now)
                 pipe.zcard(key)
@@ -342,15 +343,14 @@ class RedisStore:
                 res = await pipe.execute()
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
-        sec, usec = res[0]
-        now_ms = float(sec) * 1000 + float(usec) / 1000  # the scripts' clock
+        now_ms = now * 1000
         levels: dict[tuple[str, str], SeenLevel] = {}
-        for t, (rl, rts, tl, tts) in zip(names, res[5:], strict=True):
+        for t, (rl, rts, tl, tts) in zip(names, res[4:], strict=True):
             for kind, lvl, ts in (("r", rl, rts), ("t", tl, tts)):
                 if lvl is not None and ts is not None:
                     age_s = max(0.0, (now_ms - float(_s(ts))) / 1000)
                     levels[(t, kind)] = SeenLevel(float(_s(lvl)), age_s)
-        return FleetSeen(int(res[3]), levels)
+        return FleetSeen(int(res[2]), levels)
 
     async def ping(self) -> None:
         try:

@@ -5,12 +5,14 @@ short backoff, and only `failover_after_failures` failures in a row, or
 failures for `failover_after_s`, fail over — one slow call does not.
 
 `failure_mode` "open" continues with a local `MemoryStore` (the fallback)
-holding this replica's share of the limits (buckets and KV room ÷ the
-replicas alive at the last look, `FleetSeen`, at least `replicas`; engine
-slots: those it held plus its share of the fleet's free slots at the last
-step) and local fairness. Its buckets start from the last levels seen in
-the store (÷ the same divisor), not full, so an outage costs a quota at most
-what the fleet took since that look. "closed" refuses new requests with
+and local fairness. It holds this replica's share of the limits: buckets
+and KV room ÷ the replicas alive at the last look (`FleetSeen`, at least
+`replicas`); engine slots: those it ran when the store went down plus its
+share of the slots then free (the others' count from the last step), so the
+fleet's sum stays within the engine's limit. Its buckets start from the
+levels last seen in the store (its share, less what it took since), not
+full: an outage costs a quota at most the steps in flight when it began
+(one request per replica). "closed" refuses new requests with
 StoreUnavailable (UNAVAILABLE) and rejects the queued ones. Either way,
 streams in flight continue; their settlements wait in the `Outbox`. When the
 store answers again (`probe`, every `retry_s`), the replica reconciles:
@@ -104,8 +106,8 @@ class FailoverController:
         # as of the last look's start: the difference is not in the levels seen.
         self._taken: dict[tuple[str, str], float] = {}
         self._taken_at_look: dict[tuple[str, str], float] = {}
-        # Fleet-wide in-flight requests at the last step; this replica's at failover.
-        self._fleet_in_flight: int | None = None
+        # The other replicas' in-flight requests at the last step; this one's at failover.
+        self._others_in_flight: int | None = None
         self._own_in_flight = 0
 
     @property
@@ -128,22 +130,22 @@ class FailoverController:
 
     def local_limits(self) -> AdmissionLimits | None:
         """This replica's room while failing open (None: none at all). Requests: what it
-        ran when the store went down plus its share of the room the fleet had free at
-        the last step, so that the fleet's sum stays within the engine's limit; KV
-        tokens: its share (the store reports no fleet-wide KV per step)."""
+        ran when the store went down plus its share of the room then free (the other
+        replicas' count from the last step), so that the fleet's sum stays within the
+        engine's limit; KV tokens: its share (a step reports no fleet-wide KV)."""
         lim, n = self._replica.limits, self.divisor
-        if self._fleet_in_flight is None:
+        if self._others_in_flight is None:
             requests = lim.max_requests // n
         else:
-            free = max(0, lim.max_requests - max(self._fleet_in_flight, self._own_in_flight))
+            free = max(0, lim.max_requests - self._others_in_flight - self._own_in_flight)
             requests = self._own_in_flight + free // n
         if requests < 1:
             return None
         return AdmissionLimits(requests, max(1, lim.max_kv_tokens // n))
 
     def saw(self, out: StepOutcome) -> None:
-        """A step answered: the fleet's in-flight count then."""
-        self._fleet_in_flight = out.in_flight
+        """A step answered (and was applied): the other replicas' in-flight count then."""
+        self._others_in_flight = max(0, out.in_flight - len(self._replica.in_flight_leases()))
 
     # -- watching the fleet --------------------------------------------------------
     def observe_soon(self) -> None:

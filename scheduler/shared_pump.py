@@ -256,7 +256,6 @@ class Pump:
 
     def _apply(self, step: Step, out: StepOutcome, now_s: float) -> None:
         self.decisions_total += bool(step.candidates)
-        self._failover.saw(out)
         self._local.mirror.update(out.counters)
         if out.state_lost:
             if self._contacted:
@@ -274,6 +273,7 @@ class Pump:
             # ends (a local finish kicks the pump; others' are polled).
             self._full_until_s = now_s + self._options.poll_s
         self._offers.after_offer(admitted, step)
+        self._failover.saw(out)
         if admitted:
             self._wake.set()
 
