@@ -273,7 +273,6 @@ class SharedDispatcher:
             raise StoreUnavailable("the shared state store is unreachable; retry later")
         fb = self._failover.fallback
         if fb is not None:
-            entry.lease_at = Place.LOCAL
             limit, wait_s = await fb.reserve(
                 entry.lease_id, req.tenant_id, req.kv_tokens, self._failover.share(entry.buckets)
             )
@@ -351,13 +350,15 @@ class SharedDispatcher:
             self._failover.took(s.tenant_id, -s.refund_requests, -s.refund_tokens)
 
     # -- decisions made (by the store, or the fail-open fallback) ---------------------
-    def after_offer(self, admitted: list[str], step: Step) -> None:
-        """Start what was admitted; settle what was dropped while the step was away."""
+    def after_offer(self, admitted: list[str], step: Step, decided_by: Place) -> None:
+        """Start what was admitted (its lease is where `decided_by` says); settle what
+        was dropped while the step was away."""
         for c in step.candidates:
             entry = self._entries.get(c.lease_id)
             if entry is None:
                 continue
             if c.lease_id in admitted:
+                entry.lease_at = decided_by
                 if c.take_buckets:
                     entry.buckets_at = entry.lease_at
                     entry.requests_taken, entry.tokens_taken = entry.taken(float(c.kv_tokens))

@@ -49,7 +49,8 @@ class Entry:
     tokens_taken: float = 0.0
     state: RequestState = RequestState.QUEUED
     output_tokens: int = 0
-    # Its lease: in the store, or admitted by the fail-open fallback and not adopted yet.
+    # Its lease: in the store (or maybe there: offered in a step whose answer was
+    # lost), or admitted by the fail-open fallback and not adopted yet.
     lease_at: Place = Place.SHARED
     # Its bucket charges: made in the store (refunds go there), or locally / none.
     buckets_at: Place = Place.LOCAL

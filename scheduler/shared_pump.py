@@ -47,8 +47,9 @@ log = logging.getLogger("scheduler.shared_dispatcher")
 class Offers(Protocol):
     """Where the pump's decisions land (the dispatcher)."""
 
-    def after_offer(self, admitted: list[str], step: Step) -> None:
-        """Start what was admitted; settle what was dropped while the step was away."""
+    def after_offer(self, admitted: list[str], step: Step, decided_by: Place) -> None:
+        """Start what was admitted (its lease is in the store `decided_by`); settle what
+        was dropped while the step was away."""
         ...
 
     def weights(self, tenants: Iterable[str]) -> dict[str, float]: ...
@@ -242,7 +243,7 @@ class Pump:
                 self._full_until_s = -math.inf
             else:
                 self._retry_at_s = self._clock.now_s() + self._failover.backoff_s()
-            self._offers.after_offer([], step)
+            self._offers.after_offer([], step, Place.SHARED)
             return
         finally:
             self._outbox.sent()
@@ -272,7 +273,7 @@ class Pump:
             # Held out of the reserve: room or shares change when a request
             # ends (a local finish kicks the pump; others' are polled).
             self._full_until_s = now_s + self._options.poll_s
-        self._offers.after_offer(admitted, step)
+        self._offers.after_offer(admitted, step, Place.SHARED)
         self._failover.saw(out)
         if admitted:
             self._wake.set()
@@ -322,11 +323,8 @@ class Pump:
                 elif out.held:
                     self._full_until_s = now_s + self._options.poll_s
                 return
-            winner = entries[out.admitted]
-            assert winner is not None
-            winner.lease_at = Place.LOCAL
             c = step.candidates[out.admitted]
             self._outbox.charge(
                 c.tenant_id, rules.admission_charge(self._options.w_in, c.prompt_tokens, c.weight)
             )
-            self._offers.after_offer([c.lease_id], step)
+            self._offers.after_offer([c.lease_id], step, Place.LOCAL)

@@ -63,10 +63,16 @@ async def test_restart_is_one_outage_per_replica(
     own_redis: RedisServer, fleets: list[Fleet], mode: str
 ) -> None:
     """SIGKILL, then a restart (empty) under load: each replica fails over once and
-    comes back once, though its pooled connections to the old server each fail once;
-    fail-closed refuses nothing once back; the engine limit holds throughout."""
+    comes back once, though its pooled connections to the old server each fail once
+    (a request quota in reject mode: each arrival reserves in Redis beside the pump's
+    steps, so each replica's pool holds several); fail-closed refuses nothing once
+    back; the engine limit holds throughout."""
+    tenants = TenantRegistry(
+        [TenantConfig("t", quotas=TenantQuotas(requests_per_s=1e4, requests_burst=1e4))]
+    )
     fleet = await started(
-        fleets, Fleet(own_redis.url, 3, AdmissionLimits(LIMIT, 10_000), failure_mode=mode)
+        fleets,
+        Fleet(own_redis.url, 3, AdmissionLimits(LIMIT, 10_000), tenants, failure_mode=mode),
     )
     fleet.load(per_replica=4)
     await eventually(lambda: fleet.record.count("done") >= 30, what="load runs")
