@@ -55,7 +55,7 @@ from scheduler.shared_options import FailureMode, QuotaView, SharedOptions, Stor
 from scheduler.shared_outbox import Outbox
 from scheduler.shared_pump import Pump
 from scheduler.shared_stats import GateTotals, SharedStats
-from scheduler.store import BucketLimits, Lease, Settlement, Step, Store
+from scheduler.store import BucketLimits, Candidate, Lease, Settlement, Step, Store
 from scheduler.tenants import TenantRegistry
 from scheduler.timers import AsyncioTimers, Timers
 
@@ -369,6 +369,18 @@ class SharedDispatcher:
                 self._forget(entry)
                 if entry.requests_taken or entry.tokens_taken:
                     self._settle(entry)
+
+    def give_back(self, c: Candidate) -> None:
+        requests, tokens = (0.0, 0.0)
+        entry = self._entries.get(c.lease_id)
+        if entry is not None and c.take_buckets:
+            requests, tokens = entry.taken(float(c.kv_tokens))
+        self._outbox.settle(Settlement(c.lease_id, c.tenant_id, requests, tokens, c.buckets))
+        if entry is not None and entry.queued:
+            # A settled lease id is never opened again: a new one for the next offer.
+            self._entries.remove(entry)
+            entry.lease_id = f"{self.replica_id}:{next(self._seq)}"
+            self._entries.add(entry)
 
     def _start(self, entry: Entry) -> None:
         if not entry.wanted:

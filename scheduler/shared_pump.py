@@ -11,8 +11,9 @@ outcome. While the store is down it makes the fail-open decisions against the
 store is suspect (a call failed, not yet failed over) it retries after the
 controller's backoff.
 
-After the store comes back from an outage, or is found wiped, the pump offers
-no candidate for `heartbeat_s + retry_s`: the time every live replica takes
+After the store comes back from an outage, or is found wiped (the step that
+recreates the state says so; the other replicas see counters go back), the
+pump offers no candidate for `heartbeat_s + retry_s`: the time every live replica takes
 to re-register its in-flight leases (a heartbeat, or a probe), so that no
 admission is decided against a fleet count missing them (the engine limit).
 
@@ -38,7 +39,7 @@ from scheduler.shared_failover import FailoverController
 from scheduler.shared_local import Entries, LocalQueues, Place
 from scheduler.shared_options import SharedOptions
 from scheduler.shared_outbox import Outbox
-from scheduler.store import Step, StepOutcome, Store
+from scheduler.store import Candidate, Step, StepOutcome, Store
 from scheduler.timers import Timers
 
 log = logging.getLogger("scheduler.shared_dispatcher")
@@ -53,6 +54,11 @@ class Offers(Protocol):
         ...
 
     def weights(self, tenants: Iterable[str]) -> dict[str, float]: ...
+
+    def give_back(self, c: Candidate) -> None:
+        """Undo the store's admission of `c` (release its lease and what it took); it
+        stays queued, under a new lease id."""
+        ...
 
 
 class Pump:
@@ -97,6 +103,8 @@ class Pump:
         self._retry_at_s = -math.inf
         self._next_heartbeat_s = -math.inf
         self._contacted = False  # a first step finding an empty store is no loss
+        # Counters as the store last returned them: they only grow, unless wiped.
+        self._store_counters: dict[str, float] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -258,15 +266,24 @@ class Pump:
     def _apply(self, step: Step, out: StepOutcome, now_s: float) -> None:
         self.decisions_total += bool(step.candidates)
         self._local.mirror.update(out.counters)
-        if out.state_lost:
+        # The step that recreates the state says so; the other replicas' see counters
+        # that went back (they never decrease otherwise).
+        went_back = any(c < self._store_counters.get(t, -math.inf) for t, c in out.counters.items())
+        self._store_counters.update(out.counters)
+        admitted = [step.candidates[out.admitted].lease_id] if out.admitted is not None else []
+        if out.state_lost or went_back:
             if self._contacted:
-                log.warning("shared state was lost (Redis restarted empty?): re-registering")
+                log.warning("shared state was lost (Redis wiped?): re-registering")
                 self._hold(now_s)
+                if admitted:
+                    # Decided against a fleet count missing the leases not yet
+                    # re-registered: give it back; it waits out the hold, queued.
+                    self._offers.give_back(step.candidates[out.admitted or 0])
+                    admitted = []
             self._next_heartbeat_s = -math.inf
             self._announced = set()
             self._wake.set()
         self._contacted = True
-        admitted = [step.candidates[out.admitted].lease_id] if out.admitted is not None else []
         self._pause_blocked(step, out, now_s)
         self.reserve_holds_total += len(out.held)
         if out.full or (out.held and out.admitted is None):
@@ -295,6 +312,7 @@ class Pump:
         self._full_until_s = -math.inf
         self._retry_at_s = -math.inf
         self._hold(now_s)
+        self._store_counters = dict(out.counters)
         self._local.mirror.update(out.counters)
         self._wake.set()
 

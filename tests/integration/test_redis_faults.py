@@ -199,3 +199,22 @@ async def test_leases_that_end_during_a_probe_are_released(
     await eventually(lambda: d.health.mode == "ok", what="reconciled")
     assert d.health.reconciled_leases == 3  # the probe did re-register them
     await assert_nothing_left(fleet)
+
+
+async def test_a_wiped_redis_under_load(own_redis: RedisServer, fleets: list[Fleet]) -> None:
+    """FLUSHALL under load (no replica sees an outage): the replica whose step finds
+    the state gone re-registers its leases and admits nothing until every replica
+    has renewed its own (a heartbeat); the others learn nothing from the store."""
+    fleet = await started(fleets, Fleet(own_redis.url, 3, AdmissionLimits(LIMIT, 10_000)))
+    fleet.load(per_replica=4, hold_s=0.1)
+    await eventually(lambda: fleet.record.count("done") >= 20, what="load runs")
+    r = redis_lib.Redis(port=own_redis.port)
+    r.flushall()
+    r.close()
+    done = fleet.record.count("done")
+    await eventually(lambda: fleet.record.count("done") >= done + 40, what="load runs again")
+    await fleet.stop_load()
+    print(f"\nFLUSHALL: engine peak {fleet.engine.peak}/{LIMIT}, transitions {fleet.transitions()}")
+    assert fleet.transitions() == [0, 0, 0]
+    assert fleet.engine.peak <= LIMIT
+    await assert_nothing_left(fleet)
