@@ -19,7 +19,8 @@ FailureMode = Literal["open", "closed"]
 class SharedOptions:
     replica_id: str
     failure_mode: FailureMode = "open"
-    # Replicas in the fleet: the fail-open fallback enforces limits ÷ replicas.
+    # The fleet's minimum size: the fail-open divisor is the replicas alive at the last
+    # look (FleetSeen), never fewer than this.
     replicas: int = 1
     # Fair-share reserve (reserve.py), applied fleet-wide by the store.
     reserve_fraction: float = 0.0
