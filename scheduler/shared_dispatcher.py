@@ -127,6 +127,12 @@ class SharedDispatcher:
         return self._pump.reserve_holds_total
 
     @property
+    def fail_open_divisor(self) -> int:
+        """Replicas sharing the limits if the store failed now (live ones, at least
+        `options.replicas`)."""
+        return self._failover.divisor
+
+    @property
     def pump_restarts_total(self) -> int:
         """Times the pump task died of an unexpected error and was restarted."""
         return self._pump.restarts_total

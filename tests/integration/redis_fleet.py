@@ -63,6 +63,7 @@ class Fleet:
         self.url = url
         self.engine = Engine()
         self.record = Record()
+        options.setdefault("replicas", n)
         self.replicas = [
             SharedDispatcher(
                 RedisStore.from_url(
@@ -72,7 +73,6 @@ class Fleet:
                 MonotonicClock(),
                 SharedOptions(
                     f"r{i}",
-                    replicas=n,
                     poll_s=0.005,
                     heartbeat_s=0.2,
                     retry_s=0.1,
