@@ -261,12 +261,13 @@ class SharedDispatcher:
         req = entry.req
         limit, wait_s = "", 0.0
         while self._failover.ok:
+            started_s = self.clock.now_s()
             try:
                 limit, wait_s = await self.store.reserve(
                     entry.lease_id, req.tenant_id, req.kv_tokens, entry.buckets
                 )
             except StoreUnavailable as exc:
-                if self._failover.failed(exc):
+                if self._failover.failed(exc, started_s):
                     self._pump.kick()
                 elif self._failover.ok:  # suspect: try again shortly
                     await asyncio.sleep(self._failover.backoff_s())
@@ -337,6 +338,7 @@ class SharedDispatcher:
         self.budget.release(req)
         self.quotas.open_reservations -= 1
         self._settle(entry)
+        entry.state = RequestState.SETTLED
         self._local.resume(req.tenant_id)  # it may have waited for max_concurrent
         self._pump.kick()
 

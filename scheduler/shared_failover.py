@@ -98,6 +98,7 @@ class FailoverController:
         # Failed calls in a row while "ok" (suspect), and when the streak began.
         self._failures = 0
         self._failing_since_s = math.inf
+        self._last_failure_s = -math.inf
         # The fleet as last seen (replicas alive, bucket levels) and when.
         self.seen: FleetSeen | None = None
         self._seen_at_s = 0.0
@@ -194,13 +195,18 @@ class FailoverController:
             log.info("shared store answers again after %d failed calls", self._failures)
         self._failures = 0
         self._failing_since_s = math.inf
+        self._last_failure_s = -math.inf
 
-    def failed(self, exc: StoreUnavailable) -> bool:
-        """A call to the store failed; True if this replica fails over now."""
+    def failed(self, exc: StoreUnavailable, started_s: float) -> bool:
+        """A call to the store, sent at `started_s`, failed; True if this replica fails
+        over now. Calls already in flight when the last failure was counted add no
+        news (arrivals reserving during one slow moment are one failure, not many)."""
         if not self.ok:
             return False
         now_s = self._clock.now_s()
-        self._failures += 1
+        if started_s >= self._last_failure_s:
+            self._failures += 1
+            self._last_failure_s = now_s
         self._failing_since_s = min(self._failing_since_s, now_s)
         self.health.last_error = str(exc)
         o = self._options
@@ -212,6 +218,7 @@ class FailoverController:
             return False
         self._failures = 0
         self._failing_since_s = math.inf
+        self._last_failure_s = -math.inf
         mode = self._options.failure_mode
         self.health.mode = mode
         self.health.transitions_total += 1

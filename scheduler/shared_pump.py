@@ -247,7 +247,7 @@ class Pump:
             self._announced = previous
             self._outbox.requeue(step)
             self._offered = set()
-            if self._failover.failed(exc):
+            if self._failover.failed(exc, now_s):
                 self._full_until_s = -math.inf
             else:
                 self._retry_at_s = self._clock.now_s() + self._failover.backoff_s()

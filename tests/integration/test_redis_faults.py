@@ -102,9 +102,13 @@ async def test_one_slow_call_does_not_fail_over(
     own_redis: RedisServer, fleets: list[Fleet]
 ) -> None:
     """Redis stopped (SIGSTOP) a little longer than one call's timeout: calls time out
-    once, are retried after a backoff, and no replica fails over."""
-    fleet = await started(fleets, Fleet(own_redis.url, 3, AdmissionLimits(LIMIT, 10_000)))
-    fleet.load(per_replica=2)
+    once, are retried after a backoff, and no replica fails over — though arrivals
+    reserving their request quota (reject mode) time out all through the pause."""
+    tenants = TenantRegistry(
+        [TenantConfig("t", quotas=TenantQuotas(requests_per_s=1e4, requests_burst=1e4))]
+    )
+    fleet = await started(fleets, Fleet(own_redis.url, 3, AdmissionLimits(LIMIT, 10_000), tenants))
+    fleet.load(per_replica=4)
     await eventually(lambda: fleet.record.count("done") >= 20, what="load runs")
     own_redis.pause()
     await asyncio.sleep(0.4)  # the timeout is 0.3 s
