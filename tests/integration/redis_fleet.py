@@ -20,8 +20,10 @@ from scheduler.request import QueuedRequest
 from scheduler.shared_dispatcher import SharedDispatcher, SharedOptions
 from scheduler.store import StoreSnapshot
 from scheduler.tenants import TenantRegistry
+from tests.helpers import eventually
 
 DOMAIN = "faults"
+LIMIT = 6  # the engine's room, fleet-wide, in the tests that check it
 
 
 @dataclass
@@ -152,3 +154,13 @@ class Fleet:
             return await store.snapshot()
         finally:
             await store.aclose()
+
+
+async def assert_nothing_left(fleet: Fleet) -> None:
+    """Every settlement reached Redis: no lease, no in-flight count, no reservation."""
+    for d in fleet.replicas:
+        await eventually(lambda d=d: d.pending_settlements == 0, what="settlements sent")  # type: ignore[misc]
+        assert d.quotas.open_reservations == 0 and d.in_flight == 0 and d.queued == 0
+    await eventually(lambda: fleet.engine.running == 0, what="engine idle")
+    snap = await fleet.snapshot()
+    assert snap.in_flight == 0 and snap.leases == set() and snap.concurrency == {}

@@ -17,8 +17,7 @@ import redis as redis_lib
 
 from scheduler.budget import AdmissionLimits
 from tests.helpers import eventually
-from tests.integration.redis_fleet import DOMAIN, Fleet
-from tests.integration.test_redis_faults import LIMIT, assert_nothing_left
+from tests.integration.redis_fleet import DOMAIN, LIMIT, Fleet, assert_nothing_left
 from tests.redis_server import RedisServer, find_redis_server, free_port
 
 SLOTS = 16384

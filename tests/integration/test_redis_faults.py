@@ -16,10 +16,8 @@ import redis as redis_lib
 from scheduler.budget import AdmissionLimits
 from scheduler.tenants import TenantConfig, TenantQuotas, TenantRegistry
 from tests.helpers import eventually
-from tests.integration.redis_fleet import DOMAIN, Fleet
+from tests.integration.redis_fleet import DOMAIN, LIMIT, Fleet, assert_nothing_left
 from tests.redis_server import RedisServer, find_redis_server
-
-LIMIT = 6  # the engine's room, fleet-wide
 
 
 @pytest.fixture
@@ -46,16 +44,6 @@ async def started(fleets: list[Fleet], fleet: Fleet) -> Fleet:
     fleets.append(fleet)
     await fleet.start()
     return fleet
-
-
-async def assert_nothing_left(fleet: Fleet) -> None:
-    """Every settlement reached Redis: no lease, no in-flight count, no reservation."""
-    for d in fleet.replicas:
-        await eventually(lambda d=d: d.pending_settlements == 0, what="settlements sent")  # type: ignore[misc]
-        assert d.quotas.open_reservations == 0 and d.in_flight == 0 and d.queued == 0
-    await eventually(lambda: fleet.engine.running == 0, what="engine idle")
-    snap = await fleet.snapshot()
-    assert snap.in_flight == 0 and snap.leases == set() and snap.concurrency == {}
 
 
 @pytest.mark.parametrize("mode", ["open", "closed"])
