@@ -271,6 +271,13 @@ class MemoryStore:
         self._add(tenant_id, -1.0, -float(tokens), buckets, now_s)
         return "", 0.0
 
+    def seed_levels(self, levels: dict[tuple[str, str], float]) -> None:
+        """Start buckets at these levels, (tenant, "r" | "t") -> level (a fail-open
+        fallback starts from the last levels seen in the shared store, not full)."""
+        now_s = self.clock.now_s()
+        for (tenant, kind), level in levels.items():
+            self._set(tenant, kind, level, now_s)
+
     def seed_counters(self, counters: dict[str, float]) -> None:
         """Start from known counters (the fail-open fallback takes Redis's last values)."""
         self.counters.update(counters)

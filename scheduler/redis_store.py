@@ -15,6 +15,8 @@ prefix p (default "fg"); `{D}` is the Redis Cluster hash tag:
                      ordinal counter (ties between equal counters: least recent first)
     p:{D}:done       ZSET   settled lease id -> expiry ms (idempotent settlement)
     p:{D}:epoch      STRING exists while the state is intact (detects a wiped Redis)
+    p:{D}:rep        ZSET   replica -> expiry (wall-clock s): live replicas, renewed
+                     every heartbeat by `observe` (the fail-open divisor)
     p:{D}:b:<tenant> HASH   token buckets: rl, rts (requests), tl, tts (tokens)
     p:{t:<tenant>}:cfg HASH tenant configuration (published, not on the hot path)
 
@@ -32,13 +34,24 @@ Redis) the script is sent once with EVAL, which also caches it again.
 
 Connection URLs: redis://, rediss:// (TLS), unix://, redis+sentinel://
 [user:pass@]host:port[,host:port...]/service[/db] and redis+cluster://host:port.
-Only standalone Redis is exercised by the tests.
+The tests exercise standalone Redis and a 3-master Redis Cluster.
+
+Failures: every client gets the same timeouts (`timeout_s` to connect and per
+call) and one retry, after a short backoff, of a call that failed with a
+connection error — the pooled connections to a restarted server each fail
+once when next used, and that must not count as an outage. Anything else
+redis-py raises (timeouts, CLUSTERDOWN, TRYAGAIN, a script error, a protocol
+error) becomes `StoreUnavailable`: a store failure for the dispatcher to
+handle, never an exception escaping into the pump or a request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -47,13 +60,13 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from scheduler.errors import StoreUnavailable
 from scheduler.redis_scripts import RESERVE, SNAPSHOT, STEP
+from scheduler.shared_options import FleetSeen, SeenLevel
 from scheduler.store import (
     NO_LIMIT,
     BucketLimits,
@@ -64,7 +77,14 @@ from scheduler.store import (
 )
 from scheduler.tenants import TenantConfig
 
-_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
+# Every failure of the client is a store failure (RedisClusterException: e.g. no
+# node covers the slot; it is not a RedisError).
+_UNAVAILABLE = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
+
+
+def _retry_stale() -> Retry:
+    """One retry of a connection error (a stale pooled connection), after 20-100 ms."""
+    return Retry(ExponentialBackoff(cap=0.1, base=0.02), 1, (RedisConnectionError,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +118,12 @@ def _s(x: Any) -> str:
 
 
 def connect(url: str, *, timeout_s: float = 1.0) -> Any:
-    """A redis-py asyncio client for `url` (no automatic retries: failures surface)."""
+    """A redis-py asyncio client for `url`: `timeout_s` per call and to connect, one retry
+    of a connection error (see the module's docstring)."""
     opts: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": timeout_s,
-        "retry": Retry(NoBackoff(), 0),
+        "retry": _retry_stale(),
     }
     parts = urlsplit(url)
     if parts.scheme == "redis+sentinel":
@@ -126,7 +147,7 @@ def connect(url: str, *, timeout_s: float = 1.0) -> Any:
         )
     if parts.scheme in ("redis+cluster", "rediss+cluster"):
         plain = url.replace("+cluster", "", 1)
-        return RedisCluster.from_url(plain, socket_timeout=timeout_s)
+        return RedisCluster.from_url(plain, **opts)
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise ValueError(
             f"{url!r}: use redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://"
@@ -302,6 +323,34 @@ class RedisStore:
             bucket_levels=levels,
             bucket_ages_s=ages,
         )
+
+    async def observe(self, replica_id: str, ttl_s: float, tenants: Iterable[str]) -> FleetSeen:
+        """Renew this replica's heartbeat, count the live replicas, read `tenants`'
+        bucket levels: one pipelined round trip, off the decision path."""
+        key = f"{self.base}:rep"
+        names = sorted(tenants)
+        # The wall clock (NTP-close to Redis's, whose TIME the scripts use): a cluster
+        # pipeline cannot carry a keyless TIME.
+        now = time.time()
+        try:
+            async with self._r.pipeline(transaction=False) as pipe:
+                pipe.zadd(key, {replica_id: now + ttl_s})
+                pipe.zremrangebyscore(key, "-inf", now)
+                pipe.zcard(key)
+                pipe.pexpire(key, max(1, int(ttl_s * 1000)))
+                for t in names:
+                    pipe.hmget(f"{self.base}:b:{t}", "rl", "rts", "tl", "tts")
+                res = await pipe.execute()
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"redis unreachable: {exc}") from exc
+        now_ms = now * 1000
+        levels: dict[tuple[str, str], SeenLevel] = {}
+        for t, (rl, rts, tl, tts) in zip(names, res[4:], strict=True):
+            for kind, lvl, ts in (("r", rl, rts), ("t", tl, tts)):
+                if lvl is not None and ts is not None:
+                    age_s = max(0.0, (now_ms - float(_s(ts))) / 1000)
+                    levels[(t, kind)] = SeenLevel(float(_s(lvl)), age_s)
+        return FleetSeen(int(res[2]), levels)
 
     async def ping(self) -> None:
         try:

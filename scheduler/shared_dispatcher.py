@@ -18,10 +18,14 @@ While the engine is full, a replica learns of room freed by other replicas by
 polling (`poll_s`); its own finishes wake it at once. Tenants over their
 fleet-wide quota are paused locally until the store says they may go.
 
-Store failure (`failure_mode`, fail-open or fail-closed) and the
-reconciliation when the store answers again: shared_failover.py. Options and
-small state types: shared_options.py; local queues and per-request
-bookkeeping: shared_local.py.
+The dispatcher composes objects that each own their state: the `Outbox`
+(settlements and batched charges owed to the store, shared_outbox.py), the
+`Pump` (the task, due times, building and applying steps, shared_pump.py),
+the `FailoverController` (health, the fail-open fallback, the probe and the
+reconciliation, shared_failover.py), and the local queues and entries
+(shared_local.py). The dispatcher itself keeps the per-request bookkeeping —
+admit, start, drop, settle — which the pump and the controller reach through
+the small protocols `Offers` and `ReplicaView`. Options: shared_options.py.
 """
 
 from __future__ import annotations
@@ -29,36 +33,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import math
 from collections.abc import Iterable
 from dataclasses import replace
 
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
-from scheduler.errors import QueueTimeout, QuotaExceeded, RequestTooLarge, StoreUnavailable
-from scheduler.gate import Admission
+from scheduler.errors import (
+    QueueTimeout,
+    QuotaExceeded,
+    RequestTooLarge,
+    SchedulingError,
+    StoreUnavailable,
+)
+from scheduler.gate import Admission, RequestState
 from scheduler.gate_stats import GateStats
-from scheduler.memory_store import MemoryStore
 from scheduler.quotas import bucket_exceeded, check_caps
 from scheduler.request import QueuedRequest
-from scheduler.shared_local import Entry, LocalQueues
-from scheduler.shared_options import (
-    FailureMode,
-    Pending,
-    QuotaView,
-    SharedOptions,
-    StoreHealth,
-)
-from scheduler.shared_pump import SharedPump
+from scheduler.shared_failover import FailoverController
+from scheduler.shared_local import Entries, Entry, LocalQueues, Place
+from scheduler.shared_options import FailureMode, QuotaView, SharedOptions, StoreHealth
+from scheduler.shared_outbox import Outbox
+from scheduler.shared_pump import Pump
 from scheduler.shared_stats import GateTotals, SharedStats
-from scheduler.store import BucketLimits, Step, Store
+from scheduler.store import BucketLimits, Candidate, Lease, Settlement, Step, Store
 from scheduler.tenants import TenantRegistry
 from scheduler.timers import AsyncioTimers, Timers
 
 __all__ = ["FailureMode", "SharedDispatcher", "SharedOptions", "StoreHealth"]
 
 
-class SharedDispatcher(SharedPump):
+class SharedDispatcher:
     def __init__(
         self,
         store: Store,
@@ -78,30 +82,24 @@ class SharedDispatcher(SharedPump):
         self.quotas = QuotaView(tenants or TenantRegistry.permissive())
         # This replica's in-flight requests (the fleet's count lives in the store).
         self.budget = AdmissionBudget(limits)
-        self.health = StoreHealth()
         self.admitted_total = 0
-        self.decisions_total = 0
-        # Candidates the store held out of the fair-share reserve (reserve.py).
-        self.reserve_holds_total = 0
-        # Largest batched counter increment sent at once: how stale a tenant's counter
-        # was for the other replicas (weighted tokens).
-        self.max_charge_lag = 0.0
         self._local = LocalQueues(options.batch_every_n)
-        self._entries: dict[str, Entry] = {}  # lease id -> entry (queued or in flight)
-        self._lease_ids: dict[int, str] = {}  # id(request) -> lease id
+        self._entries = Entries()
         self._seq = itertools.count(1)
-        self._shared = Pending()  # for the shared store
-        self._announced: set[str] = set()
-        self._offered: set[str] = set()  # lease ids in the step awaiting its answer
-        self._full_until_s = -math.inf
-        self._next_flush_s = -math.inf
-        self._next_heartbeat_s = -math.inf
-        self._next_probe_s = math.inf
-        self._fallback: MemoryStore | None = None
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
-        self._contacted = False  # a first step finding an empty store is no loss
+        self._outbox = Outbox(options.flush_s)
+        self._failover = FailoverController(store, clock, options, self._outbox, self)
+        self._pump = Pump(
+            store,
+            clock,
+            self.timers,
+            options,
+            budget=self.budget,
+            local=self._local,
+            entries=self._entries,
+            outbox=self._outbox,
+            failover=self._failover,
+            offers=self,
+        )
         self._stats = SharedStats(clock)  # what stats() reports besides the above
 
     # -- life cycle ------------------------------------------------------------
@@ -109,21 +107,44 @@ class SharedDispatcher(SharedPump):
         for cfg in self.quotas.tenants:
             with contextlib.suppress(StoreUnavailable):
                 await self.store.put_tenant(cfg)
-        self._task = asyncio.create_task(self._run(), name=f"shared-dispatcher-{self.replica_id}")
+        self._pump.start()
 
     async def aclose(self) -> None:
         """Stop the pump; hand the store what is pending (settlements, charges)."""
-        self._closing = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self.health.mode == "ok":
-            with contextlib.suppress(StoreUnavailable):
-                step = self._take_pending(Step(self.budget.limits, w_in=self.options.w_in))
-                step.withdraw = sorted(self._announced)
-                await self.store.step(self.replica_id, step)
+        await self._pump.stop()
         await self.store.aclose()
+
+    @property
+    def health(self) -> StoreHealth:
+        return self._failover.health
+
+    @property
+    def decisions_total(self) -> int:
+        return self._pump.decisions_total
+
+    @property
+    def reserve_holds_total(self) -> int:
+        return self._pump.reserve_holds_total
+
+    @property
+    def fail_open_divisor(self) -> int:
+        """Replicas sharing the limits if the store failed now (live ones, at least
+        `options.replicas`)."""
+        return self._failover.divisor
+
+    @property
+    def pump_restarts_total(self) -> int:
+        """Times the pump task died of an unexpected error and was restarted."""
+        return self._pump.restarts_total
+
+    @property
+    def max_charge_lag(self) -> float:
+        return self._pump.max_charge_lag
+
+    @property
+    def told_everything(self) -> bool:
+        """Nothing left for the pump to tell the store (tests wait for it)."""
+        return self._pump.told_everything
 
     @property
     def queued(self) -> int:
@@ -136,7 +157,7 @@ class SharedDispatcher(SharedPump):
     @property
     def pending_settlements(self) -> int:
         """Settlements not yet handed to the shared store."""
-        return len(self._shared.settlements)
+        return len(self._outbox.settlements)
 
     @property
     def paused_tenants(self) -> dict[str, float]:
@@ -144,16 +165,52 @@ class SharedDispatcher(SharedPump):
 
     def set_limits(self, limits: AdmissionLimits) -> None:
         self.budget.limits = limits
-        self._kick()
+        self._pump.kick()
 
     def set_tenants(self, tenants: TenantRegistry) -> None:
         self.quotas.tenants = tenants
         self._local.paused_until.clear()
-        self._kick()
+        self._pump.kick()
 
-    def _kick(self) -> None:
-        self._full_until_s = -math.inf
-        self._wake.set()
+    # -- what the failover controller and the pump see (ReplicaView, Offers) ---------
+    @property
+    def limits(self) -> AdmissionLimits:
+        return self.budget.limits
+
+    def in_flight_leases(self) -> list[Lease]:
+        return self._entries.leases()
+
+    def weights(self, tenants: Iterable[str]) -> dict[str, float]:
+        """The tenants' weights, for the store's fair-share reserve."""
+        return {t: self.quotas.tenants.weight_of(t) for t in tenants}
+
+    def counters(self) -> dict[str, float]:
+        return self._local.mirror
+
+    def refuse_queued(self, exc: StoreUnavailable) -> None:
+        for entry in [e for e in self._entries if e.wanted]:
+            self._drop(entry, RequestState.REJECTED)
+            entry.fut.set_exception(exc)
+
+    def adopt_in_flight(self, renewed: list[Lease]) -> None:
+        for lease in renewed:
+            entry = self._entries.get(lease.lease_id)
+            if entry is not None and entry.started:
+                entry.lease_at = Place.SHARED  # its settlement releases the shared lease
+            else:  # ended while the probe was away: release the lease it re-registered
+                self._outbox.settle(Settlement(lease.lease_id, lease.tenant_id, 0.0, 0.0))
+        self._pump.wake()
+
+    def bucket_tenants(self) -> list[str]:
+        tenants = {e.req.tenant_id for e in self._entries if e.buckets.any}
+        tenants.update(c.tenant_id for c in self.quotas.tenants if BucketLimits.of(c.quotas).any)
+        return sorted(tenants)
+
+    def buckets_of(self, tenant_id: str) -> BucketLimits:
+        try:
+            return BucketLimits.of(self.quotas.tenants.resolve(tenant_id).quotas)
+        except SchedulingError:  # no longer served: no buckets to start
+            return BucketLimits()
 
     # -- arrival -----------------------------------------------------------------
     async def admit(self, req: QueuedRequest) -> None:
@@ -184,56 +241,60 @@ class SharedDispatcher(SharedPump):
         entry = Entry(req, cfg, f"{self.replica_id}:{req.seq}", loop.create_future(), buckets)
         if cfg.over_quota == "reject" and buckets.any:
             await self._reserve(entry)
-        self._entries[entry.lease_id] = entry
-        self._lease_ids[id(req)] = entry.lease_id
+        self._entries.add(entry)
         self.quotas.open_reservations += 1
         self._local.push(req)
         if q.max_queue_wait_s is not None:
             expires_s = req.arrival_s + q.max_queue_wait_s
             entry.expiry = self.timers.call_at(expires_s, lambda: self._expire(entry))
-        self._kick()
+        self._pump.kick()
         try:
             await entry.fut
         except asyncio.CancelledError:
             if entry.started:
                 self.finish(req)  # admitted in the same tick the caller was cancelled
             elif entry.queued:
-                self._drop(entry)
+                self._drop(entry, RequestState.CANCELLED)
             raise
 
     async def _reserve(self, entry: Entry) -> None:
         req = entry.req
         limit, wait_s = "", 0.0
-        if self.health.mode == "ok":
+        while self._failover.ok:
+            started_s = self.clock.now_s()
             try:
                 limit, wait_s = await self.store.reserve(
                     entry.lease_id, req.tenant_id, req.kv_tokens, entry.buckets
                 )
             except StoreUnavailable as exc:
-                self._went_down(exc)
-                if self.options.failure_mode == "closed":
-                    raise
+                if self._failover.failed(exc, started_s):
+                    self._pump.kick()
+                elif self._failover.ok:  # suspect: try again shortly
+                    await asyncio.sleep(self._failover.backoff_s())
             else:
-                entry.buckets_shared = True
-        if self.health.mode == "open":
-            entry.in_shared = False
-            assert self._fallback is not None
-            limit, wait_s = await self._fallback.reserve(
-                entry.lease_id, req.tenant_id, req.kv_tokens, self._share(entry.buckets)
+                self._failover.succeeded()
+                entry.buckets_at = Place.SHARED
+                self._failover.took(req.tenant_id, *entry.taken(float(req.kv_tokens)))
+                break
+        if self.health.mode == "closed":
+            raise StoreUnavailable("the shared state store is unreachable; retry later")
+        fb = self._failover.fallback
+        if fb is not None:
+            limit, wait_s = await fb.reserve(
+                entry.lease_id, req.tenant_id, req.kv_tokens, self._failover.share(entry.buckets)
             )
         if wait_s > 0:
             raise self._stats.tally.refused(
                 bucket_exceeded(req.tenant_id, entry.cfg.quotas, limit, wait_s, ", fleet-wide")
             )
-        entry.requests_taken = 1.0 if entry.buckets.requests_per_s is not None else 0.0
-        entry.tokens_taken = float(req.kv_tokens) if entry.buckets.tokens_per_s else 0.0
+        entry.requests_taken, entry.tokens_taken = entry.taken(float(req.kv_tokens))
 
     def _expire(self, entry: Entry) -> None:
-        if not entry.queued or not entry.wanted:
+        if not entry.wanted:
             return
         waited_s = self.clock.now_s() - entry.req.arrival_s
         limit = entry.cfg.quotas.max_queue_wait_s
-        self._drop(entry)
+        self._drop(entry, RequestState.EXPIRED)
         self._stats.expired_total += 1
         entry.fut.set_exception(
             QueueTimeout(
@@ -244,103 +305,103 @@ class SharedDispatcher(SharedPump):
             )
         )
 
-    def _drop(self, entry: Entry) -> None:
+    def _drop(self, entry: Entry, to: RequestState) -> None:
         """Withdraw a queued entry: give back what it reserved."""
-        entry.queued = False
-        entry.cancelled = True
-        if entry.expiry is not None:
-            entry.expiry.cancel()
+        entry.withdraw(to)
         self._local.remove(entry.req)
         self.quotas.open_reservations -= 1
-        if entry.lease_id in self._offered:
-            return  # the step in flight may admit it; `_after_offer` settles it then
+        if self._pump.awaiting(entry.lease_id):
+            return  # the step in flight may admit it; `after_offer` settles it then
         self._forget(entry)
         if entry.requests_taken or entry.tokens_taken:
             self._settle(entry)
-        self._wake.set()
+        self._pump.wake()
 
     # -- in flight -----------------------------------------------------------------
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
-        entry = self._entries.get(self._lease_of(req))
+        entry = self._entries.of(req)
         if entry is None or not entry.started or tokens <= 0:
             return
-        entry.output_tokens += tokens
+        entry.streamed(tokens)
         delta = self.options.w_out * tokens / entry.cfg.weight
         self._local.mirror[req.tenant_id] = self._local.mirror.get(req.tenant_id, 0.0) + delta
-        self._shared.charge(req.tenant_id, delta)
-        if self._fallback is not None:
-            self._fallback.counters[req.tenant_id] = (
-                self._fallback.counters.get(req.tenant_id, 0.0) + delta
-            )
-        if self._next_flush_s == math.inf or self._next_flush_s < self.clock.now_s():
-            self._next_flush_s = self.clock.now_s() + self.options.flush_s
-            self._wake.set()
+        self._failover.charge_locally(req.tenant_id, delta)
+        if self._outbox.charge_output(req.tenant_id, delta, self.clock.now_s()):
+            self._pump.wake()
 
     def finish(self, req: QueuedRequest) -> None:
         """The admitted request left the engine (done, cancelled or failed)."""
-        entry = self._entries.get(self._lease_of(req))
+        entry = self._entries.of(req)
         if entry is None or not entry.started:
             raise AssertionError(f"finish({req.request_id!r}) for a request not in flight")
         self._forget(entry)
         self.budget.release(req)
         self.quotas.open_reservations -= 1
         self._settle(entry)
+        entry.state = RequestState.SETTLED
         self._local.resume(req.tenant_id)  # it may have waited for max_concurrent
-        self._kick()
-
-    def _lease_of(self, req: QueuedRequest) -> str:
-        return self._lease_ids.get(id(req), "")
+        self._pump.kick()
 
     def _forget(self, entry: Entry) -> None:
-        if self._entries.pop(entry.lease_id, None) is not None:
+        if self._entries.remove(entry):
             self._stats.ended(entry)
-        self._lease_ids.pop(id(entry.req), None)
 
     def _settle(self, entry: Entry) -> None:
         """Give back the lease and the unused reservation, to whichever store holds them."""
         s = entry.settlement()
         none = replace(s, refund_requests=0.0, refund_tokens=0.0)
-        if self._fallback is not None:
-            local = none if entry.buckets_shared else s
-            self._fallback.step_now(self.replica_id, Step(self.budget.limits, settlements=[local]))
-        if entry.in_shared or entry.buckets_shared:
-            self._shared.settlements.append(s if entry.buckets_shared else none)
+        buckets_shared = entry.buckets_at is Place.SHARED
+        self._failover.settle_locally(none if buckets_shared else s)
+        if entry.lease_at is Place.SHARED or buckets_shared:
+            self._outbox.settle(s if buckets_shared else none)
+        if buckets_shared:
+            self._failover.took(s.tenant_id, -s.refund_requests, -s.refund_tokens)
 
     # -- decisions made (by the store, or the fail-open fallback) ---------------------
-    def _after_offer(self, admitted: list[str], step: Step) -> None:
-        """Start what was admitted; settle what was dropped while the step was away."""
+    def after_offer(self, admitted: list[str], step: Step, decided_by: Place) -> None:
+        """Start what was admitted (its lease is where `decided_by` says); settle what
+        was dropped while the step was away."""
         for c in step.candidates:
             entry = self._entries.get(c.lease_id)
             if entry is None:
                 continue
             if c.lease_id in admitted:
+                entry.lease_at = decided_by
                 if c.take_buckets:
-                    entry.buckets_shared = entry.in_shared
-                    entry.requests_taken = 1.0 if entry.buckets.requests_per_s else 0.0
-                    entry.tokens_taken = float(c.kv_tokens) if entry.buckets.tokens_per_s else 0.0
+                    entry.buckets_at = entry.lease_at
+                    entry.requests_taken, entry.tokens_taken = entry.taken(float(c.kv_tokens))
+                    if entry.buckets_at is Place.SHARED:
+                        self._failover.took(c.tenant_id, entry.requests_taken, entry.tokens_taken)
                 self._start(entry)
-            elif entry.cancelled:
+            elif entry.withdrawn:
                 self._forget(entry)
                 if entry.requests_taken or entry.tokens_taken:
                     self._settle(entry)
+
+    def give_back(self, c: Candidate) -> None:
+        requests, tokens = (0.0, 0.0)
+        entry = self._entries.get(c.lease_id)
+        if entry is not None and c.take_buckets:
+            requests, tokens = entry.taken(float(c.kv_tokens))
+        self._outbox.settle(Settlement(c.lease_id, c.tenant_id, requests, tokens, c.buckets))
+        if entry is not None and entry.queued:
+            # A settled lease id is never opened again: a new one for the next offer.
+            self._entries.remove(entry)
+            entry.lease_id = f"{self.replica_id}:{next(self._seq)}"
+            self._entries.add(entry)
 
     def _start(self, entry: Entry) -> None:
         if not entry.wanted:
             # Its caller left while the decision was made: give the lease and all it took back.
             if entry.queued:
-                entry.queued, entry.cancelled = False, True
+                entry.withdraw(RequestState.CANCELLED)
                 self._local.remove(entry.req)
                 self.quotas.open_reservations -= 1
-                if entry.expiry is not None:
-                    entry.expiry.cancel()
             self._forget(entry)
             self._settle(entry)
             return
         self._local.remove(entry.req)
-        if entry.expiry is not None:
-            entry.expiry.cancel()
-        entry.queued = False
-        entry.started = True
+        entry.start()
         self.budget.reserve(entry.req)
         self.admitted_total += 1
         entry.fut.set_result(None)
@@ -357,7 +418,7 @@ class SharedDispatcher(SharedPump):
     def stats(self, include: Iterable[str] = ()) -> GateStats:
         """Live state for admin and telemetry (see shared_stats.py)."""
         return self._stats.build(
-            list(self._entries.values()),
+            list(self._entries),
             self._local,
             self.quotas.tenants,
             self.budget,

@@ -4,21 +4,38 @@
 tenant, FIFO per class with the batch anti-starvation rule of `TenantQueue`),
 which tenants are eligible (queued and not paused), a mirror of the fleet's
 counters (to pick which tenants to offer a decision), and the per-request
-bookkeeping settlement needs. No I/O here.
+bookkeeping settlement needs (`Entry`, indexed by `Entries`). No I/O here.
+
+An entry's life is a `RequestState` (scheduler/gate.py): QUEUED, then
+ADMITTED (STREAMING once it charged output), or withdrawn while queued:
+CANCELLED (its caller left), EXPIRED (max_queue_wait_s) or REJECTED (the
+store failed closed). Where its lease and its bucket charges live is a
+`Place` each: SHARED (the store: its settlement goes there) or LOCAL (the
+fail-open fallback, or nothing taken yet).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import heapq
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+from scheduler.gate import RequestState
 from scheduler.request import QueuedRequest
-from scheduler.store import BucketLimits, Candidate, Settlement
+from scheduler.store import BucketLimits, Candidate, Lease, Settlement
 from scheduler.tenant_queue import TenantQueue
 from scheduler.tenants import TenantConfig
 from scheduler.timers import TimerHandle
+
+_WITHDRAWN = frozenset({RequestState.CANCELLED, RequestState.EXPIRED, RequestState.REJECTED})
+
+
+class Place(enum.Enum):
+    SHARED = "shared"  # in the shared store
+    LOCAL = "local"  # in the fail-open fallback (or not taken at all)
 
 
 @dataclass(slots=True, eq=False)
@@ -30,20 +47,55 @@ class Entry:
     buckets: BucketLimits
     requests_taken: float = 0.0
     tokens_taken: float = 0.0
-    queued: bool = True
-    started: bool = False
-    cancelled: bool = False
+    state: RequestState = RequestState.QUEUED
     output_tokens: int = 0
-    # Its lease and bucket charges live in the shared store (False: admitted by
-    # the fail-open fallback and not adopted yet).
-    in_shared: bool = True
-    # Its bucket charges were made in the shared store (refunds go there).
-    buckets_shared: bool = False
+    # Its lease: in the store (or maybe there: offered in a step whose answer was
+    # lost), or admitted by the fail-open fallback and not adopted yet.
+    lease_at: Place = Place.SHARED
+    # Its bucket charges: made in the store (refunds go there), or locally / none.
+    buckets_at: Place = Place.LOCAL
     expiry: TimerHandle | None = None
 
     @property
+    def queued(self) -> bool:
+        return self.state is RequestState.QUEUED
+
+    @property
+    def started(self) -> bool:
+        return self.state in (RequestState.ADMITTED, RequestState.STREAMING)
+
+    @property
+    def withdrawn(self) -> bool:
+        """Left the queue without being admitted (its caller left, expired, refused)."""
+        return self.state in _WITHDRAWN
+
+    @property
     def wanted(self) -> bool:
-        return not self.fut.done() and not self.cancelled
+        return self.queued and not self.fut.done()
+
+    def withdraw(self, to: RequestState) -> None:
+        assert self.queued and to in _WITHDRAWN, (self.state, to)
+        self.state = to
+        if self.expiry is not None:
+            self.expiry.cancel()
+
+    def start(self) -> None:
+        assert self.queued, self.state
+        self.state = RequestState.ADMITTED
+        if self.expiry is not None:
+            self.expiry.cancel()
+
+    def streamed(self, tokens: int) -> None:
+        self.state = RequestState.STREAMING
+        self.output_tokens += tokens
+
+    def taken(self, kv_tokens: float) -> tuple[float, float]:
+        """What admitting it takes from its buckets: (requests, tokens)."""
+        requests = 1.0 if self.buckets.requests_per_s is not None else 0.0
+        return requests, (kv_tokens if self.buckets.tokens_per_s else 0.0)
+
+    def lease(self) -> Lease:
+        return Lease(self.lease_id, self.req.tenant_id, self.req.kv_tokens)
 
     def candidate(self, buckets: BucketLimits) -> Candidate:
         return Candidate(
@@ -69,6 +121,39 @@ class Entry:
             )
         unused = float(self.req.max_tokens - self.output_tokens) if self.tokens_taken else 0.0
         return Settlement(self.lease_id, self.req.tenant_id, 0.0, unused, self.buckets)
+
+
+class Entries:
+    """This replica's entries (queued or in flight), by lease id and by request."""
+
+    def __init__(self) -> None:
+        self._by_lease: dict[str, Entry] = {}
+        self._lease_ids: dict[int, str] = {}  # id(request) -> lease id
+
+    def add(self, entry: Entry) -> None:
+        self._by_lease[entry.lease_id] = entry
+        self._lease_ids[id(entry.req)] = entry.lease_id
+
+    def get(self, lease_id: str) -> Entry | None:
+        return self._by_lease.get(lease_id)
+
+    def of(self, req: QueuedRequest) -> Entry | None:
+        return self._by_lease.get(self._lease_ids.get(id(req), ""))
+
+    def remove(self, entry: Entry) -> bool:
+        """Forget `entry`; False if it was gone already."""
+        self._lease_ids.pop(id(entry.req), None)
+        return self._by_lease.pop(entry.lease_id, None) is not None
+
+    def in_flight(self) -> list[Entry]:
+        return [e for e in self._by_lease.values() if e.started]
+
+    def leases(self) -> list[Lease]:
+        """The leases of the requests in flight here (renewals, re-registration)."""
+        return [e.lease() for e in self.in_flight()]
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(list(self._by_lease.values()))
 
 
 class LocalQueues:

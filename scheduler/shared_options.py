@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
+from scheduler.budget import AdmissionLimits
 from scheduler.quotas import TenantUsage
-from scheduler.store import Settlement
+from scheduler.store import Step
 from scheduler.tenants import TenantRegistry
 from scheduler.vtc import DEFAULT_BATCH_EVERY_N
 
@@ -17,7 +19,8 @@ FailureMode = Literal["open", "closed"]
 class SharedOptions:
     replica_id: str
     failure_mode: FailureMode = "open"
-    # Replicas in the fleet: the fail-open fallback enforces limits ÷ replicas.
+    # The fleet's minimum size: the fail-open divisor is the replicas alive at the last
+    # look (FleetSeen), never fewer than this.
     replicas: int = 1
     # Fair-share reserve (reserve.py), applied fleet-wide by the store.
     reserve_fraction: float = 0.0
@@ -27,8 +30,17 @@ class SharedOptions:
     poll_s: float = 0.02
     heartbeat_s: float = 1.0
     retry_s: float = 0.5
+    # Hysteresis: fail over after this many store calls failed in a row, or once
+    # calls have kept failing this long; a single slow call retries (after a
+    # short backoff) instead.
+    failover_after_failures: int = 3
+    failover_after_s: float = 2.0
     max_candidates: int = 16
     batch_every_n: int | None = DEFAULT_BATCH_EVERY_N
+
+    def step(self, limits: AdmissionLimits) -> Step:
+        """An empty step with this fleet's weights and reserve."""
+        return Step(limits, w_in=self.w_in, reserve_fraction=self.reserve_fraction)
 
 
 @dataclass(slots=True)
@@ -58,12 +70,29 @@ class QuotaView:
         return []
 
 
-@dataclass(slots=True)
-class Pending:
-    """Work for the next step to the shared store."""
+@dataclass(frozen=True, slots=True)
+class SeenLevel:
+    """A token bucket's level as the store last showed it, `age_s` before it was read."""
 
-    settlements: list[Settlement] = field(default_factory=list)
-    charges: dict[str, float] = field(default_factory=dict)
+    level: float
+    age_s: float
 
-    def charge(self, tenant_id: str, delta: float) -> None:
-        self.charges[tenant_id] = self.charges.get(tenant_id, 0.0) + delta
+
+@dataclass(frozen=True, slots=True)
+class FleetSeen:
+    """What a replica last saw of the fleet in the store (for failing open)."""
+
+    # Replicas with a live heartbeat in the store (this one included).
+    replicas: int
+    # (tenant, "r" | "t") -> the bucket's level (requests, tokens)
+    levels: dict[tuple[str, str], SeenLevel] = field(default_factory=dict)
+
+
+@runtime_checkable
+class FleetObserver(Protocol):
+    """A store that can tell which replicas are alive and where buckets stand (Redis)."""
+
+    async def observe(self, replica_id: str, ttl_s: float, tenants: Iterable[str]) -> FleetSeen:
+        """Renew this replica's heartbeat (for `ttl_s`); count the live replicas; read
+        the buckets of `tenants`. Raises StoreUnavailable."""
+        ...

@@ -1,108 +1,236 @@
 """The pump of `SharedDispatcher`: one `Step` to the shared store at a time.
 
-An async task (`_run`) sleeps until something is due — a settlement or a
-backlog change to send, batched output charges (`flush_s`), a heartbeat
+An async task sleeps until something is due — a settlement or a backlog
+change to send, batched output charges (`flush_s`), a heartbeat
 (`heartbeat_s`), a paused tenant's resume time, or a decision once the engine
 may have room again (`poll_s` after the store said it was full; at once after
-a local arrival or finish) — then sends one step carrying everything pending
-and the heads of the eligible local tenants, and applies the outcome. While
-the store is down it runs the fail-open decisions or probes instead
-(shared_failover.py).
+a local arrival or finish) — then sends one step carrying everything owed
+(the `Outbox`) and the heads of the eligible local tenants, and applies the
+outcome. While the store is down it makes the fail-open decisions against the
+`FailoverController`'s fallback, or probes (shared_failover.py). While the
+store is suspect (a call failed, not yet failed over) it retries after the
+controller's backoff.
 
-A mixin: `SharedDispatcher` (shared_dispatcher.py) owns the state.
+After the store comes back from an outage, or is found wiped (the step that
+recreates the state says so; the other replicas see counters go back), the
+pump offers no candidate for `heartbeat_s + retry_s`: the time every live replica takes
+to re-register its in-flight leases (a heartbeat, or a probe), so that no
+admission is decided against a fleet count missing them (the engine limit).
+
+The pump owns the task, the due times and what the fleet was told (announced
+tenants, candidates in flight); the decisions reach the requests through
+`Offers` (the dispatcher).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
+from collections.abc import Iterable
+from typing import Protocol
 
+from scheduler import rules
+from scheduler.budget import AdmissionBudget
+from scheduler.clock import Clock
 from scheduler.errors import StoreUnavailable
-from scheduler.shared_failover import SharedFailover
-from scheduler.store import Lease, Step, StepOutcome
+from scheduler.shared_failover import FailoverController
+from scheduler.shared_local import Entries, LocalQueues, Place
+from scheduler.shared_options import SharedOptions
+from scheduler.shared_outbox import Outbox
+from scheduler.store import Candidate, Step, StepOutcome, Store
+from scheduler.timers import Timers
 
 log = logging.getLogger("scheduler.shared_dispatcher")
 
 
-class SharedPump(SharedFailover):
-    # State owned by SharedDispatcher (besides SharedFailover's).
-    decisions_total: int
-    max_charge_lag: float
-    _offered: set[str]
-    _next_flush_s: float
-    _contacted: bool
-    _closing: bool
+class Offers(Protocol):
+    """Where the pump's decisions land (the dispatcher)."""
 
+    def after_offer(self, admitted: list[str], step: Step, decided_by: Place) -> None:
+        """Start what was admitted (its lease is in the store `decided_by`); settle what
+        was dropped while the step was away."""
+        ...
+
+    def weights(self, tenants: Iterable[str]) -> dict[str, float]: ...
+
+    def give_back(self, c: Candidate) -> None:
+        """Undo the store's admission of `c` (release its lease and what it took); it
+        stays queued, under a new lease id."""
+        ...
+
+
+class Pump:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        timers: Timers,
+        options: SharedOptions,
+        *,
+        budget: AdmissionBudget,
+        local: LocalQueues,
+        entries: Entries,
+        outbox: Outbox,
+        failover: FailoverController,
+        offers: Offers,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._timers = timers
+        self._options = options
+        self._budget = budget
+        self._local = local
+        self._entries = entries
+        self._outbox = outbox
+        self._failover = failover
+        self._offers = offers
+        self.decisions_total = 0
+        # Candidates held out of the fair-share reserve (reserve.py).
+        self.reserve_holds_total = 0
+        # Largest batched counter increment sent at once: how stale a tenant's counter
+        # was for the other replicas (weighted tokens).
+        self.max_charge_lag = 0.0
+        # Times the task died of an unexpected error and was restarted (a bug; logged).
+        self.restarts_total = 0
+        self._announced: set[str] = set()
+        self._offered: set[str] = set()  # lease ids in the step awaiting its answer
+        self._full_until_s = -math.inf
+        # No candidates before this (re-registration after an outage or a wipe).
+        self._hold_until_s = -math.inf
+        # Suspect store: the next try after a failed call.
+        self._retry_at_s = -math.inf
+        self._next_heartbeat_s = -math.inf
+        self._contacted = False  # a first step finding an empty store is no loss
+        # Counters as the store last returned them: they only grow, unless wiped.
+        self._store_counters: dict[str, float] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # -- life cycle ----------------------------------------------------------------
+    def start(self) -> None:
+        if self._closing:
+            return
+        name = f"shared-pump-{self._options.replica_id}"
+        self._task = asyncio.create_task(self._run(), name=name)
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The task ends only when stopped: anything else is a bug, logged and restarted."""
+        if self._closing or task.cancelled():
+            return
+        exc = task.exception()
+        self.restarts_total += 1
+        log.error("shared pump died (%r): restarting it", exc, exc_info=exc)
+        self._offered = set()
+        self._full_until_s = -math.inf
+        # After `retry_s`: a bug that kills it at once must not spin.
+        asyncio.get_running_loop().call_later(self._options.retry_s, self.start)
+
+    async def stop(self) -> None:
+        """Stop the task; hand the store what is owed and withdraw from the backlog."""
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._failover.aclose()
+        if self._failover.ok:
+            with contextlib.suppress(StoreUnavailable):
+                step = self._outbox.take_into(self._options.step(self._budget.limits))
+                step.withdraw = sorted(self._announced)
+                await self._store.step(self._options.replica_id, step)
+
+    def wake(self) -> None:
+        """Something is due now (a settlement, a withdrawal)."""
+        self._wake.set()
+
+    def kick(self) -> None:
+        """Room or eligibility changed: look for a decision at once."""
+        self._full_until_s = -math.inf
+        self._wake.set()
+
+    def awaiting(self, lease_id: str) -> bool:
+        """`lease_id` rides in the step in flight: its answer settles it."""
+        return lease_id in self._offered
+
+    @property
+    def told_everything(self) -> bool:
+        """No settlement owed, the backlog announced as it is, no step awaiting its answer."""
+        return (
+            not self._outbox.settlements
+            and self._announced == set(self._local.eligible())
+            and not self._offered
+        )
+
+    # -- the loop ------------------------------------------------------------------
     async def _run(self) -> None:
         while not self._closing:
             due_s = self._next_due_s()
-            delay_s = due_s - self.clock.now_s()
+            delay_s = due_s - self._clock.now_s()
             if delay_s > 0:
-                timer = self.timers.call_at(due_s, self._wake.set) if delay_s < 3600 else None
+                timer = self._timers.call_at(due_s, self._wake.set) if delay_s < 3600 else None
                 await self._wake.wait()
                 if timer is not None:
                     timer.cancel()
             self._wake.clear()
-            now_s = self.clock.now_s()
+            now_s = self._clock.now_s()
             self._local.resume_due(now_s)
-            if self.health.mode == "ok":
+            if self._failover.ok:
                 await self._shared_tick(now_s)
             else:
-                if now_s >= self._next_probe_s:
+                if now_s >= self._failover.next_probe_s:
                     await self._probe()
-                if self.health.mode == "open":
+                if self._failover.mode == "open":
                     self._local_tick()
 
     def _next_due_s(self) -> float:
-        p = self._shared
-        if self.health.mode != "ok":
-            due = self._next_probe_s
-            if self.health.mode == "open" and self._local.eligible():
+        if not self._failover.ok:
+            due = self._failover.next_probe_s
+            if self._failover.mode == "open" and self._local.eligible():
                 due = min(due, self._full_until_s)
             return min(due, self._local.next_resume_s())
-        if p.settlements or set(self._local.eligible()) != self._announced:
-            return -math.inf
+        if self._outbox.settlements or set(self._local.eligible()) != self._announced:
+            return self._retry_at_s
         due = self._next_heartbeat_s
-        if p.charges:
-            due = min(due, self._next_flush_s)
+        if self._outbox.charges:
+            due = min(due, self._outbox.flush_due_s)
         if self._local.eligible():
-            due = min(due, self._full_until_s)
-        return min(due, self._local.next_resume_s())
+            due = min(due, max(self._full_until_s, self._hold_until_s))
+        return max(self._retry_at_s, min(due, self._local.next_resume_s()))
 
-    def _take_pending(self, step: Step) -> Step:
-        step.settlements, self._shared.settlements = self._shared.settlements, []
-        step.charges, self._shared.charges = self._shared.charges, {}
-        return step
+    def _hold(self, now_s: float) -> None:
+        """Admit nothing until every live replica has re-registered its leases."""
+        self._hold_until_s = now_s + self._options.heartbeat_s + self._options.retry_s
 
+    # -- shared decisions ------------------------------------------------------------
     def _build_step(self, now_s: float) -> Step:
-        step = self._take_pending(self._new_step(self.budget.limits))
+        step = self._outbox.take_into(self._options.step(self._budget.limits))
         self.max_charge_lag = max(self.max_charge_lag, *step.charges.values(), 0.0)
-        eligible = set(self._local.eligible())
+        local = self._local
+        eligible = set(local.eligible())
         # A tenant back from a pause for its own limits never stopped being
         # backlogged: it rejoins without a lift (keeps its counter).
-        held = self._local.held_back & eligible
-        self._local.held_back = (self._local.held_back - eligible) & set(self._local.backlogged())
+        held = local.held_back & eligible
+        local.held_back = (local.held_back - eligible) & set(local.backlogged())
         step.announce = sorted(eligible - self._announced - held)
         step.withdraw = sorted(self._announced - eligible)
-        self._local.held_back |= set(step.withdraw) & set(self._local.backlogged())
+        local.held_back |= set(step.withdraw) & set(local.backlogged())
         rejoin = eligible - self._announced - set(step.announce)
         if now_s >= self._next_heartbeat_s:
             step.backlogged = sorted((self._announced & eligible) | rejoin)
-            step.renew = [
-                Lease(e.lease_id, e.req.tenant_id, e.req.kv_tokens)
-                for e in self._entries.values()
-                if e.started
-            ]
+            step.renew = self._entries.leases()
         elif rejoin:
             step.backlogged = sorted(rejoin)
         named = {*step.announce, *(step.backlogged or ()), *(x.tenant_id for x in step.renew or ())}
-        step.weights = self._weights(named)
-        if now_s >= self._full_until_s:
-            heads = self._local.heads(self.options.max_candidates)
-            step.candidates = [
-                self._entries[self._lease_of(h)].candidate(self._entries[self._lease_of(h)].buckets)
-                for h in heads
-            ]
+        step.weights = self._offers.weights(named)
+        if now_s >= self._full_until_s and now_s >= self._hold_until_s:
+            for head in local.heads(self._options.max_candidates):
+                entry = self._entries.of(head)
+                assert entry is not None
+                step.candidates.append(entry.candidate(entry.buckets))
         return step
 
     async def _shared_tick(self, now_s: float) -> None:
@@ -114,42 +242,107 @@ class SharedPump(SharedFailover):
         self._announced = (self._announced | set(step.announce) | rejoined) - set(step.withdraw)
         self._offered = {c.lease_id for c in step.candidates}
         try:
-            out = await self.store.step(self.replica_id, step)
+            out = await self._store.step(self._options.replica_id, step)
         except StoreUnavailable as exc:
             self._announced = previous
-            self._shared.settlements[:0] = step.settlements
-            for tenant, delta in step.charges.items():
-                self._shared.charge(tenant, delta)
+            self._outbox.requeue(step)
             self._offered = set()
-            self._went_down(exc)
-            self._after_offer([], step)
+            if self._failover.failed(exc, now_s):
+                self._full_until_s = -math.inf
+            else:
+                self._retry_at_s = self._clock.now_s() + self._failover.backoff_s()
+            self._offers.after_offer([], step, Place.SHARED)
             return
         finally:
-            self._next_flush_s = math.inf
+            self._outbox.sent()
         self._offered = set()
+        self._retry_at_s = -math.inf
+        self._failover.succeeded()
         if step.renew is not None:
-            self._next_heartbeat_s = now_s + self.options.heartbeat_s
+            self._next_heartbeat_s = now_s + self._options.heartbeat_s
+            self._failover.observe_soon()
         self._apply(step, out, now_s)
 
     def _apply(self, step: Step, out: StepOutcome, now_s: float) -> None:
         self.decisions_total += bool(step.candidates)
         self._local.mirror.update(out.counters)
-        if out.state_lost:
+        # The step that recreates the state says so; the other replicas' see counters
+        # that went back (they never decrease otherwise).
+        went_back = any(c < self._store_counters.get(t, -math.inf) for t, c in out.counters.items())
+        self._store_counters.update(out.counters)
+        admitted = [step.candidates[out.admitted].lease_id] if out.admitted is not None else []
+        if out.state_lost or went_back:
             if self._contacted:
-                log.warning("shared state was lost (Redis restarted empty?): re-registering")
+                log.warning("shared state was lost (Redis wiped?): re-registering")
+                self._hold(now_s)
+                if admitted:
+                    # Decided against a fleet count missing the leases not yet
+                    # re-registered: give it back; it waits out the hold, queued.
+                    self._offers.give_back(step.candidates[out.admitted or 0])
+                    admitted = []
             self._next_heartbeat_s = -math.inf
             self._announced = set()
             self._wake.set()
         self._contacted = True
-        admitted = [step.candidates[out.admitted].lease_id] if out.admitted is not None else []
-        for i, wait_s in out.blocked.items():
-            until = now_s + (self.options.poll_s if math.isinf(wait_s) else wait_s)
-            self._local.pause(step.candidates[i].tenant_id, until)
+        self._pause_blocked(step, out, now_s)
         self.reserve_holds_total += len(out.held)
         if out.full or (out.held and out.admitted is None):
             # Held out of the reserve: room or shares change when a request
             # ends (a local finish kicks the pump; others' are polled).
-            self._full_until_s = now_s + self.options.poll_s
-        self._after_offer(admitted, step)
+            self._full_until_s = now_s + self._options.poll_s
+        self._offers.after_offer(admitted, step, Place.SHARED)
+        self._failover.saw(out)
         if admitted:
             self._wake.set()
+
+    def _pause_blocked(self, step: Step, out: StepOutcome, now_s: float) -> None:
+        for i, wait_s in out.blocked.items():
+            until = now_s + (self._options.poll_s if math.isinf(wait_s) else wait_s)
+            self._local.pause(step.candidates[i].tenant_id, until)
+
+    # -- while the store is down -------------------------------------------------------
+    async def _probe(self) -> None:
+        out = await self._failover.probe()
+        if out is None:
+            return
+        self._failover.saw(out)
+        now_s = self._clock.now_s()
+        self._announced = set()
+        self._next_heartbeat_s = now_s + self._options.heartbeat_s
+        self._full_until_s = -math.inf
+        self._retry_at_s = -math.inf
+        self._hold(now_s)
+        self._store_counters = dict(out.counters)
+        self._local.mirror.update(out.counters)
+        self._wake.set()
+
+    def _local_tick(self) -> None:
+        """Fail-open: decide against the local fallback, this replica's share of everything."""
+        fb = self._failover.fallback
+        assert fb is not None
+        while True:
+            heads = self._local.heads(self._options.max_candidates)
+            limits = self._failover.local_limits()
+            if not heads or limits is None:
+                return  # (no room at all: the fleet was full when the store went down)
+            entries = [self._entries.of(h) for h in heads]
+            step = self._options.step(limits)
+            for e in entries:
+                assert e is not None
+                step.candidates.append(e.candidate(self._failover.share(e.buckets)))
+            out = fb.step_now(self._options.replica_id, step)
+            now_s = self._clock.now_s()
+            self._local.mirror.update(out.counters)
+            self._pause_blocked(step, out, now_s)
+            self.reserve_holds_total += len(out.held)
+            if out.admitted is None:
+                if out.full:
+                    self._full_until_s = math.inf  # a local finish kicks the pump
+                elif out.held:
+                    self._full_until_s = now_s + self._options.poll_s
+                return
+            c = step.candidates[out.admitted]
+            self._outbox.charge(
+                c.tenant_id, rules.admission_charge(self._options.w_in, c.prompt_tokens, c.weight)
+            )
+            self._offers.after_offer([c.lease_id], step, Place.LOCAL)

@@ -129,6 +129,10 @@ class Settings:
     # While the engine is full fleet-wide, look for room freed elsewhere this often.
     redis_poll_ms: float = 20.0
     redis_retry_s: float = 0.5
+    # Hysteresis before failing over: this many failed Redis calls in a row, or
+    # calls failing for this long (one slow call retries instead).
+    redis_failover_after_failures: int = 3
+    redis_failover_after_s: float = 2.0
     keepalive_time_s: float = 30.0
     keepalive_timeout_s: float = 10.0
     max_concurrent_streams: int = 0
@@ -203,6 +207,10 @@ class Settings:
             problems.append("redis_failure_mode must be open or closed")
         if self.replicas < 1:
             problems.append("replicas must be >= 1")
+        if self.redis_failover_after_failures < 1 or not self.redis_failover_after_s > 0:
+            problems.append(
+                "redis_failover_after_failures must be >= 1 and redis_failover_after_s > 0"
+            )
         if self.redis_lease_ttl_s < 2 * self.redis_heartbeat_s or self.redis_heartbeat_s <= 0:
             problems.append("redis_lease_ttl_s must be at least twice redis_heartbeat_s (> 0)")
         if self.log_format not in ("text", "json"):

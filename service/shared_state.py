@@ -91,6 +91,8 @@ async def build_dispatcher(
             poll_s=settings.redis_poll_ms / 1000,
             heartbeat_s=settings.redis_heartbeat_s,
             retry_s=settings.redis_retry_s,
+            failover_after_failures=settings.redis_failover_after_failures,
+            failover_after_s=settings.redis_failover_after_s,
         ),
         tenants=tenants,
     )

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -42,9 +43,11 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server process; `kill()` (SIGKILL) and `start()` again on the same port."""
 
-    def __init__(self, binary: str, port: int | None = None) -> None:
+    def __init__(self, binary: str, port: int | None = None, args: Sequence[str] = ()) -> None:
+        """`args`: more redis-server options (e.g. `--cluster-enabled yes`)."""
         self.binary = binary
         self.port = port or free_port()
+        self.args = list(args)
         self.dir = tempfile.mkdtemp(prefix="fairgate-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -68,6 +71,7 @@ class RedisServer:
                 self.dir,
                 "--protected-mode",
                 "no",
+                *self.args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -88,6 +92,15 @@ class RedisServer:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
         self.proc = None
+
+    def pause(self) -> None:
+        """SIGSTOP: the server hangs (connections stay open, nothing answers)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

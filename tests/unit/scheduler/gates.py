@@ -55,8 +55,7 @@ def quiet(gate: AdmissionGate) -> bool:
     """Nothing left for a shared gate's pump to tell the store (always so for local)."""
     if not isinstance(gate, SharedDispatcher):
         return True
-    s = gate
-    return not s._shared.settlements and s._announced == set(s._local.eligible()) and not s._offered
+    return gate.told_everything
 
 
 async def until(cond: Callable[[], bool], what: str, max_loops: int = 5_000) -> None:

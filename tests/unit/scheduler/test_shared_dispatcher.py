@@ -4,6 +4,7 @@ fleet-wide, and the divided limits of fail-open."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -15,7 +16,7 @@ from scheduler.memory_store import MemoryStore
 from scheduler.redis_store import RedisStore
 from scheduler.request import QueuedRequest
 from scheduler.shared_dispatcher import SharedDispatcher, SharedOptions
-from scheduler.store import Store
+from scheduler.store import Step, StepOutcome, Store
 from scheduler.tenants import TenantConfig, TenantQuotas, TenantRegistry
 from scheduler.timers import ManualTimers
 from tests.helpers import eventually
@@ -225,3 +226,33 @@ async def test_queue_wait_and_pump_wake_ups_run_on_the_injected_clock() -> None:
         await asyncio.wait_for(second, 1.0)
     d.finish(first)
     await d.aclose()
+
+
+# -- a dead pump ------------------------------------------------------------------------
+class BrokenOnce(MemoryStore):
+    """A real store whose next step raises what no store may raise (a bug's stand-in)."""
+
+    def __init__(self) -> None:
+        super().__init__(MonotonicClock())
+        self.armed = False
+
+    async def step(self, replica_id: str, step: Step) -> StepOutcome:
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("a bug in the pump's path")
+        return await super().step(replica_id, step)
+
+
+async def test_a_dead_pump_is_logged_and_restarted(
+    drivers: list[Driver], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="scheduler.shared_dispatcher")
+    store = BrokenOnce()
+    drv = await start(drivers, store, AdmissionLimits(8, 1000), retry_s=0.05)
+    await asyncio.wait_for(drv.submit("a", "t"), 1.0)
+    store.armed = True
+    second = drv.submit("b", "t")  # its step kills the pump
+    await eventually(lambda: drv.d.pump_restarts_total == 1, what="the pump restarted")
+    await asyncio.wait_for(second, 1.0)  # the restarted pump admits it
+    assert any("shared pump died" in r.getMessage() for r in caplog.records)
+    assert drv.d.health.mode == "ok"
