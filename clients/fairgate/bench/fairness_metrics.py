@@ -18,12 +18,15 @@ class RequestRecord:
     tenant: str
     sent_s: float
     prompt_tokens: int
+    max_tokens: int = 0
     # (arrival time, output tokens in that message)
     token_times: list[tuple[float, int]] = field(default_factory=list)
     admitted_s: float | None = None
     first_token_s: float | None = None
     done_s: float | None = None
+    # gRPC status name: RESOURCE_EXHAUSTED is a rejection, anything else a failure.
     rejected: str = ""
+    failed: str = ""
 
     @property
     def ttft_s(self) -> float | None:
@@ -52,7 +55,7 @@ def backlog_intervals(
     spans = sorted(
         (r.sent_s, min(r.admitted_s if r.admitted_s is not None else until_s, until_s))
         for r in records
-        if r.tenant == tenant and not r.rejected and r.sent_s < until_s
+        if r.tenant == tenant and not (r.rejected or r.failed) and r.sent_s < until_s
     )
     merged: list[tuple[float, float]] = []
     for start, end in spans:
@@ -106,6 +109,20 @@ def max_weighted_gap(
             d_max, d_min = max(d_max, diff), min(d_min, diff)
         worst = max(worst, d_max - d_min)
     return worst
+
+
+def common_intervals(per_tenant: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """When every tenant was backlogged at once."""
+    if not per_tenant:
+        return []
+    out = per_tenant[0]
+    for spans in per_tenant[1:]:
+        out = _intersect(out, spans)
+    return out
+
+
+def service_within(events: list[tuple[float, float]], spans: list[tuple[float, float]]) -> float:
+    return sum(v for t, v in events if any(lo <= t <= hi for lo, hi in spans))
 
 
 def jain_index(values: list[float]) -> float:
