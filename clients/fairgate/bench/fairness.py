@@ -87,6 +87,9 @@ class Policy:
         return {"policy": "vtc", "fair_reserve_fraction": self.reserve_fraction}
 
 
+DEFAULT_POLICIES = tuple(Policy(name) for name in POLICIES)
+
+
 @dataclass
 class RunResult:
     label: str
@@ -274,6 +277,7 @@ async def _gateways(
         redis.start()
         stack.callback(redis.stop)
         shared = {**http, "store": "redis", "redis_url": redis.url, "replicas": replicas}
+        shared["api_key_pepper"] = "fairgate-bench-pepper"  # the same on every replica
         addresses = []
         for _ in range(replicas):
             ctx = server_process("fairgate", **common, **shared)
@@ -286,7 +290,7 @@ async def run_scenario(
     seconds: float,
     time_scale: float,
     seed: int,
-    policies: tuple[Policy, ...] = tuple(Policy(p) for p in POLICIES),
+    policies: tuple[Policy, ...] = DEFAULT_POLICIES,
     replicas: int = 1,
 ) -> tuple[float, dict[str, RunResult]]:
     trace = sc.trace(seed)
@@ -379,7 +383,7 @@ async def main(
     seconds: float,
     time_scale: float,
     seed: int,
-    policies: tuple[Policy, ...] = tuple(Policy(p) for p in POLICIES),
+    policies: tuple[Policy, ...] = DEFAULT_POLICIES,
     replicas: int = 1,
 ) -> dict[str, Any]:
     all_sc = scenarios(seconds)
