@@ -9,6 +9,7 @@ w_out per output token when it arrives.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -97,8 +98,8 @@ def max_weighted_gap(
     for lo, hi in _intersect(intervals.get(f, []), intervals.get(g, [])):
         if hi - lo < min_span_s:
             continue
-        merged = [(t, v / weights[f]) for t, v in events.get(f, []) if lo <= t <= hi]
-        merged += [(t, -v / weights[g]) for t, v in events.get(g, []) if lo <= t <= hi]
+        merged = [(t, v / weights[f]) for t, v in _between(events.get(f, []), lo, hi)]
+        merged += [(t, -v / weights[g]) for t, v in _between(events.get(g, []), lo, hi)]
         merged.sort()
         diff = d_max = d_min = 0.0
         for i, (t, dv) in enumerate(merged):
@@ -121,8 +122,16 @@ def common_intervals(per_tenant: list[list[tuple[float, float]]]) -> list[tuple[
     return out
 
 
+def _between(events: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+    """The time-sorted events with lo <= time <= hi."""
+    start = bisect.bisect_left(events, lo, key=lambda e: e[0])
+    end = bisect.bisect_right(events, hi, key=lambda e: e[0])
+    return events[start:end]
+
+
 def service_within(events: list[tuple[float, float]], spans: list[tuple[float, float]]) -> float:
-    return sum(v for t, v in events if any(lo <= t <= hi for lo, hi in spans))
+    """Service in time-sorted `events` that fell inside the disjoint `spans`."""
+    return sum(v for lo, hi in spans for _, v in _between(events, lo, hi))
 
 
 def jain_index(values: list[float]) -> float:
