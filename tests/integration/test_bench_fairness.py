@@ -24,6 +24,8 @@ RUN_KEYS = {
     "all_backlogged_s",
     "output_tokens_per_s",
     "throughput_over_fcfs",
+    "weighted_service_per_s",
+    "service_over_fcfs",
     "tenants",
 }
 TENANT_KEYS = {

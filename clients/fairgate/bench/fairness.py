@@ -101,6 +101,9 @@ class RunResult:
     jain: float = math.nan
     all_backlogged_s: float = 0.0
     output_tokens_per_s: float = 0.0
+    # w_in * prompt + w_out * output tokens served per second: shape-neutral,
+    # where output tokens/s favours a policy that serves more long outputs.
+    weighted_service_per_s: float = 0.0
 
     def trace_digest(self) -> str:
         """What was actually sent, in order: identical across policies of one scenario."""
@@ -118,6 +121,7 @@ class RunResult:
             "gap_over_bound": self.gap_over_bound,
             "all_backlogged_s": self.all_backlogged_s,
             "output_tokens_per_s": self.output_tokens_per_s,
+            "weighted_service_per_s": self.weighted_service_per_s,
             "tenants": self.per_tenant,
         }
 
@@ -230,6 +234,7 @@ def analyse(
             "ttft_p99_s": percentile(ttfts, 99),
         }
     res.output_tokens_per_s = total_out / window_s
+    res.weighted_service_per_s = sum(v for ev in events.values() for _, v in ev) / window_s
     return res
 
 
@@ -321,12 +326,15 @@ async def run_scenario(
 
 def report(sc: Scenario, bound: float, results: dict[str, RunResult]) -> dict[str, Any]:
     """JSON-able report: per run, the summary and the ratios to FCFS and to the solo run."""
-    fcfs_tps = results["fcfs"].output_tokens_per_s if "fcfs" in results else math.nan
+    fcfs = results.get("fcfs")
+    fcfs_tps = fcfs.output_tokens_per_s if fcfs else math.nan
+    fcfs_sps = fcfs.weighted_service_per_s if fcfs else math.nan
     solo = results[SOLO].per_tenant.get(sc.victim) if SOLO in results else None
     runs: dict[str, Any] = {}
     for label, r in results.items():
         row = r.summary()
         row["throughput_over_fcfs"] = r.output_tokens_per_s / fcfs_tps if fcfs_tps else math.nan
+        row["service_over_fcfs"] = r.weighted_service_per_s / fcfs_sps if fcfs_sps else math.nan
         if sc.victim and sc.victim in r.per_tenant:
             v = r.per_tenant[sc.victim]
             row["victim_ttft_p50_s"] = v["ttft_p50_s"]
@@ -353,8 +361,8 @@ def print_report(key: str, rep: dict[str, Any]) -> None:
     print(f"    VTC bound {rep['bound_weighted_tokens']:.0f} weighted tokens")
     print(
         f"{'policy':>14} | {'repl':>4} | {'Jain':>5} | {'all-bl s':>8} | {'gap/bound':>9} | "
-        f"{'tput/FCFS':>9} | {'victim p50 s':>12} | {'p99 s':>7} | {'p99/solo':>8} | "
-        f"{'rejected':>8} | {'failed':>6}"
+        f"{'tput/FCFS':>9} | {'wsvc/FCFS':>9} | {'victim p50 s':>12} | {'p99 s':>7} | "
+        f"{'p99/solo':>8} | {'rejected':>8} | {'failed':>6}"
     )
     for label, r in rep["runs"].items():
         tenants = r["tenants"].values()
@@ -362,6 +370,7 @@ def print_report(key: str, rep: dict[str, Any]) -> None:
             f"{label:>14} | {r['replicas']:>4} | {_fmt(r['jain'], '.3f'):>5} | "
             f"{r['all_backlogged_s']:>8.1f} | {_fmt(r['gap_over_bound'], '.3f'):>9} | "
             f"{_fmt(r['throughput_over_fcfs'], '.3f'):>9} | "
+            f"{_fmt(r['service_over_fcfs'], '.3f'):>9} | "
             f"{_fmt(r.get('victim_ttft_p50_s'), '.3f'):>12} | "
             f"{_fmt(r.get('victim_ttft_p99_s'), '.3f'):>7} | "
             f"{_fmt(r.get('victim_p99_over_solo'), '.2f'):>8} | "
