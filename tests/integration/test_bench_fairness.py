@@ -10,7 +10,8 @@ import math
 from pathlib import Path
 
 import pytest
-from fairgate.bench.fairness import SOLO, Policy, main, write_json
+from fairgate.bench.fairness import SOLO, Policy, main
+from fairgate.bench.fairness_report import write_json
 from fairgate.bench.fairness_scenarios import SHAPES, Scenario, scenarios
 
 from tests.redis_server import find_redis_server

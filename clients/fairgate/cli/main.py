@@ -267,8 +267,9 @@ def bench_fairness(
     json_out: Annotated[str, typer.Option("--json", help="also write the report here")] = "",
 ) -> None:
     """Fair (VTC) vs FCFS vs per-tenant rate limits on the same arrival traces."""
-    from fairgate.bench.fairness import Policy, write_json
+    from fairgate.bench.fairness import Policy
     from fairgate.bench.fairness import main as fairness_main
+    from fairgate.bench.fairness_report import write_json
 
     try:
         chosen = tuple(Policy.parse(p) for p in policies.split(",") if p.strip())
