@@ -59,7 +59,7 @@ def test_trace_is_seeded_and_mixes_the_shapes() -> None:
     assert set(SHAPES) == {"fixed", "long_prompt", "long_output", "chat"}
 
 
-@pytest.mark.parametrize("spec", ["lifo", "fcfs@0.1", "vtc@x"])
+@pytest.mark.parametrize("spec", ["lifo", "fcfs@0.1", "vtc@x", "vtc@1", "vtc@-0.1"])
 def test_bad_policy_spec_is_refused(spec: str) -> None:
     with pytest.raises(ValueError):
         Policy.parse(spec)

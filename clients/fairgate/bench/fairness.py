@@ -72,7 +72,13 @@ class Policy:
             raise ValueError(f"unknown policy {name!r} (available: {', '.join(POLICIES)})")
         if frac and name != "vtc":
             raise ValueError(f"{spec!r}: only vtc takes a reserve fraction")
-        return cls(name, float(frac) if frac else None)
+        try:
+            fraction = float(frac) if frac else None
+        except ValueError:
+            raise ValueError(f"{spec!r}: the reserve fraction must be a number") from None
+        if fraction is not None and not 0 <= fraction < 1:
+            raise ValueError(f"{spec!r}: the reserve fraction must be in [0, 1)")
+        return cls(name, fraction)
 
     @property
     def label(self) -> str:

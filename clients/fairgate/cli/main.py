@@ -270,11 +270,15 @@ def bench_fairness(
     from fairgate.bench.fairness import Policy
     from fairgate.bench.fairness import main as fairness_main
     from fairgate.bench.fairness_report import write_json
+    from fairgate.bench.fairness_scenarios import scenarios as scenario_table
 
     try:
         chosen = tuple(Policy.parse(p) for p in policies.split(",") if p.strip())
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--policies") from None
+    known = scenario_table(seconds)
+    if not scenarios or any(k not in known for k in scenarios):
+        raise typer.BadParameter(f"use keys among {''.join(known)}", param_hint="--scenarios")
     report = asyncio.run(fairness_main(scenarios, seconds, time_scale, seed, chosen, replicas))
     if json_out:
         write_json(json_out, report)
