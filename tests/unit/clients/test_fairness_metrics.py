@@ -8,9 +8,11 @@ import pytest
 from fairgate.bench.fairness_metrics import (
     RequestRecord,
     backlog_intervals,
+    common_intervals,
     jain_index,
     max_weighted_gap,
     service_events,
+    service_within,
 )
 
 
@@ -50,3 +52,10 @@ def test_weighted_gap_counts_only_common_backlog_and_weights() -> None:
     # No common backlog: no gap.
     iv_apart = {"a": [(0.0, 4.0)], "b": [(5.0, 9.0)]}
     assert max_weighted_gap(ev, iv_apart, {"a": 1, "b": 1}, "a", "b") == 0.0
+
+
+def test_service_counted_only_while_every_tenant_was_backlogged() -> None:
+    together = common_intervals([[(0.0, 4.0), (6.0, 10.0)], [(2.0, 7.0)], [(1.0, 9.0)]])
+    assert together == [(2.0, 4.0), (6.0, 7.0)]
+    events = [(1.0, 5.0), (2.0, 1.0), (3.5, 2.0), (5.0, 7.0), (6.5, 4.0), (8.0, 9.0)]
+    assert service_within(events, together) == 1.0 + 2.0 + 4.0

@@ -1,0 +1,47 @@
+"""Printing and saving `fairgate bench fairness` reports (JSON-able dicts)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def _fmt(x: Any, spec: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def print_report(key: str, rep: dict[str, Any]) -> None:
+    print(f"\n({key}) {rep['title']}  [weights {rep['weights']}, shapes {rep['shapes']}]")
+    print(f"    VTC bound {rep['bound_weighted_tokens']:.0f} weighted tokens")
+    print(
+        f"{'policy':>14} | {'repl':>4} | {'Jain':>5} | {'all-bl s':>8} | {'gap/bound':>9} | "
+        f"{'tput/FCFS':>9} | {'wsvc/FCFS':>9} | {'victim p50 s':>12} | {'p99 s':>7} | "
+        f"{'p99/solo':>8} | {'rejected':>8} | {'failed':>6}"
+    )
+    for label, r in rep["runs"].items():
+        tenants = r["tenants"].values()
+        print(
+            f"{label:>14} | {r['replicas']:>4} | {_fmt(r['jain'], '.3f'):>5} | "
+            f"{r['all_backlogged_s']:>8.1f} | {_fmt(r['gap_over_bound'], '.3f'):>9} | "
+            f"{_fmt(r['throughput_over_fcfs'], '.3f'):>9} | "
+            f"{_fmt(r['service_over_fcfs'], '.3f'):>9} | "
+            f"{_fmt(r.get('victim_ttft_p50_s'), '.3f'):>12} | "
+            f"{_fmt(r.get('victim_ttft_p99_s'), '.3f'):>7} | "
+            f"{_fmt(r.get('victim_p99_over_solo'), '.2f'):>8} | "
+            f"{sum(t['rejected'] for t in tenants):>8.0f} | "
+            f"{sum(t['failed'] for t in tenants):>6.0f}"
+        )
+    print(f"{'':>14}   per tenant: weighted service, output tokens, TTFT p50/p99 s")
+    for label, r in rep["runs"].items():
+        cells = [
+            f"{t} {v['weighted_service']:.0f} {v['output_tokens']:.0f} "
+            f"{v['ttft_p50_s']:.2f}/{v['ttft_p99_s']:.2f}"
+            for t, v in r["tenants"].items()
+        ]
+        print(f"{label:>14}   " + "; ".join(cells))
+
+
+def write_json(path: str, report: dict[str, Any]) -> None:
+    Path(path).write_text(json.dumps(report, indent=1))
