@@ -103,7 +103,8 @@ async def test_deadline_while_running_aborts_in_sglang(
     app = await start_server(**sglang_settings(stand_in))
     async with AsyncClient(app.address) as c:
         with pytest.raises(FairgateError) as err:
-            await c.complete("slow", max_tokens=2000, timeout_s=0.3, request_id="late-1")
+            # Long enough to reach the engine on a loaded machine, far shorter than 2000 tokens.
+            await c.complete("slow", max_tokens=2000, timeout_s=2.0, request_id="late-1")
     assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     rid = stand_in.record.requests[-1]["rid"]
     await eventually(lambda: rid in stand_in.record.aborted, what="abort_request")
