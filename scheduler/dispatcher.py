@@ -96,13 +96,15 @@ class Dispatcher:
         timers: Timers | None = None,
         expire_deadlines: bool = False,
         reserve_fraction: float = 0.0,
+        reserve_window_s: float = 10.0,
         idle_ttl_s: float = 600.0,
     ) -> None:
         """`expire_deadlines`: reject a queued request with DeadlineExpired when
         its `deadline_s` passes (off by default: the gRPC layer cancels it).
         `reserve_fraction`: share of the engine kept for tenants below their
         fair share (see `FairShareReserve`; 0 turns it off; never applied under a
-        baseline policy, `policy.fair` False).
+        baseline policy, `policy.fair` False); `reserve_window_s`: how long a
+        tenant counts as active after its last request left.
         `idle_ttl_s`: a tenant the registry does not configure (open mode: any
         id a caller names) is forgotten after this long idle, once its buckets
         are full again, so callers cannot grow the dispatcher's state at will."""
@@ -115,6 +117,8 @@ class Dispatcher:
         self.reserve = FairShareReserve(
             reserve_fraction if policy.fair else 0.0,
             lambda tenant_id: self.quotas.tenants.weight_of(tenant_id),
+            clock,
+            reserve_window_s,
         )
         self._seq = itertools.count(1)
         self._entries: dict[int, _Entry] = {}
@@ -259,7 +263,9 @@ class Dispatcher:
     def _verdict(self, head: QueuedRequest, own_wait_s: float) -> Verdict:
         b, fraction = self.budget, self.reserve.fraction
         room = (b.limits, b.in_flight_requests, b.in_flight_kv_tokens, head.kv_tokens)
-        load = self.reserve.load(head.tenant_id) if rules.needs_load(fraction, *room) else None
+        load = None
+        if rules.needs_load(fraction, *room):
+            load = self.reserve.load(head.tenant_id, b.limits)
         return rules.verdict(own_wait_s, *room, fraction, load)
 
     def head_verdict(self) -> Verdict | None:

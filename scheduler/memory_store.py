@@ -73,6 +73,9 @@ class MemoryStore:
         # counters go to the tenant admitted least recently).
         self.admissions = 0
         self.last_admitted: dict[str, int] = {}
+        # Tenant -> until when it counts as active for the reserve (refreshed while
+        # backlogged or offered, and when one of its requests ends).
+        self.recent: dict[str, float] = {}
 
     # -- buckets ------------------------------------------------------------
     def _level(self, tenant: str, kind: str, rate: float, burst: float, now_s: float) -> float:
@@ -132,6 +135,8 @@ class MemoryStore:
             del self.backlog[key]
         for lid in [lid for lid, exp in self.done.items() if exp <= now_s]:
             del self.done[lid]
+        for t in [t for t, exp in self.recent.items() if exp <= now_s]:
+            del self.recent[t]
 
     def _settle(self, s: Settlement, now_s: float) -> bool:
         if s.lease_id in self.done:
@@ -169,6 +174,11 @@ class MemoryStore:
             self.counters[tenant] = self.counters.get(tenant, 0.0) + delta
         for tenant in step.withdraw:
             self.backlog.pop((replica_id, tenant), None)
+        if step.reserve_window_s > 0:
+            # Still active for the reserve a while after its last request left.
+            until_s = now_s + step.reserve_window_s
+            for tenant in [*step.withdraw, *(x.tenant_id for x in step.settlements)]:
+                self.recent[tenant] = until_s
         if step.backlogged is not None:
             for tenant in step.backlogged:
                 self.backlog[(replica_id, tenant)] = now_s + self.backlog_ttl_s
@@ -213,11 +223,7 @@ class MemoryStore:
             if rules.needs_load(
                 step.reserve_fraction, lim, self.in_flight, self.in_flight_kv, c.kv_tokens
             ):
-                load = rules.TenantLoad(
-                    c.weight / self._active_weight(step),
-                    self.concurrency.get(c.tenant_id, 0),
-                    self.kv_by_tenant.get(c.tenant_id, 0),
-                )
+                load = self._reserve_load(step, c.tenant_id, now_s)
             v = rules.verdict(
                 own_wait_s,
                 lim,
@@ -250,16 +256,38 @@ class MemoryStore:
             out.admitted = i
             return
 
-    def _active_weight(self, step: Step) -> float:
-        """Sum of the weights of the tenants active anywhere: backlogged on a
-        replica, in flight, or offered in this step (summed in name order, as
-        the Redis script does, so both round alike)."""
-        active = {t for (_, t) in self.backlog} | set(self.concurrency)
-        active |= {c.tenant_id for c in step.candidates}
+    def _reserve_load(self, step: Step, tenant: str, now_s: float) -> rules.TenantLoad:
+        """The candidate's share of the fleet's engine among the tenants active
+        anywhere (backlogged on a replica, in flight, offered in this step, or
+        seen within the window; weights summed in name order, as the Redis script
+        does, so both round alike), and whether a tenant with nothing queued is
+        below its share (someone to keep the reserve for)."""
+        # Queue lengths are known for the candidates; a tenant backlogged only on
+        # another replica counts as heavy.
+        heavy = rules.LIGHT_QUEUE + 1
+        queued = {t: heavy for (_, t) in self.backlog}
+        queued |= {c.tenant_id: c.queued for c in step.candidates}
+        recent = {t for t, exp in self.recent.items() if exp > now_s}
+        active = sorted(set(queued) | set(self.concurrency) | recent)
         total = 0.0
-        for tenant in sorted(active):
-            total += self.weights.get(tenant, 1.0)
-        return total
+        for t in active:
+            total += self.weights.get(t, 1.0)
+        protects = any(
+            rules.waiting_below_share(
+                self.weights.get(t, 1.0) / total,
+                step.limits,
+                self.concurrency.get(t, 0),
+                self.kv_by_tenant.get(t, 0),
+            )
+            for t in active
+            if t != tenant and rules.light(queued.get(t, 0))
+        )
+        return rules.TenantLoad(
+            self.weights.get(tenant, 1.0) / total,
+            self.concurrency.get(tenant, 0),
+            self.kv_by_tenant.get(tenant, 0),
+            protects,
+        )
 
     async def reserve(
         self, lease_id: str, tenant_id: str, tokens: int, buckets: BucketLimits

@@ -7,6 +7,8 @@ boundary as strings ("%.17g") because Redis truncates Lua numbers to integers.
 
 from __future__ import annotations
 
+from scheduler.rules import LIGHT_QUEUE
+
 # Shared helpers, prepended to each script.
 _COMMON = r"""
 local P = ARGV[1]
@@ -70,6 +72,8 @@ return {'', '0'}
 
 STEP = (
     _COMMON
+    # rules.LIGHT_QUEUE, stated once (in Python).
+    + f"local LIGHT_QUEUE = {LIGHT_QUEUE}\n"
     + r"""
 -- Keys (all under P = 'fg:{domain}'): :vtc counters, :floor, :bl backlog
 -- (member replica \0 tenant -> expiry ms), :ls lease expiries, :lt lease -> tenant,
@@ -77,12 +81,16 @@ STEP = (
 -- settled ids, :epoch, :w tenant -> weight, :b:<tenant> buckets.
 local VTC, FLOOR, BL = P .. ':vtc', P .. ':floor', P .. ':bl'
 local LS, LT, LK, IN, DONE = P .. ':ls', P .. ':lt', P .. ':lk', P .. ':in', P .. ':done'
-local W, LA, ADM = P .. ':w', P .. ':la', P .. ':adm'
+local W, LA, ADM, RC = P .. ':w', P .. ':la', P .. ':adm', P .. ':rc'
 local replica = ARGV[2]
 local lease_ttl, bl_ttl, done_ttl = num(ARGV[3]), num(ARGV[4]), num(ARGV[5])
 local max_req, max_kv, w_in = num(ARGV[6]), num(ARGV[7]), num(ARGV[8])
-local reserve_fraction = num(ARGV[9])
-local i = 10
+local reserve_fraction, reserve_window = num(ARGV[9]), num(ARGV[10]) * 1000
+local i = 11
+-- still active for the reserve a while after its last request left (memory_store.py)
+local function seen(tenant)
+  if reserve_window > 0 then redis.call('ZADD', RC, now + reserve_window, tenant) end
+end
 local function nxt() local v = ARGV[i]; i = i + 1; return v end
 
 local state_lost = 0
@@ -118,12 +126,14 @@ local function counter(tenant) return tonumber(redis.call('HGET', VTC, tenant)) 
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', LS, '-inf', now)) do release(id) end
 redis.call('ZREMRANGEBYSCORE', BL, '-inf', now)
 redis.call('ZREMRANGEBYSCORE', DONE, '-inf', now)
+redis.call('ZREMRANGEBYSCORE', RC, '-inf', now)
 
 -- settlements (idempotent by lease id)
 local settled = 0
 for _ = 1, num(nxt()) do
   local id, tenant, rq, tk = nxt(), nxt(), num(nxt()), num(nxt())
   local rr, rb, tr, tb = opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt())
+  seen(tenant)
   if not redis.call('ZSCORE', DONE, id) then
     release(id)
     bucket_add(tenant, rq, tk, rr, rb, tr, tb)
@@ -137,7 +147,11 @@ for _ = 1, num(nxt()) do
   redis.call('HINCRBYFLOAT', VTC, tenant, delta)
 end
 -- backlog: withdraw, refresh, announce (lift)
-for _ = 1, num(nxt()) do redis.call('ZREM', BL, replica .. '\0' .. nxt()) end
+for _ = 1, num(nxt()) do
+  local tenant = nxt()
+  redis.call('ZREM', BL, replica .. '\0' .. tenant)
+  seen(tenant)
+end
 local nb = num(nxt())
 for _ = 1, nb do redis.call('ZADD', BL, now + bl_ttl, replica .. '\0' .. nxt()) end
 local counters = {}
@@ -187,6 +201,7 @@ for k = 1, nc do
   redis.call('HSET', W, c.tenant, w)
   c.weight, c.prompt, c.kv, c.take = num(w), num(nxt()), num(nxt()), nxt() == '1'
   c.rr, c.rb, c.tr, c.tb, c.maxc = opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt())
+  c.queued = num(nxt())
   c.idx = k - 1
   c.counter = counter(c.tenant)
   c.last = tonumber(redis.call('HGET', LA, c.tenant)) or 0
@@ -199,35 +214,54 @@ local function in_reserve(n_now, kv_now, c)
   local reserve_kv = max_kv * reserve_fraction
   return n_now + 1 > max_req - reserve_req or kv_now + c.kv > max_kv - reserve_kv
 end
-local active_weight = nil
-local function get_active_weight()
-  -- tenants backlogged anywhere, in flight, or offered now; summed in name order
-  if active_weight then return active_weight end
-  local seen, names = {}, {}
-  local function add(tenant)
-    if not seen[tenant] then seen[tenant] = true; table.insert(names, tenant) end
+-- the tenants active anywhere (backlogged on a replica, in flight, offered now, or
+-- seen within the window), which of them are queued, and their weights' sum in
+-- name order (memory_store.py: _reserve_load)
+local active = nil
+local function get_active()
+  if active then return active end
+  -- queue lengths: the candidates'; a tenant backlogged only elsewhere is heavy
+  active = {names = {}, queued = {}, total = 0}
+  local known = {}
+  local function add(tenant, queued)
+    if queued then active.queued[tenant] = queued end
+    if not known[tenant] then known[tenant] = true; table.insert(active.names, tenant) end
   end
   for _, m in ipairs(redis.call('ZRANGE', BL, 0, -1)) do
-    add(string.sub(m, string.find(m, '\0', 1, true) + 1))
+    add(string.sub(m, string.find(m, '\0', 1, true) + 1), LIGHT_QUEUE + 1)
   end
+  for _, c in ipairs(cands) do add(c.tenant, c.queued) end
   local flat = redis.call('HGETALL', IN)
   for k = 1, #flat, 2 do
-    if string.sub(flat[k], 1, 2) == 'c:' then add(string.sub(flat[k], 3)) end
+    if string.sub(flat[k], 1, 2) == 'c:' then add(string.sub(flat[k], 3), nil) end
   end
-  for _, c in ipairs(cands) do add(c.tenant) end
-  table.sort(names)
-  active_weight = 0
-  for _, tenant in ipairs(names) do
-    active_weight = active_weight + (tonumber(redis.call('HGET', W, tenant)) or 1)
+  for _, tenant in ipairs(redis.call('ZRANGE', RC, 0, -1)) do add(tenant, nil) end
+  table.sort(active.names)
+  for _, tenant in ipairs(active.names) do
+    active.total = active.total + (tonumber(redis.call('HGET', W, tenant)) or 1)
   end
-  return active_weight
+  return active
 end
-local function below_share(c)
-  local share = c.weight / get_active_weight()
-  local tn = tonumber(redis.call('HGET', IN, 'c:' .. c.tenant)) or 0
+-- rules.below_share, with `kv` more tokens
+local function below(tenant, share, kv)
+  local tn = tonumber(redis.call('HGET', IN, 'c:' .. tenant)) or 0
   if share >= 1 - 1e-9 or tn == 0 then return true end
-  local tkv = tonumber(redis.call('HGET', IN, 'kv:' .. c.tenant)) or 0
-  return tn < share * max_req and tkv + c.kv <= share * max_kv
+  local tkv = tonumber(redis.call('HGET', IN, 'kv:' .. tenant)) or 0
+  return tn < share * max_req and tkv + kv <= share * max_kv
+end
+-- rules.verdict's HOLD: at or above its share while another active, light tenant
+-- (rules.light) is below its own (someone to keep the reserve for)
+local function held_out(c)
+  local a = get_active()
+  local weight = tonumber(redis.call('HGET', W, c.tenant)) or 1
+  if below(c.tenant, weight / a.total, c.kv) then return false end
+  for _, tenant in ipairs(a.names) do
+    if tenant ~= c.tenant and (a.queued[tenant] or 0) <= LIGHT_QUEUE then
+      local w = tonumber(redis.call('HGET', W, tenant)) or 1
+      if below(tenant, w / a.total, 0) then return true end
+    end
+  end
+  return false
 end
 -- counter order; ties to the tenant admitted least recently (memory_store.py)
 table.sort(cands, function(a, b)
@@ -253,7 +287,7 @@ for _, c in ipairs(cands) do
   if not skip then
     if n >= max_req or (n > 0 and kv + c.kv > max_kv) then full = 1; break end
     -- held out of the reserve: the round stops (rules.verdict: HOLD)
-    if reserve_fraction > 0 and in_reserve(n, kv, c) and not below_share(c) then
+    if reserve_fraction > 0 and in_reserve(n, kv, c) and held_out(c) then
       table.insert(held, tostring(c.idx)); break
     end
   end

@@ -11,6 +11,8 @@ prefix p (default "fg"); `{D}` is the Redis Cluster hash tag:
     p:{D}:lt / :lk   HASH   lease id -> tenant / KV tokens
     p:{D}:in         HASH   n, kv, c:<tenant>, kv:<tenant> (fleet-wide in-flight counts)
     p:{D}:w          HASH   tenant -> weight (shares of the fair-share reserve)
+    p:{D}:rc         ZSET   tenant -> until when it counts as active for the reserve
+                     after its last request left (the reserve window)
     p:{D}:la / :adm  HASH / STRING tenant -> ordinal of its last admission / the
                      ordinal counter (ties between equal counters: least recent first)
     p:{D}:done       ZSET   settled lease id -> expiry ms (idempotent settlement)
@@ -185,7 +187,8 @@ class RedisStore:
         return cls(connect(url, timeout_s=timeout_s), **kwargs)
 
     def _keys(self, tenants: set[str]) -> list[str]:
-        fixed = ["vtc", "floor", "bl", "ls", "lt", "lk", "in", "done", "epoch", "w", "la", "adm"]
+        fixed = ["vtc", "floor", "bl", "ls", "lt", "lk", "in", "done", "epoch", "w"]
+        fixed += ["la", "adm", "rc"]
         return [f"{self.base}:{k}" for k in fixed] + [f"{self.base}:b:{t}" for t in sorted(tenants)]
 
     async def _eval(self, script: _Script, keys: list[str], args: list[str]) -> Any:
@@ -212,6 +215,7 @@ class RedisStore:
             str(step.limits.max_kv_tokens),
             repr(step.w_in),
             repr(float(step.reserve_fraction)),
+            repr(float(step.reserve_window_s)),
         ]
         tenants: set[str] = set()
         args.append(str(len(step.settlements)))
@@ -241,7 +245,7 @@ class RedisStore:
             tenants.add(c.tenant_id)
             args += [c.lease_id, c.tenant_id, repr(float(c.weight)), str(c.prompt_tokens)]
             args += [str(c.kv_tokens), "1" if c.take_buckets else "0", *_limits(c.buckets)]
-            args.append(_num(c.max_concurrent))
+            args += [_num(c.max_concurrent), str(c.queued)]
         raw = await self._eval(_STEP, self._keys(tenants), args)
         admitted, full, blocked, flat, settled, state_lost, n, held = raw
         out = StepOutcome(

@@ -6,9 +6,12 @@ a light tenant that arrives must wait for one of the flood's requests to end
 So the last `fraction` of the engine's room only takes the next tenant in
 line while it is below its weighted share of the engine (shares split among
 the *active* tenants: queued or in flight); otherwise the round stops and the
-reserve waits for a tenant that needs it (`rules.verdict`, HOLD). The rule
-never reorders VTC — it only delays the head — so it cannot cost a tenant its
-fair service, only leave at most the reserve idle.
+reserve waits for a tenant that needs it (`rules.verdict`, HOLD) — only if
+one exists: another active tenant with nothing queued (in flight, or seen
+within `window_s`) below its share. The rule never reorders VTC — it only
+delays the head — so it cannot cost a tenant its fair service; and tenants
+that are all queued are served in counter order anyway, so no room idles for
+them.
 
 This class keeps each active tenant's load for the in-process dispatcher; the
 shared stores keep the same counts fleet-wide (`MemoryStore`, the Redis STEP
@@ -20,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from scheduler.clock import Clock
 from scheduler.request import QueuedRequest
-from scheduler.rules import TenantLoad
+from scheduler.rules import AdmissionLimits, TenantLoad, light, waiting_below_share
 
 
 @dataclass(slots=True)
@@ -36,13 +40,24 @@ class _Load:
 
 
 class FairShareReserve:
-    def __init__(self, fraction: float, weight_of: Callable[[str], float]) -> None:
+    def __init__(
+        self,
+        fraction: float,
+        weight_of: Callable[[str], float],
+        clock: Clock | None = None,
+        window_s: float = 0.0,
+    ) -> None:
+        """`window_s`: a tenant stays active this long after its last request
+        left (a light tenant between two requests is still one to keep room for)."""
         if not 0.0 <= fraction < 1.0:
             raise ValueError(f"reserve fraction must be in [0, 1), got {fraction}")
         self.fraction = fraction
         self.weight_of = weight_of
+        self.clock = clock
+        self.window_s = window_s if clock is not None else 0.0
         self._load: dict[str, _Load] = {}
-        self._active_weight = 0.0
+        # Tenant -> when it last stopped being queued or in flight.
+        self._seen: dict[str, float] = {}
 
     @property
     def enabled(self) -> bool:
@@ -52,18 +67,18 @@ class FairShareReserve:
         load = self._load.get(tenant_id)
         if load is None:
             load = self._load[tenant_id] = _Load()
-        was_active = load.active
         load.queued += queued
         load.in_flight += in_flight
         load.kv_tokens += kv
-        if load.active != was_active:
-            self._active_weight += self.weight_of(tenant_id) * (1 if load.active else -1)
         if not load.active:
             del self._load[tenant_id]
+            if self.window_s > 0 and self.clock is not None:
+                self._seen[tenant_id] = self.clock.now_s()
 
     # -- bookkeeping (called by the dispatcher) -------------------------------
     def on_queued(self, req: QueuedRequest) -> None:
         self._update(req.tenant_id, queued=1)
+        self._seen.pop(req.tenant_id, None)
 
     def on_dequeued(self, req: QueuedRequest) -> None:
         self._update(req.tenant_id, queued=-1)
@@ -75,15 +90,30 @@ class FairShareReserve:
         self._update(req.tenant_id, in_flight=-1, kv=-req.kv_tokens)
 
     def reweigh(self) -> None:
-        """Tenant weights changed: recompute the active weight."""
-        self._active_weight = sum(self.weight_of(t) for t in self._load)
+        """Tenant weights changed (they are read at each decision: nothing to do)."""
 
     # -- what the rule needs ---------------------------------------------------
-    def load(self, tenant_id: str) -> TenantLoad:
-        """The tenant's share of the engine and its part in flight."""
-        load = self._load.get(tenant_id)
-        if load is None or self._active_weight <= 0:
-            return TenantLoad(1.0, 0, 0)
+    def load(self, tenant_id: str, limits: AdmissionLimits) -> TenantLoad:
+        """The tenant's share of the engine, its part in flight, and whether another
+        active tenant with nothing queued is below its share (`TenantLoad.protects`)."""
+        if self._seen and self.clock is not None:
+            horizon_s = self.clock.now_s() - self.window_s
+            for t in [t for t, seen_s in self._seen.items() if seen_s <= horizon_s]:
+                del self._seen[t]
+        active = {tenant_id, *self._load, *self._seen}
+        total = sum(self.weight_of(t) for t in active)
+        protects = False
+        for t in active:
+            if t == tenant_id:
+                continue
+            other = self._load.get(t)
+            if other is not None and not light(other.queued):
+                continue  # heavy: counter order serves it, no room to keep
+            in_flight, kv = (other.in_flight, other.kv_tokens) if other else (0, 0)
+            if waiting_below_share(self.weight_of(t) / total, limits, in_flight, kv):
+                protects = True
+                break
+        mine = self._load.get(tenant_id) or _Load()
         return TenantLoad(
-            self.weight_of(tenant_id) / self._active_weight, load.in_flight, load.kv_tokens
+            self.weight_of(tenant_id) / total, mine.in_flight, mine.kv_tokens, protects
         )

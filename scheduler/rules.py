@@ -150,6 +150,29 @@ class TenantLoad:
     share: float  # weight / sum of the weights of the active tenants
     in_flight: int
     kv_tokens: int
+    # Is there someone to keep the reserve for: another active tenant that is
+    # light (at most LIGHT_QUEUE requests queued: in flight, just arrived, or seen
+    # within the activity window) and below its share? Heavy tenants, with queues
+    # of their own, are served in counter order anyway: holding room for them
+    # would only idle it.
+    protects: bool = True
+
+
+# A tenant with at most this many requests queued is light: the reserve is kept
+# for it (a light tenant's request should find room, not wait for a flood's).
+LIGHT_QUEUE = 1
+
+
+def light(queued: int) -> bool:
+    return queued <= LIGHT_QUEUE
+
+
+def waiting_below_share(
+    share: float, limits: AdmissionLimits, tenant_in_flight: int, tenant_kv: int
+) -> bool:
+    """An active tenant with nothing queued, for whom the reserve is kept: below
+    its share as it stands (its next request's size is not known yet)."""
+    return below_share(share, limits, tenant_in_flight, tenant_kv, 0)
 
 
 class Verdict(enum.Enum):
@@ -159,8 +182,9 @@ class Verdict(enum.Enum):
     OWN_LIMIT = "own_limit"
     # The engine has no room for it: the round stops (no smaller request jumps it).
     FULL = "full"
-    # In the reserve while at or above its share: the round stops and the reserve
-    # stays free for the tenants below theirs (never reorders VTC).
+    # In the reserve while at or above its share, and another active tenant with
+    # nothing queued is below its own: the round stops and the reserve stays free
+    # for that tenant's next request (never reorders VTC).
     HOLD = "hold"
 
 
@@ -185,7 +209,8 @@ def verdict(
     if needs_load(reserve_fraction, limits, in_flight, in_flight_kv, kv_tokens):
         if load is None:
             raise ValueError("the reserve applies: pass the tenant's load")
-        if not below_share(load.share, limits, load.in_flight, load.kv_tokens, kv_tokens):
+        below = below_share(load.share, limits, load.in_flight, load.kv_tokens, kv_tokens)
+        if not below and load.protects:
             return Verdict.HOLD
     return Verdict.ADMIT
 

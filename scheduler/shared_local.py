@@ -97,7 +97,7 @@ class Entry:
     def lease(self) -> Lease:
         return Lease(self.lease_id, self.req.tenant_id, self.req.kv_tokens)
 
-    def candidate(self, buckets: BucketLimits) -> Candidate:
+    def candidate(self, buckets: BucketLimits, queued: int = 1) -> Candidate:
         return Candidate(
             lease_id=self.lease_id,
             tenant_id=self.req.tenant_id,
@@ -107,6 +107,7 @@ class Entry:
             take_buckets=self.cfg.over_quota == "wait" and buckets.any,
             buckets=buckets,
             max_concurrent=self.cfg.quotas.max_concurrent,
+            queued=queued,
         )
 
     def settlement(self) -> Settlement:

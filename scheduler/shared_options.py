@@ -22,8 +22,10 @@ class SharedOptions:
     # The fleet's minimum size: the fail-open divisor is the replicas alive at the last
     # look (FleetSeen), never fewer than this.
     replicas: int = 1
-    # Fair-share reserve (reserve.py), applied fleet-wide by the store.
+    # Fair-share reserve (reserve.py), applied fleet-wide by the store, and how
+    # long a tenant stays one to keep it for after its last request left.
     reserve_fraction: float = 0.0
+    reserve_window_s: float = 10.0
     w_in: float = 1.0
     w_out: float = 2.0
     flush_s: float = 0.005
@@ -40,7 +42,12 @@ class SharedOptions:
 
     def step(self, limits: AdmissionLimits) -> Step:
         """An empty step with this fleet's weights and reserve."""
-        return Step(limits, w_in=self.w_in, reserve_fraction=self.reserve_fraction)
+        return Step(
+            limits,
+            w_in=self.w_in,
+            reserve_fraction=self.reserve_fraction,
+            reserve_window_s=self.reserve_window_s,
+        )
 
 
 @dataclass(slots=True)

@@ -230,7 +230,8 @@ class Pump:
             for head in local.heads(self._options.max_candidates):
                 entry = self._entries.of(head)
                 assert entry is not None
-                step.candidates.append(entry.candidate(entry.buckets))
+                queued = local.queued(head.tenant_id)
+                step.candidates.append(entry.candidate(entry.buckets, queued))
         return step
 
     async def _shared_tick(self, now_s: float) -> None:
@@ -329,7 +330,8 @@ class Pump:
             step = self._options.step(limits)
             for e in entries:
                 assert e is not None
-                step.candidates.append(e.candidate(self._failover.share(e.buckets)))
+                queued = self._local.queued(e.req.tenant_id)
+                step.candidates.append(e.candidate(self._failover.share(e.buckets), queued))
             out = fb.step_now(self._options.replica_id, step)
             now_s = self._clock.now_s()
             self._local.mirror.update(out.counters)

@@ -81,6 +81,9 @@ class Candidate:
     take_buckets: bool = False
     buckets: BucketLimits = BucketLimits()
     max_concurrent: int | None = None
+    # Requests its tenant has queued on the offering replica (light tenants get the
+    # fair-share reserve kept for them: rules.light).
+    queued: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,9 @@ class Step:
     # Fair-share reserve (see reserve.py): the last `reserve_fraction` of the
     # room goes only to tenants below their weighted share of it.
     reserve_fraction: float = 0.0
+    # How long a tenant counts as active (one to keep the reserve for) after its
+    # last request left or it stopped being backlogged on a replica.
+    reserve_window_s: float = 0.0
     settlements: list[Settlement] = field(default_factory=list)
     # Weighted counter increments (w_out * tokens / weight), batched per tenant.
     charges: dict[str, float] = field(default_factory=dict)

@@ -83,6 +83,9 @@ class Settings:
     # share, so a light tenant is not stuck behind a flood that fills the
     # engine (admission is not preemptive). 0 turns it off.
     fair_reserve_fraction: float = 0.125
+    # How long a tenant still counts as one to keep the reserve for after its
+    # last request left (a light tenant between two requests).
+    fair_reserve_window_s: float = 10.0
     vtc_w_in: float = 1.0
     vtc_w_out: float = 2.0
     # The rate-limit baseline's per-tenant requests/s (and burst; 0 = 1 s worth).
@@ -162,6 +165,8 @@ class Settings:
             problems.append("max_request_bytes must be <= max_receive_message_bytes")
         if not 0 <= self.fair_reserve_fraction < 1:
             problems.append("fair_reserve_fraction must be in [0, 1)")
+        if not 0 <= self.fair_reserve_window_s <= 3600:
+            problems.append("fair_reserve_window_s must be in [0, 3600]")
         # The same finite ranges as tenants' weights and quotas (scheduler/tenants.py).
         ranged = [
             ("vtc_w_in", self.vtc_w_in, WEIGHT_RANGE),

@@ -62,6 +62,7 @@ async def build_dispatcher(
             clock,
             tenants=tenants,
             reserve_fraction=settings.fair_reserve_fraction,
+            reserve_window_s=settings.fair_reserve_window_s,
         )
     if settings.policy != "vtc":
         raise ValueError("store=redis shares the vtc policy's state; set policy=vtc")
@@ -85,6 +86,7 @@ async def build_dispatcher(
             failure_mode=mode,
             replicas=settings.replicas,
             reserve_fraction=settings.fair_reserve_fraction,
+            reserve_window_s=settings.fair_reserve_window_s,
             w_in=settings.vtc_w_in,
             w_out=settings.vtc_w_out,
             flush_s=settings.redis_flush_ms / 1000,

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from scheduler.budget import AdmissionBudget, AdmissionLimits
+from scheduler.clock import FakeClock
 from scheduler.fcfs import FcfsPolicy
 from scheduler.request import QueuedRequest
 from scheduler.reserve import FairShareReserve
@@ -32,26 +33,54 @@ def _fill(reserve: FairShareReserve, budget: AdmissionBudget, tenant: str, n: in
 
 def allows(reserve: FairShareReserve, req: QueuedRequest, budget: AdmissionBudget) -> bool:
     room = (budget.limits, budget.in_flight_requests, budget.in_flight_kv_tokens, req.kv_tokens)
-    load = reserve.load(req.tenant_id) if needs_load(reserve.fraction, *room) else None
+    load = (
+        reserve.load(req.tenant_id, budget.limits) if needs_load(reserve.fraction, *room) else None
+    )
     return verdict(0.0, *room, reserve.fraction, load) is Verdict.ADMIT
 
 
 def test_outside_the_reserve_anyone_is_admitted() -> None:
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
     reserve = FairShareReserve(0.125, lambda t: 1.0)  # 2 of 16 slots
-    _fill(reserve, budget, "flood", 13)
-    reserve.on_queued(_req("victim"))
+    _fill(reserve, budget, "flood", 12)
+    _fill(reserve, budget, "victim", 1)
     assert allows(reserve, _req("flood"), budget)  # 14th of 16: outside the reserve
 
 
-def test_over_share_tenant_is_held_out_of_the_reserve() -> None:
+def test_over_share_tenant_is_held_while_a_tenant_with_nothing_queued_is_below_its_share() -> None:
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
     reserve = FairShareReserve(0.125, lambda t: 1.0)
-    _fill(reserve, budget, "flood", 14)
-    victim = _req("victim")
-    reserve.on_queued(victim)
+    _fill(reserve, budget, "flood", 13)
+    _fill(reserve, budget, "victim", 1)  # in flight, nothing queued: kept room for
     assert not allows(reserve, _req("flood"), budget)
-    assert allows(reserve, victim, budget)
+    assert allows(reserve, _req("victim"), budget)
+
+
+def test_no_room_is_kept_for_heavy_tenants() -> None:
+    # A tenant with a queue of its own is served in counter order anyway: holding
+    # room for it would only idle the reserve (issue #11: 0.86x FCFS throughput).
+    budget = AdmissionBudget(AdmissionLimits(16, 100_000))
+    reserve = FairShareReserve(0.125, lambda t: 1.0)
+    _fill(reserve, budget, "flood", 13)
+    _fill(reserve, budget, "other", 1)
+    reserve.on_queued(_req("other"))  # one queued: still light, room is kept
+    assert not allows(reserve, _req("flood"), budget)
+    reserve.on_queued(_req("other"))  # two queued: heavy
+    assert allows(reserve, _req("flood"), budget)
+
+
+def test_a_recently_seen_tenant_is_kept_room_for_within_the_window() -> None:
+    clock = FakeClock()
+    budget = AdmissionBudget(AdmissionLimits(16, 100_000))
+    reserve = FairShareReserve(0.125, lambda t: 1.0, clock, window_s=5.0)
+    _fill(reserve, budget, "flood", 14)
+    light = _req("light")
+    reserve.on_queued(light)
+    reserve.on_admitted(light)
+    reserve.on_finished(light)  # gone idle: between two of its requests
+    assert not allows(reserve, _req("flood"), budget)
+    clock.advance(5.0)
+    assert allows(reserve, _req("flood"), budget)  # the window has passed: flood alone
 
 
 def test_a_tenant_alone_is_never_held() -> None:
@@ -65,8 +94,8 @@ def test_weights_set_the_share_and_kv_counts_too() -> None:
     budget = AdmissionBudget(AdmissionLimits(100, 1000))
     weights = {"big": 3.0, "small": 1.0}
     reserve = FairShareReserve(0.1, weights.__getitem__)
-    _fill(reserve, budget, "big", 9)  # 900 KV tokens: the next 100 enter the KV reserve
-    reserve.on_queued(_req("small"))
+    _fill(reserve, budget, "big", 8)  # 800 KV tokens: the next 100 enter the KV reserve
+    _fill(reserve, budget, "small", 1)
     # big's share is 3/4 = 750 KV tokens: over it, held; small is well below.
     assert not allows(reserve, _req("big"), budget)
     assert allows(reserve, _req("small"), budget)
@@ -89,7 +118,7 @@ def test_bookkeeping_returns_to_zero_and_zero_fraction_is_off() -> None:
     reserve.on_admitted(r)
     assert allows(reserve, _req("b"), budget)
     reserve.on_finished(r)
-    assert reserve._load == {} and reserve._active_weight == 0
+    assert reserve._load == {} and reserve._seen == {}
     with pytest.raises(ValueError):
         FairShareReserve(1.0, lambda t: 1.0)
 
