@@ -127,15 +127,18 @@ class App:
         dispatcher = await build_dispatcher(
             settings, options, admission_limits(cap, settings), clock, tenants, model_name
         )
+        tokenizer = load_tokenizer(settings.tokenizer_path or None, cap.vocab_size)
         model = ServedModel(
             name=model_name,
             engine=engine,
-            tokenizer=load_tokenizer(settings.tokenizer_path or None, cap.vocab_size),
+            tokenizer=tokenizer,
             dispatcher=dispatcher,
             max_context_tokens=cap.max_context_tokens,
             max_output_tokens=min(settings.max_output_tokens, cap.max_context_tokens - 1),
             default_max_tokens=settings.default_max_tokens,
-            vocab_size=cap.vocab_size,
+            # The model's tokenizer knows the vocabulary; SGLang's HTTP API does not
+            # say it, and one token id past the embedding table kills its scheduler.
+            vocab_size=tokenizer.vocab_size if tokenizer.exact else cap.vocab_size,
             chat_template=load_chat_template(settings.chat_template_path, settings.tokenizer_path),
         )
         models = ModelRegistry([model], default=model_name)

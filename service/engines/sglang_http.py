@@ -1,12 +1,12 @@
 """SGLang over HTTP: the Engine Protocol on top of SGLang's native `/generate`.
 
 One `aiohttp.ClientSession` (a keep-alive connection pool) per engine. Each
-request streams `POST /generate` (SSE) with our request id as SGLang's `rid`,
-our priority (when the server runs priority scheduling) and the W3C trace
-headers. Cumulative or incremental output is turned into deltas by
-`ChunkDecoder`. When the consumer closes the stream early (client cancel,
-deadline), the request is aborted with `POST /abort_request` and the
-connection dropped. Capacity comes from `/server_info`, live load from
+request streams `POST /generate` (SSE) with a fresh `rid` per attempt (never the
+client's request id, see `generate`), our priority (when the server runs
+priority scheduling) and the W3C trace headers. Cumulative or incremental
+output is turned into deltas by `ChunkDecoder`. When the consumer closes the
+stream early (client cancel, deadline), the request is aborted with
+`POST /abort_request` and the connection dropped. Capacity comes from `/server_info`, live load from
 `/v1/loads`.
 
 Failures: a connection that cannot be made, drops, stalls longer than the
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,8 @@ class SglangHttpConfig:
     # The server runs --incremental-streaming-output; /server_info overrides when it says.
     incremental_output: bool = False
     max_connections: int = 0  # 0: unlimited
+    # SGLang's /health generates a token behind the running batch, after a 1 s sleep.
+    health_timeout_s: float = 10.0
 
 
 class SglangHttpEngine:
@@ -79,6 +82,7 @@ class SglangHttpEngine:
         self._capacity: EngineCapacity | None = None
         self._session: aiohttp.ClientSession | None = None
         self._abort_tasks: set[asyncio.Task[None]] = set()
+        self._rids: dict[str, str] = {}  # request id -> SGLang rid of its live attempt
         self.in_flight = 0
 
     # -- lifecycle ------------------------------------------------------------
@@ -143,46 +147,61 @@ class SglangHttpEngine:
         )
 
     async def abort(self, request_id: str) -> None:
+        rid = self._rids.get(request_id)
+        if rid is not None:
+            await self._abort_rid(rid)
+
+    async def _abort_rid(self, rid: str) -> None:
         try:
             async with self.session.post(
                 self.url + "/abort_request",
-                json={"rid": request_id, "abort_all": False},
+                json={"rid": rid, "abort_all": False},
                 timeout=aiohttp.ClientTimeout(total=self.config.connect_timeout_s),
             ) as resp:
                 await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("%s: abort of %s failed: %s", self.url, request_id, exc)
+            log.warning("%s: abort of %s failed: %s", self.url, rid, exc)
 
-    async def health(self, timeout_s: float = 2.0) -> bool:
+    async def health(self, timeout_s: float | None = None) -> bool:
+        """GET /health. SGLang's runs a one-token generation and sleeps 1 s first."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.config.health_timeout_s)
         try:
-            async with self.session.get(
-                self.url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as resp:
+            async with self.session.get(self.url + "/health", timeout=timeout) as resp:
                 await resp.read()
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
 
     async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
+        if not (req.prompt_text or req.prompt_token_ids):
+            # SGLang 0.5.23's scheduler dies on an empty prompt (the whole server exits).
+            raise UpstreamError("refusing an empty prompt")
         attempt = 0
-        while True:
-            decoder = ChunkDecoder(req, incremental=self.incremental)
-            started = False
-            try:
-                async for chunk in self._stream_once(req, decoder):
-                    started = started or bool(chunk.token_ids or chunk.text or chunk.finish)
-                    yield chunk
-                return
-            except EngineError as exc:
-                if started or not exc.retryable or attempt >= self.config.retries:
-                    raise
-                attempt += 1
-                log.info("%s: retrying %s (%s)", self.url, req.request_id, exc)
-                await asyncio.sleep(self.config.retry_backoff_s * attempt)
+        try:
+            while True:
+                # A fresh rid per attempt, never the client's request id: SGLang
+                # aborts by rid, a rid in use is refused, and a rid reused after its
+                # request ended can be aborted late by that request's disconnect watch.
+                rid = self._rids[req.request_id] = uuid.uuid4().hex
+                decoder = ChunkDecoder(req, incremental=self.incremental)
+                started = False
+                try:
+                    async for chunk in self._stream_once(req, decoder, rid):
+                        started = started or bool(chunk.token_ids or chunk.text or chunk.finish)
+                        yield chunk
+                    return
+                except EngineError as exc:
+                    if started or not exc.retryable or attempt >= self.config.retries:
+                        raise
+                    attempt += 1
+                    log.info("%s: retrying %s (%s)", self.url, req.request_id, exc)
+                    await asyncio.sleep(self.config.retry_backoff_s * attempt)
+        finally:
+            self._rids.pop(req.request_id, None)
 
-    def _body(self, req: EngineRequest) -> dict[str, Any]:
+    def _body(self, req: EngineRequest, rid: str) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "rid": req.request_id,
+            "rid": rid,
             "sampling_params": sampling_params(req),
             "stream": True,
         }
@@ -196,7 +215,7 @@ class SglangHttpEngine:
         return body
 
     async def _stream_once(
-        self, req: EngineRequest, decoder: ChunkDecoder
+        self, req: EngineRequest, decoder: ChunkDecoder, rid: str
     ) -> AsyncGenerator[EngineChunk, None]:
         headers = {k: v for k, v in req.trace_headers.items() if k in ("traceparent", "tracestate")}
         resp: aiohttp.ClientResponse | None = None
@@ -204,7 +223,7 @@ class SglangHttpEngine:
         try:
             try:
                 resp = await self.session.post(
-                    self.url + "/generate", json=self._body(req), headers=headers
+                    self.url + "/generate", json=self._body(req, rid), headers=headers
                 )
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise WorkerDown(f"{self.url}: cannot reach SGLang: {exc}", retryable=True) from exc
@@ -253,7 +272,7 @@ class SglangHttpEngine:
                     # Cancelled, failed or abandoned: drop the connection and tell
                     # SGLang to free the request (it also aborts on disconnect).
                     resp.close()
-                    self._abort_later(req.request_id)
+                    self._abort_later(rid)
 
     def _release_later(self, resp: aiohttp.ClientResponse) -> None:
         # Read the trailing [DONE] off the wire so the connection can be reused.
@@ -273,10 +292,10 @@ class SglangHttpEngine:
         self._abort_tasks.add(task)
         task.add_done_callback(self._abort_tasks.discard)
 
-    def _abort_later(self, request_id: str) -> None:
+    def _abort_later(self, rid: str) -> None:
         if self._session is None or self._session.closed:
             return
-        task = asyncio.get_running_loop().create_task(self.abort(request_id))
+        task = asyncio.get_running_loop().create_task(self._abort_rid(rid))
         self._abort_tasks.add(task)
         task.add_done_callback(self._abort_tasks.discard)
 
@@ -333,10 +352,12 @@ def capacity_from_server_info(info: dict[str, Any], model_info: dict[str, Any]) 
     if running <= 0:
         configured = find_key(info, "max_running_requests")
         running = configured if isinstance(configured, int) and configured > 0 else 256
-    context = find_key(info, "context_length")
-    if not isinstance(context, int) or context <= 0:
-        max_input = find_key(info, "max_req_input_len")
-        context = max_input + 1 if isinstance(max_input, int) and max_input > 0 else kv
+    # SGLang refuses a prompt of max_req_input_len tokens or more (an abort chunk
+    # with 400) and silently caps prompt + max_new_tokens at context_length - 2, so
+    # max_req_input_len (context_length - 6) is the window where both hold.
+    limits = [find_key(info, "context_length"), find_key(info, "max_req_input_len")]
+    known = [n for n in limits if isinstance(n, int) and n > 0]
+    context = min(known) if known else kv
     vocab = model_info.get("vocab_size") or find_key(info, "vocab_size")
     return EngineCapacity(
         max_running_requests=running,

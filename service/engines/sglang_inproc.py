@@ -1,7 +1,8 @@
 """SGLang in-process: `sglang.Engine(...).async_generate(stream=True)` behind the Engine Protocol.
 
-Needs the optional `sglang` extra and a CUDA GPU; `sglang` is imported only
-when the engine is built. The chunks are the same dicts as over HTTP, so the
+Needs the optional `sglang` extra and a GPU, or SGLang's CPU engine (tested on
+CPU in tests/sglang/test_inproc.py); `sglang` is imported only when the engine
+is built. The chunks are the same dicts as over HTTP, so the
 same `ChunkDecoder` handles cumulative or incremental output. Abort: the
 tokenizer manager's `abort_request(rid=...)` plus closing the generator.
 Capacity and live load come from `await tokenizer_manager.get_loads()` (the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
@@ -37,6 +39,16 @@ def _field(obj: Any, name: str, default: Any = 0) -> Any:
     return getattr(obj, name, default)
 
 
+def _scheduler_info(engine: Any) -> dict[str, Any]:
+    """`max_total_num_tokens`, `max_req_input_len` as the scheduler reported them."""
+    result = getattr(engine, "_scheduler_init_result", None)
+    infos = getattr(result, "scheduler_infos", None)
+    if isinstance(infos, list) and infos and isinstance(infos[0], dict):
+        return infos[0]
+    legacy = getattr(engine, "scheduler_info", None)  # SGLang before 0.5
+    return legacy if isinstance(legacy, dict) else {}
+
+
 class SglangInprocEngine:
     kind = "sglang"
 
@@ -47,7 +59,7 @@ class SglangInprocEngine:
         self.incremental = incremental_output
         self.served_model_name = ""
         self._capacity: EngineCapacity | None = None
-        self._live: set[str] = set()
+        self._live: dict[str, str] = {}  # request id -> SGLang rid
         self.send_priority = False
 
     async def start(self) -> None:
@@ -64,15 +76,19 @@ class SglangInprocEngine:
             # Sending a priority to a server without priority scheduling may abort it.
             self.send_priority = getattr(args, "enable_priority_scheduling", False) is True
         tm = self.engine.tokenizer_manager
+        # The scheduler's start-up report (the first load snapshot can still be empty).
+        info = _scheduler_info(self.engine)
         loads = await tm.get_loads()
-        if not loads:
-            raise EngineError("sglang.Engine reported no load snapshots")
-        info: dict[str, Any] = dict(getattr(self.engine, "scheduler_info", None) or {})
-        kv = sum(int(_field(x, "max_total_num_tokens")) for x in loads) or int(
-            find_key(info, "max_total_num_tokens") or 0
+        kv = int(find_key(info, "max_total_num_tokens") or 0) or sum(
+            int(_field(x, "max_total_num_tokens")) for x in loads
         )
-        running = sum(int(_field(x, "max_running_requests")) for x in loads) or 256
-        context = int(getattr(tm, "context_len", 0) or find_key(info, "max_req_input_len") or kv)
+        running = sum(int(_field(x, "max_running_requests")) for x in loads) or int(
+            getattr(args, "max_running_requests", 0) or 256
+        )
+        # As over HTTP: SGLang refuses prompts of max_req_input_len tokens or more.
+        limits = [getattr(tm, "context_len", 0), find_key(info, "max_req_input_len")]
+        known = [int(n) for n in limits if isinstance(n, int) and n > 0]
+        context = min(known) if known else kv
         vocab = getattr(getattr(tm, "tokenizer", None), "vocab_size", 0) or DEFAULT_VOCAB_SIZE
         if kv <= 0:
             raise EngineError("sglang.Engine reported no KV capacity")
@@ -97,14 +113,19 @@ class SglangInprocEngine:
         )
 
     async def abort(self, request_id: str) -> None:
-        if request_id in self._live:
-            self.engine.tokenizer_manager.abort_request(rid=request_id)
+        rid = self._live.get(request_id)
+        if rid is not None:
+            self.engine.tokenizer_manager.abort_request(rid=rid)
 
     async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
+        if not (req.prompt_text or req.prompt_token_ids):
+            raise EngineError("refusing an empty prompt (it kills SGLang 0.5.23's scheduler)")
+        # A fresh rid, never the client's id (see SglangHttpEngine.generate).
+        rid = uuid.uuid4().hex
         kwargs: dict[str, Any] = {
             "sampling_params": sampling_params(req),
             "stream": True,
-            "rid": req.request_id,
+            "rid": rid,
         }
         if req.prompt_text is not None:
             kwargs["prompt"] = req.prompt_text
@@ -119,7 +140,7 @@ class SglangInprocEngine:
             gen = await self.engine.async_generate(**kwargs)
         except ValueError as exc:  # e.g. a duplicate rid, an over-long prompt
             raise EngineError(f"sglang rejected the request: {exc}") from exc
-        self._live.add(req.request_id)
+        self._live[req.request_id] = rid
         try:
             async with aclosing(gen) as stream:
                 async for out in stream:
@@ -133,10 +154,10 @@ class SglangInprocEngine:
                 retryable=decoder.completion_tokens == 0,
             )
         finally:
-            self._live.discard(req.request_id)
+            self._live.pop(req.request_id, None)
             if not decoder.finished:
                 # Cancelled or failed: free the request in the scheduler now.
-                self.engine.tokenizer_manager.abort_request(rid=req.request_id)
+                self.engine.tokenizer_manager.abort_request(rid=rid)
 
     async def aclose(self) -> None:
         if self.engine is not None and hasattr(self.engine, "shutdown"):
@@ -155,7 +176,7 @@ def build_sglang_inproc(settings: Settings) -> SglangInprocEngine:
         except ImportError as exc:
             raise RuntimeError(
                 "engine 'sglang' needs the optional extra: pip install 'fairgate[sglang]' "
-                "(and a CUDA GPU)"
+                "(a CUDA GPU, or SGLang's CPU engine: see docs/sglang.md)"
             ) from exc
         return sglang.Engine(model_path=settings.sglang_model_path, **kwargs)
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -92,12 +93,23 @@ def load_command(
         ),
     ] = 1.0,
     markdown: Annotated[bool, typer.Option(help="print the table as Markdown")] = False,
+    sglang_urls: Annotated[
+        str | None,
+        typer.Option(
+            help="comma-separated SGLang worker URLs: start a fairgate in front of them "
+            "(engine sglang-http, a pool when several) and load it instead of --address"
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(help="with --sglang-urls: the model's tokenizer.json (exact counts)"),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Load generator: closed loop at concurrency steps or open loop (Poisson/gamma)."""
     from rich.console import Console
 
-    from fairgate.bench.load import LoadConfig, run_load
+    from fairgate.bench.load import LoadConfig, RunReport, run_load
     from fairgate.bench.report import render_table, write_json, write_plots, write_results
     from fairgate.bench.stats import Slo
     from fairgate.bench.workload import Lengths, Tenant, Trace, parse_length, parse_tenant
@@ -144,6 +156,17 @@ def load_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 
+    async def run(config: LoadConfig, *progress_fn: Any) -> RunReport:
+        if not sglang_urls:
+            return await run_load(config, *progress_fn)
+        from fairgate.bench.common import server_process
+
+        fairgate = {"engine": "sglang-http", "sglang_urls": sglang_urls}
+        if tokenizer is not None:
+            fairgate["tokenizer_path"] = str(tokenizer)
+        async with server_process("fairgate", **fairgate) as address:
+            return await run_load(dataclasses.replace(config, target=address), *progress_fn)
+
     console = Console()  # the terminal's width; 80 for pipes (the tables fit)
     if progress:
         from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -163,9 +186,9 @@ def load_command(
             bar.update(task_ids[label], completed=frac, done=done, sent=sent)
 
         with bar:
-            report = asyncio.run(run_load(config, on_progress))
+            report = asyncio.run(run(config, on_progress))
     else:
-        report = asyncio.run(run_load(config))
+        report = asyncio.run(run(config))
     render_table(report, console, markdown=markdown)
     if json_file is not None:
         write_json(report, json_file)

@@ -25,18 +25,24 @@ from typing import Any
 
 from aiohttp import web
 
-from service.engines.protocol import EngineError, EngineRequest
+from service.engines.protocol import EngineError, EngineRequest, FinishKind
 from service.engines.simulator.engine import SimulatedEngine
+from service.engines.simulator.sglang_info import VERSION, loads_body
 from service.engines.simulator.sglang_wire import (
+    INPUT_MARGIN_TOKENS,
     InvalidRequest,
+    abort_reason,
     error_object,
+    finish_meta,
     finish_reason,
+    json_error,
+    meta_info,
     parse_generate,
+    sent_now,
     sse_data,
 )
 from service.tokenizer import ApproxTokenizer
 
-VERSION = "0.5.23-fairgate-sim"
 DONE = b"data: [DONE]\n\n"
 
 
@@ -81,7 +87,7 @@ class SimServer:
         self._live: dict[str, web.Request] = {}
         self._runner: web.AppRunner | None = None
         self.port = 0
-        app = web.Application(client_max_size=64 << 20)
+        app = web.Application(client_max_size=64 << 20, middlewares=[_json_not_found])
         app.router.add_post("/generate", self._generate)
         app.router.add_post("/abort_request", self._abort)
         app.router.add_get("/server_info", self._server_info)
@@ -133,7 +139,7 @@ class SimServer:
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return _error(400, f"invalid JSON body: {exc}")
+            return _json(json_error(f"JSON decode error: {exc}"), status=400)
         self.record.requests.append(body if isinstance(body, dict) else {"body": body})
         stream = isinstance(body, dict) and bool(body.get("stream"))
         try:
@@ -142,17 +148,27 @@ class SimServer:
                 raise InvalidRequest(f"Duplicate request ID: {req.request_id}")
         except InvalidRequest as exc:
             if not stream:
-                return _error(400, str(exc))
+                return _json({"error": {"message": str(exc)}}, status=400)
             resp = await _sse(request)
-            await resp.write(sse_data({"error": error_object(400, str(exc))}) + DONE)
+            if exc.by_scheduler:  # the scheduler refuses it: an abort chunk with 400
+                rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+                meta = meta_info(rid, 0)
+                meta["finish_reason"] = abort_reason(str(exc), 400, "BadRequestError")
+                finish_meta(meta, time.monotonic())
+                sent_now(meta)
+                await resp.write(sse_data({"text": "", "output_ids": [], "meta_info": meta}))
+            else:
+                await resp.write(sse_data({"error": error_object(400, str(exc))}))
+            await resp.write(DONE)
             await resp.write_eof()
             return resp
         if not stream:
             last: dict[str, Any] = {}
             async for out in self.chunks(req, incremental=False):
                 last = out
+            sent_now(last["meta_info"])
             status = (last["meta_info"]["finish_reason"] or {}).get("status_code")
-            return web.json_response(last, status=503 if status == 503 else 200)
+            return _json(last, status=503 if status == 503 else 200)
         return await self._stream(request, req)
 
     async def _stream(self, request: web.Request, req: EngineRequest) -> web.StreamResponse:
@@ -175,6 +191,8 @@ class SimServer:
                         continue
                     if f.drop_meta_info:
                         out.pop("meta_info")
+                    elif sent == 0:
+                        sent_now(out["meta_info"])
                     await resp.write(sse_data(out))
                     sent += 1
             await resp.write(DONE)
@@ -192,13 +210,12 @@ class SimServer:
         """SGLang chunk dicts for one request (also used by in-process fakes)."""
         started_s = time.monotonic()
         text, ids = "", []
-        meta: dict[str, Any] = {
-            "id": req.request_id,
-            "finish_reason": None,
-            "prompt_tokens": req.prompt_tokens,
-            "completion_tokens": 0,
-            "cached_tokens": 0,
-        }
+        meta = meta_info(req.request_id, req.prompt_tokens)
+        if req.max_tokens == 0:  # SGLang answers at once, with no output
+            meta["finish_reason"] = finish_reason(FinishKind.LENGTH, "", req)
+            finish_meta(meta, started_s)
+            yield {"text": "", "output_ids": [], "meta_info": meta}
+            return
         try:
             async with aclosing(self.engine.generate(req)) as stream:
                 async for ch in stream:
@@ -208,7 +225,7 @@ class SimServer:
                     meta["prompt_tokens"] = ch.prompt_tokens
                     if ch.finish is not None:
                         meta["finish_reason"] = finish_reason(ch.finish, ch.stop_matched, req)
-                        meta["e2e_latency"] = time.monotonic() - started_s
+                        finish_meta(meta, started_s)
                     yield {
                         "text": ch.text if incremental else text,
                         "output_ids": list(ch.token_ids) if incremental else list(ids),
@@ -219,20 +236,16 @@ class SimServer:
         except EngineError as exc:
             # The engine's waiting queue is full (--max-queued-requests): SGLang
             # answers with an abort chunk carrying 503.
-            meta["finish_reason"] = {
-                "type": "abort",
-                "message": str(exc),
-                "status_code": 503,
-                "err_type": None,
-            }
+            meta["finish_reason"] = abort_reason(str(exc), 503)
+            finish_meta(meta, started_s)
             yield {"text": "", "output_ids": [], "meta_info": meta}
 
     # -- control and introspection -------------------------------------------
     async def _abort(self, request: web.Request) -> web.Response:
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "invalid JSON body")
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return _json(json_error(f"JSON decode error: {exc}"), status=400)
         rids = list(self._live) if body.get("abort_all") else [body.get("rid", "")]
         for rid in rids:
             if rid:
@@ -247,7 +260,8 @@ class SimServer:
             "model_path": self.model_name,
             "served_model_name": self.model_name,
             "tokenizer_path": self.model_name,
-            "context_length": core.max_context,
+            # Unset unless --context-length is given; the model's window is in /v1/models.
+            "context_length": None,
             "max_running_requests": cfg.max_running_requests,
             "max_queued_requests": cfg.max_queued_requests,
             "chunked_prefill_size": cfg.chunked_prefill_size,
@@ -259,7 +273,8 @@ class SimServer:
             "dp_size": 1,
             "tp_size": 1,
             "max_total_num_tokens": core.capacity,
-            "max_req_input_len": core.max_context - 1,
+            "max_req_input_len": core.max_context - INPUT_MARGIN_TOKENS,
+            "status": "ready",
             "internal_states": [
                 {
                     "effective_max_running_requests_per_dp": cfg.max_running_requests,
@@ -275,29 +290,14 @@ class SimServer:
         }
 
     async def _server_info(self, request: web.Request) -> web.Response:
-        return web.json_response(self.server_info())
+        return _json(self.server_info())
 
     async def _loads(self, request: web.Request) -> web.Response:
-        cfg, core = self.engine.config, self.engine.core
-        load = {
-            "dp_rank": 0,
-            "timestamp": time.time(),
-            "num_running_reqs": len(core.running),
-            "num_waiting_reqs": len(core.waiting),
-            "num_waiting_uncached_tokens": sum(r.prompt_len for r in core.waiting),
-            "num_used_tokens": core.used_kv,
-            "num_total_tokens": core.used_kv,
-            "max_total_num_tokens": core.capacity,
-            "max_running_requests": cfg.max_running_requests,
-            "token_usage": core.used_kv / core.capacity,
-            "gen_throughput": 0.0,
-            "cache_hit_rate": 0.0,
-            "utilization": len(core.running) / cfg.max_running_requests,
-        }
-        body = {"timestamp": time.time(), "version": VERSION, "dp_rank_count": 1, "loads": [load]}
-        return web.json_response(body)
+        return _json(loads_body(self.engine))
 
     async def _health(self, request: web.Request) -> web.Response:
+        # SGLang's /health generates one token after a 1 s sleep unless
+        # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false; the stand-in's is that cheap one.
         return web.Response(status=503 if self.faults.unhealthy else 200)
 
     async def _health_generate(self, request: web.Request) -> web.Response:
@@ -309,29 +309,31 @@ class SimServer:
         return web.Response(status=200)
 
     async def _model_info(self, request: web.Request) -> web.Response:
-        return web.json_response(
+        return _json(
             {
                 "model_path": self.model_name,
+                "served_model_name": self.model_name,
                 "tokenizer_path": self.model_name,
                 "is_generation": True,
                 "preferred_sampling_params": None,
                 "weight_version": "default",
-                # Not in SGLang's answer; the adapter falls back to a default without it.
-                "vocab_size": self.engine.config.vocab_size,
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
             }
         )
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response(
+        return _json(
             {
                 "object": "list",
                 "data": [
                     {
                         "id": self.model_name,
                         "object": "model",
-                        "created": 0,
+                        "created": int(time.time()),
                         "owned_by": "sglang",
                         "root": self.model_name,
+                        "parent": None,
                         "max_model_len": self.engine.core.max_context,
                     }
                 ],
@@ -339,14 +341,25 @@ class SimServer:
         )
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": error_object(status, message)}, status=status)
+def _json(body: Any, status: int = 200) -> web.Response:
+    # SGLang (FastAPI) sends a bare `application/json`, no charset parameter.
+    return web.Response(
+        body=json.dumps(body).encode(), status=status, headers={"Content-Type": "application/json"}
+    )
+
+
+@web.middleware
+async def _json_not_found(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Unknown paths answer as FastAPI does: 404 with a JSON detail."""
+    try:
+        resp: web.StreamResponse = await handler(request)
+    except web.HTTPNotFound:
+        return _json({"detail": "Not Found"}, status=404)
+    return resp
 
 
 async def _sse(request: web.Request) -> web.StreamResponse:
-    resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
     await resp.prepare(request)
     return resp
 

@@ -1,35 +1,76 @@
 """SGLang's native /generate wire format, as the stand-in reads and writes it.
 
-Field names and messages follow SGLang 0.5 (see the team's sglang-notes):
-the request body (`text` | `input_ids`, `sampling_params`, `rid`, `priority`,
-`stream`), `finish_reason` shapes, SSE `data:` lines and error objects.
+Checked against SGLang 0.5.23 (tests/sglang/test_conformance.py sends the same
+requests to both): request fields (`text` | `input_ids`, `sampling_params`,
+`rid`, `priority`, `stream`), SGLang's validation messages, `finish_reason`
+and `meta_info` shapes, SSE `data:` lines and error objects.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import time
 import uuid
 from typing import Any
 
 from service.engines.protocol import EngineRequest, FinishKind, SamplingOptions
 from service.tokenizer import ApproxTokenizer
 
+# SGLang: max_req_input_len = min(context, kv) - 1 - 5.
+INPUT_MARGIN_TOKENS = 6
+
 
 class InvalidRequest(ValueError):
-    """The body is not a request SGLang would accept (HTTP 400 / an error chunk)."""
+    """A body SGLang refuses: HTTP 400 (non-stream) or an error event (stream).
+
+    `by_scheduler`: refused by SGLang's scheduler rather than its tokenizer
+    manager, which a stream sees as an abort chunk carrying status 400."""
+
+    def __init__(self, message: str, *, by_scheduler: bool = False) -> None:
+        super().__init__(message)
+        self.by_scheduler = by_scheduler
+
+
+def _number(sp: dict[str, Any], key: str, default: float) -> float:
+    value = sp.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequest(f"invalid type: {type(value).__name__} for {key}")
+    return float(value)
+
+
+def _check_sampling(sp: dict[str, Any], max_new: int) -> None:
+    """SGLang's SamplingParams.verify messages (values as the client wrote them)."""
+    if max_new < 0:
+        raise InvalidRequest(f"max_new_tokens must be at least 0, got {sp['max_new_tokens']}.")
+    temperature = _number(sp, "temperature", 1.0)
+    if temperature < 0 or not math.isfinite(temperature):
+        raise InvalidRequest(
+            f"temperature must be a non-negative finite number, got {sp['temperature']}."
+        )
+    top_p = _number(sp, "top_p", 1.0)
+    if not 0 < top_p <= 1:
+        raise InvalidRequest(f"top_p must be in (0, 1], got {sp['top_p']}.")
+    top_k = sp.get("top_k", -1)
+    if not isinstance(top_k, int) or top_k == 0 or top_k < -1:
+        raise InvalidRequest(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
 
 
 def parse_generate(
     body: Any, tokenizer: ApproxTokenizer, max_context: int
 ) -> tuple[EngineRequest, bool]:
-    """A `/generate` body as an EngineRequest and its `stream` flag; InvalidRequest if bad."""
+    """A `/generate` body as an EngineRequest and its `stream` flag; InvalidRequest if bad.
+
+    As SGLang: a prompt must be shorter than the context, prompt + max_new_tokens
+    must fit it, a prompt of max_context - 6 tokens or more is refused by the
+    scheduler, and max_new_tokens is silently capped at max_context - 2 - prompt."""
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     text, ids = body.get("text"), body.get("input_ids")
     if isinstance(text, list) or (ids and isinstance(ids[0], list)):
         raise InvalidRequest("batch requests are not supported by the stand-in")
     if text is None and ids is None:
-        raise InvalidRequest("Either text or input_ids should be provided.")
+        raise InvalidRequest("Either text, input_ids or input_embeds should be provided.")
     if ids is not None:
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise InvalidRequest("input_ids must be a list of integers")
@@ -39,11 +80,14 @@ def parse_generate(
             raise InvalidRequest("text must be a string")
         prompt_ids = tokenizer.encode(text)
     if not prompt_ids:
+        # SGLang 0.5.23's scheduler crashes on this; the stand-in refuses it.
         raise InvalidRequest("The input is empty.")
     sp = body.get("sampling_params") or {}
     if not isinstance(sp, dict):
         raise InvalidRequest("sampling_params must be an object")
     try:
+        max_new = int(sp.get("max_new_tokens", 128))
+        _check_sampling(sp, max_new)
         stop = sp.get("stop") or ()
         sampling = SamplingOptions(
             temperature=float(sp.get("temperature", 1.0)),
@@ -59,23 +103,30 @@ def parse_generate(
             presence_penalty=float(sp.get("presence_penalty", 0.0)),
             repetition_penalty=float(sp.get("repetition_penalty", 1.0)),
         )
-        max_new = int(sp.get("max_new_tokens", 128))
     except (TypeError, ValueError) as exc:
+        if isinstance(exc, InvalidRequest):
+            raise
         raise InvalidRequest(f"invalid sampling_params: {exc}") from exc
-    if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or max_new < 0:
-        raise InvalidRequest("temperature must be >= 0, top_p in (0, 1], max_new_tokens >= 0")
-    if sampling.top_k == 0 or sampling.top_k < -1:
-        raise InvalidRequest("top_k must be -1 (disabled) or at least 1")
-    context = max_context
-    if len(prompt_ids) >= context:
+    n = len(prompt_ids)
+    if n >= max_context:
         raise InvalidRequest(
-            f"The input ({len(prompt_ids)} tokens) is longer than the model's context "
-            f"length ({context} tokens)."
+            f"The input ({n} tokens) is longer than the model's context length "
+            f"({max_context} tokens)."
         )
-    if len(prompt_ids) + max_new > context:
+    if n + max_new > max_context:
         raise InvalidRequest(
             f"Requested token count exceeds the model's maximum context length of "
-            f"{context} tokens. You requested a total of {len(prompt_ids) + max_new} tokens"
+            f"{max_context} tokens. You requested a total of {n + max_new} tokens: {n} "
+            f"tokens from the input messages and {max_new} tokens for the completion. "
+            "Please reduce the number of tokens in the input messages or the completion "
+            "to fit within the limit."
+        )
+    max_input = max_context - INPUT_MARGIN_TOKENS
+    if n >= max_input:
+        raise InvalidRequest(
+            f"Input length ({n} tokens) exceeds the maximum allowed length ({max_input} "
+            "tokens). Use a shorter input or enable --allow-auto-truncate.",
+            by_scheduler=True,
         )
     priority = body.get("priority")
     rid = body.get("rid") or uuid.uuid4().hex
@@ -84,7 +135,7 @@ def parse_generate(
     req = EngineRequest(
         request_id=rid,
         prompt_token_ids=prompt_ids,
-        max_tokens=max_new,
+        max_tokens=max(0, min(max_new, max_context - 2 - n)),
         sampling=sampling,
         prompt_text=text,
         priority=int(priority) if isinstance(priority, int) else 0,
@@ -100,7 +151,40 @@ def finish_reason(kind: FinishKind, matched: str, req: EngineRequest) -> dict[st
         return {"type": "stop", "matched": int(matched) if matched.isdigit() else 0}
     if kind is FinishKind.LENGTH:
         return {"type": "length", "length": req.max_tokens}
-    return {"type": "abort", "message": f"Abort request {req.request_id}", "status_code": None}
+    return abort_reason("Aborted")
+
+
+def abort_reason(
+    message: str, status_code: int | None = None, err_type: str | None = None
+) -> dict[str, Any]:
+    return {"type": "abort", "message": message, "status_code": status_code, "err_type": err_type}
+
+
+def meta_info(rid: str, prompt_tokens: int) -> dict[str, Any]:
+    """The `meta_info` keys SGLang sends on every chunk, in its order."""
+    return {
+        "id": rid,
+        "finish_reason": None,
+        "prompt_tokens": prompt_tokens,
+        "weight_version": "default",
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
+        "completion_tokens": 0,
+        "cached_tokens": 0,
+        "cached_tokens_details": None,
+        "dp_rank": None,
+    }
+
+
+def finish_meta(meta: dict[str, Any], started_s: float) -> None:
+    """What only the last chunk (or a non-stream body) carries."""
+    meta["weight_versions"] = [{"version": "default", "start": 0, "end": meta["completion_tokens"]}]
+    meta["e2e_latency"] = time.monotonic() - started_s
+
+
+def sent_now(meta: dict[str, Any]) -> None:
+    """Only the first chunk (and a non-stream body) carries this."""
+    meta["response_sent_to_client_ts"] = time.time()
 
 
 def sse_data(obj: dict[str, Any]) -> bytes:
@@ -108,4 +192,16 @@ def sse_data(obj: dict[str, Any]) -> bytes:
 
 
 def error_object(code: int, message: str) -> dict[str, Any]:
+    """The error event of a stream (non-stream errors carry only the message)."""
     return {"message": message, "type": "invalid_request_error", "code": code, "retryable": False}
+
+
+def json_error(message: str) -> dict[str, Any]:
+    """A malformed body: SGLang answers in the OpenAI error shape."""
+    return {
+        "object": "error",
+        "message": message,
+        "type": "Bad Request",
+        "param": None,
+        "code": 400,
+    }

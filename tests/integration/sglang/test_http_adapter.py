@@ -11,6 +11,7 @@ from fairgate import AsyncClient, Delta, FairgateError, Result
 
 from service.engines.protocol import EngineError, EngineRequest, SamplingOptions
 from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
+from service.engines.simulator.sglang_wire import INPUT_MARGIN_TOKENS
 from tests.conftest import StartServer
 from tests.helpers import eventually
 from tests.sglang_helpers import StartSim, assert_no_sglang_leaks, sglang_settings
@@ -45,7 +46,8 @@ async def test_same_tokens_and_text_as_the_inprocess_simulator(
         assert got.result.finish_reason == "stop" and stop not in got.text
         (model,) = await a.list_models()
         assert model.engine == "sglang-http" and model.name == stand_in.model_name
-        assert model.max_context_tokens == stand_in.engine.core.max_context
+        # SGLang's max_req_input_len: the window where prompts are taken and served in full.
+    assert model.max_context_tokens == stand_in.engine.core.max_context - INPUT_MARGIN_TOKENS
     assert via_http.engine.capacity().max_total_tokens == stand_in.engine.core.capacity
     await assert_no_sglang_leaks(via_http, stand_in)
 
@@ -66,7 +68,9 @@ async def test_request_id_priority_and_trace_headers_reach_sglang(start_sim: Sta
         chunks = [c async for c in stream]
     assert chunks[-1].completion_tokens == 5 and chunks[-1].prompt_tokens == 3
     body = stand_in.record.requests[-1]
-    assert body["rid"] == "rid-42" and body["priority"] == 1
+    # A fresh rid, not the client's request id: SGLang aborts by rid, so a client
+    # must not be able to name (or collide with) another request's.
+    assert body["rid"] != "rid-42" and len(body["rid"]) == 32 and body["priority"] == 1
     assert body["input_ids"] == [300, 301, 302] and body["stream"] is True
     assert stand_in.record.traceparents == [traceparent]
     load = await engine.load()
@@ -87,7 +91,8 @@ async def test_cancel_mid_stream_aborts_in_sglang(
             if seen == 2:
                 break
         await stream.aclose()
-    await eventually(lambda: "cancel-1" in stand_in.record.aborted, what="abort_request")
+    rid = stand_in.record.requests[-1]["rid"]
+    await eventually(lambda: rid in stand_in.record.aborted, what="abort_request")
     await assert_no_sglang_leaks(app, stand_in)
 
 
@@ -100,7 +105,8 @@ async def test_deadline_while_running_aborts_in_sglang(
         with pytest.raises(FairgateError) as err:
             await c.complete("slow", max_tokens=2000, timeout_s=0.3, request_id="late-1")
     assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
-    await eventually(lambda: "late-1" in stand_in.record.aborted, what="abort_request")
+    rid = stand_in.record.requests[-1]["rid"]
+    await eventually(lambda: rid in stand_in.record.aborted, what="abort_request")
     await assert_no_sglang_leaks(app, stand_in)
 
 
@@ -231,4 +237,29 @@ async def test_unreachable_sglang_fails_fast_at_start() -> None:
     engine = SglangHttpEngine(SglangHttpConfig(url="http://127.0.0.1:9", connect_timeout_s=1))
     with pytest.raises(EngineError):
         await engine.start()
+    await engine.aclose()
+
+
+async def test_stand_in_keeps_sglangs_input_limit_and_silent_cap(start_sim: StartSim) -> None:
+    # As SGLang 0.5.23 (tests/sglang checks the real one): a prompt of
+    # max_req_input_len tokens is refused by the scheduler (an abort chunk with
+    # 400 in a stream), and prompt + max_new_tokens is capped at context - 2.
+    stand_in = await start_sim()
+    engine = SglangHttpEngine(SglangHttpConfig(url=stand_in.url))
+    await engine.start()
+    window = engine.capacity().max_context_tokens
+    assert window == stand_in.engine.core.max_context - INPUT_MARGIN_TOKENS
+    req = EngineRequest("limit", [300] * window, max_tokens=1)
+    with pytest.raises(EngineError) as err:
+        async with aclosing(engine.generate(req)) as stream:
+            async for _ in stream:
+                pass
+    assert not err.value.retryable and "maximum allowed length" in str(err.value)
+    context = stand_in.engine.core.max_context
+    req = EngineRequest("cap", [300] * (window - 1), max_tokens=context - window + 1)
+    req.sampling = SamplingOptions(ignore_eos=True)
+    async with aclosing(engine.generate(req)) as stream:
+        chunks = [c async for c in stream]
+    assert chunks[-1].finish is not None
+    assert chunks[-1].completion_tokens == context - 2 - (window - 1)
     await engine.aclose()
