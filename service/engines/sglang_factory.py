@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import logging
+
 from service.engines.breaker import BreakerPolicy
 from service.engines.pool import WorkerPool
 from service.engines.protocol import Engine
-from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
+from service.engines.sglang_http import DEFAULT_VOCAB_SIZE, SglangHttpConfig, SglangHttpEngine
 from service.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def build_sglang_http(settings: Settings) -> Engine:
     urls = [u.strip() for u in settings.sglang_urls.split(",") if u.strip()]
+    if not settings.tokenizer_path:
+        # SGLang's HTTP API does not say its vocabulary; one id past it kills the server.
+        log.warning(
+            "FAIRGATE_TOKENIZER_PATH is not set: token-id prompts are checked against "
+            "%d ids only, and an out-of-vocabulary id crashes SGLang 0.5.23; point it at "
+            "the served model's tokenizer.json",
+            DEFAULT_VOCAB_SIZE,
+        )
     pooled = len(urls) > 1
 
     def one(url: str) -> SglangHttpEngine:

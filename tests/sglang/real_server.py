@@ -57,6 +57,38 @@ def install() -> None:
         raise SglangUnavailable(f"sglang-cpu install.sh failed:\n{proc.stderr[-3000:]}")
 
 
+# SGLang traces only with the OpenTelemetry SDK and OTLP exporters, which the CPU
+# install leaves out: installed beside it (pinned to its opentelemetry-api) and
+# put on the server's PYTHONPATH for the tracing tests.
+OTEL_PACKAGES = (
+    "opentelemetry-sdk==1.45.2",
+    "opentelemetry-exporter-otlp-proto-grpc==1.45.2",
+    "opentelemetry-exporter-otlp-proto-http==1.45.2",
+)
+
+
+def otel_overlay() -> Path:
+    """The OpenTelemetry SDK for SGLang's venv, in a cached folder of its own."""
+    target = Path.home() / ".cache" / "fairgate-sglang-otel" / "1.45.2"
+    if (target / ".done").is_file():
+        return target
+    pip = cache_home() / "venv" / "bin" / "pip"
+    staging = target.with_name(target.name + ".tmp")
+    proc = subprocess.run(
+        [str(pip), "install", "--quiet", "--target", str(staging), *OTEL_PACKAGES],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if proc.returncode != 0:
+        raise SglangUnavailable(f"installing the OpenTelemetry SDK failed:\n{proc.stderr[-3000:]}")
+    if target.exists():
+        subprocess.run(["rm", "-rf", str(target)], check=True)
+    staging.rename(target)
+    (target / ".done").write_text("ok")
+    return target
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -74,9 +106,9 @@ class RealSglang:
     flags: tuple[str, ...]
 
     @classmethod
-    def start(cls, *flags: str) -> RealSglang:
+    def start(cls, *flags: str, env: dict[str, str] | None = None) -> RealSglang:
         port = free_port()
-        env = {**os.environ, "START_TIMEOUT_S": str(int(START_TIMEOUT_S))}
+        env = {**os.environ, "START_TIMEOUT_S": str(int(START_TIMEOUT_S)), **(env or {})}
         proc = subprocess.run(
             [str(scripts_dir() / "start.sh"), str(port), *flags],
             capture_output=True,

@@ -106,7 +106,7 @@ class GrpcClient:
                 if resp.HasField("result"):
                     result = resp.result
         except grpc.RpcError as exc:
-            return _failed(start, exc.code().name)  # type: ignore[attr-defined]
+            return _failed(start, exc.code().name)
         if first is None or result is None:
             return _failed(start, "NO_RESULT")
         ok = result.finish_reason == pb.FINISH_REASON_LENGTH
