@@ -62,6 +62,9 @@ class Settings:
     capacity_refresh_s: float = 2.0
     # Send tokens that are ready together in one message (never waits for more).
     stream_coalesce: bool = True
+    # SGLang over HTTP, coalescing: after each message, let tokens gather this long
+    # before the next (the first token is never held; 0: send what each read brings).
+    stream_coalesce_window_ms: float = 0.0
     # Directory (or file) with a Hugging Face tokenizer.json; empty: approximate counts.
     # Its tokenizer_config.json (or chat_template.jinja) supplies the chat template.
     tokenizer_path: str = ""
@@ -148,6 +151,8 @@ class Settings:
         problems = []
         if self.sim_time_scale < 0:
             problems.append("sim_time_scale must be >= 0")
+        if not 0 <= self.stream_coalesce_window_ms <= 1000:
+            problems.append("stream_coalesce_window_ms must be in [0, 1000]")
         if not 0 < self.kv_target_fraction <= 1:
             problems.append("kv_target_fraction must be in (0, 1]")
         if not 0 < self.running_target_fraction <= 1:
