@@ -153,7 +153,7 @@ async def targets_for(
         direct = SglangClient(worker_urls)
         stack.push_async_callback(direct.aclose)
         targets = [Target("direct", direct, None)]
-        for v in variants:
+        for i, v in enumerate(variants):
             http_port = _free_port()
             server = await stack.enter_async_context(
                 server_child(
@@ -168,7 +168,7 @@ async def targets_for(
             g = GrpcClient(server.address)
             stack.push_async_callback(g.aclose)
             targets.append(Target(f"{v.label} grpc", g, server.pid))
-            if http:
+            if http and i == 0:  # the HTTP front of the first variant only
                 h = OpenAiClient(f"http://127.0.0.1:{http_port}")
                 stack.push_async_callback(h.aclose)
                 targets.append(Target(f"{v.label} http", h, server.pid))
@@ -200,8 +200,8 @@ async def run_cell(target: Target, c: int, requests: int, tokens: int) -> Cell:
 
 
 def requests_for(c: int, tokens: int, waves: int, budget_tokens: int) -> int:
-    """At least `waves` requests per stream and `budget_tokens` in all, whole waves."""
-    n = max(c * waves, math.ceil(budget_tokens / tokens))
+    """At least `waves` requests per stream, 8 in all and `budget_tokens`, whole waves."""
+    n = max(c * waves, 8, math.ceil(budget_tokens / tokens))
     return math.ceil(n / c) * c
 
 
@@ -230,7 +230,9 @@ async def run_mode(
         await warm(targets, tokens)
         for rep in range(reps):
             for c in levels:
-                n = requests_for(c, tokens, waves, budget_tokens)
+                # Real time: the engine sets the pace, so no token budget (c=1 would crawl).
+                budget = budget_tokens if mode == "zero" else 0
+                n = requests_for(c, tokens, waves, budget)
                 k = rep % len(targets)
                 for target in targets[k:] + targets[:k]:
                     cells.append(await run_cell(target, c, n, tokens))

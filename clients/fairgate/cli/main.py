@@ -338,7 +338,9 @@ def bench_gateway(
             help="fairgate variant LABEL[:setting=value,...] (repeatable; default: fairgate)"
         ),
     ] = None,
-    http: Annotated[bool, typer.Option(help="also load fairgate's OpenAI HTTP front")] = True,
+    http: Annotated[
+        bool, typer.Option(help="also load the first variant's OpenAI HTTP front")
+    ] = True,
     smg: Annotated[
         str | None, typer.Option(help="smg binary (default: beside python, then PATH)")
     ] = None,
