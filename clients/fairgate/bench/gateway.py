@@ -86,19 +86,23 @@ def _free_port() -> int:
 
 
 @asynccontextmanager
-async def sim_workers(n: int, time_scale: float, max_running: int) -> AsyncIterator[list[str]]:
+async def sim_workers(
+    n: int, time_scale: float, max_running: int, incremental: bool = False
+) -> AsyncIterator[list[str]]:
+    args = [
+        "--announce",
+        "--port=0",
+        f"--time-scale={time_scale}",
+        f"--max-running-requests={max_running}",
+        "--kv-capacity-tokens=4000000",
+    ]
+    if incremental:
+        args.append("--incremental-streaming-output")
     async with AsyncExitStack() as stack:
         urls = []
         for _ in range(n):
             server = await stack.enter_async_context(
-                child_server(
-                    "service.engines.simulator.http_server",
-                    "--announce",
-                    "--port=0",
-                    f"--time-scale={time_scale}",
-                    f"--max-running-requests={max_running}",
-                    "--kv-capacity-tokens=4000000",
-                )
+                child_server("service.engines.simulator.http_server", *args)
             )
             urls.append(f"http://{server.address}")
         yield urls
@@ -221,10 +225,11 @@ async def run_mode(
     variants: Sequence[Variant],
     http: bool,
     smg: str | None,
+    incremental: bool = False,
 ) -> list[Cell]:
     cells: list[Cell] = []
     async with (
-        sim_workers(workers, MODES[mode], max(max(levels), 256)) as urls,
+        sim_workers(workers, MODES[mode], max(max(levels), 256), incremental) as urls,
         targets_for(urls, variants, http, smg) as targets,
     ):
         await warm(targets, tokens)
@@ -248,12 +253,13 @@ async def capacity(
     variant: Variant,
     ttft_budget_ms: float,
     min_ratio: float,
+    incremental: bool = False,
 ) -> None:
     rows: list[tuple[int, list[Cell]]] = []
     for n in range(1, max_workers + 1):
         c = per_worker_c * n
         async with (
-            sim_workers(n, MODES["real"], max(per_worker_c, 256)) as urls,
+            sim_workers(n, MODES["real"], max(per_worker_c, 256), incremental) as urls,
             targets_for(urls, [variant], False, None) as targets,
         ):
             await warm(targets, tokens)
@@ -291,14 +297,31 @@ async def main(
     smg_binary: str | None,
     capacity_workers: int,
     per_worker_c: int,
+    incremental: bool = False,
 ) -> None:
     smg = None if smg_binary is None else find_smg(smg_binary)
-    print(f"machine: {_uptime()}; smg: {smg or 'not installed (pip install smg)'}")
+    streaming = "incremental" if incremental else "cumulative (SGLang's default)"
+    print(
+        f"machine: {_uptime()}; smg: {smg or 'not installed (pip install smg)'}; "
+        f"workers stream {streaming} output"
+    )
     for mode in modes:
         cells = await run_mode(
-            mode, workers, levels, reps, tokens, waves, budget_tokens, variants, http, smg
+            mode,
+            workers,
+            levels,
+            reps,
+            tokens,
+            waves,
+            budget_tokens,
+            variants,
+            http,
+            smg,
+            incremental,
         )
         print_mode(mode, workers, tokens, reps, cells)
     if capacity_workers:
-        await capacity(per_worker_c, capacity_workers, reps, tokens, variants[0], 5.0, 0.95)
+        await capacity(
+            per_worker_c, capacity_workers, reps, tokens, variants[0], 5.0, 0.95, incremental
+        )
     print(f"machine after: {_uptime()}")

@@ -349,6 +349,9 @@ def bench_gateway(
         int, typer.Option(help="capacity search up to this many real-time workers (0: off)")
     ] = 0,
     per_worker_c: Annotated[int, typer.Option(help="capacity search: streams per worker")] = 64,
+    incremental: Annotated[
+        bool, typer.Option(help="workers stream new output only (--incremental-streaming-output)")
+    ] = False,
 ) -> None:
     """Direct vs fairgate (gRPC, HTTP) vs smg in front of the same sim-server workers."""
     from fairgate.bench.gateway import main as bench_main
@@ -377,6 +380,7 @@ def bench_gateway(
             smg_binary=None if no_smg else (smg or ""),
             capacity_workers=capacity_workers,
             per_worker_c=per_worker_c,
+            incremental=incremental,
         )
     )
 
