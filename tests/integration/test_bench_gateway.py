@@ -5,7 +5,7 @@ to the end and the gateway's CPU and memory are read from /proc."""
 from __future__ import annotations
 
 import pytest
-from fairgate.bench.gateway import Variant, run_mode
+from fairgate.bench.gateway import Variant, requests_for, run_mode
 from fairgate.bench.gateway_report import print_mode
 
 
@@ -25,7 +25,7 @@ async def test_every_target_streams_every_token(capsys: pytest.CaptureFixture[st
     names = {cell.target for cell in cells}
     assert names == {"direct", "fairgate grpc", "fairgate http", "per-event grpc"}
     for cell in cells:
-        assert len(cell.samples) == max(cell.c * 2, 8)
+        assert len(cell.samples) == requests_for(cell.c, 8, 2, 0)
         assert cell.failures == 0, [s.error for s in cell.samples]
         assert cell.tokens == 8 * len(cell.samples)
         if cell.target != "direct":

@@ -194,6 +194,9 @@ async def run_cell(target: Target, c: int, requests: int, tokens: int) -> Cell:
             left -= 1
             samples.append(await target.call(tokens))
 
+    # Open the c connections first (a pool's idle ones may have timed out while
+    # other targets ran): connection setup is not what a cell measures.
+    await asyncio.gather(*(target.call(2) for _ in range(c)))
     cpu0 = tree_cpu_s(target.pid) if target.pid else 0.0
     t0 = time.perf_counter()
     await asyncio.gather(*(stream() for _ in range(c)))
@@ -267,7 +270,7 @@ async def capacity(
             for rep in range(reps):
                 k = rep % len(targets)
                 for target in targets[k:] + targets[:k]:
-                    cells.append(await run_cell(target, c, c, tokens))
+                    cells.append(await run_cell(target, c, 2 * c, tokens))
         rows.append((n, cells))
         print(f"  capacity: {n} worker(s) done", flush=True)
         if not print_capacity(rows, ttft_budget_ms, min_ratio, final=False):
