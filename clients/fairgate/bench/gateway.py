@@ -14,10 +14,11 @@ fairgate *variants* (`LABEL:key=value,...`, settings as in FAIRGATE_*) run as
 extra targets in the same run, so an optimisation toggled by a setting is
 measured side by side with the default.
 
-`capacity` adds real-time workers one at a time (`per_worker_c` streams each)
-until fairgate's added TTFT p99 exceeds `ttft_budget_ms` or its throughput
-falls under `min_ratio` × direct, and prints the simulated 4090s fronted per
-core of fairgate CPU.
+`capacity` adds real-time workers one at a time (`per_worker_c` streams each,
+up to `max_workers`), marks each count that keeps fairgate's added TTFT p99
+within `ttft_budget_ms` and its throughput over `min_ratio` × direct, and
+prints the simulated 4090s fronted per core of fairgate CPU: the largest
+passing count ÷ the cores it used, and for every count workers ÷ cores.
 """
 
 from __future__ import annotations
@@ -273,8 +274,6 @@ async def capacity(
                     cells.append(await run_cell(target, c, 2 * c, tokens))
         rows.append((n, cells))
         print(f"  capacity: {n} worker(s) done", flush=True)
-        if not print_capacity(rows, ttft_budget_ms, min_ratio, final=False):
-            break
     print_capacity(rows, ttft_budget_ms, min_ratio, final=True)
 
 
