@@ -133,12 +133,12 @@ def print_capacity(
     if final:
         print()
         print(
-            f"capacity: real-time workers added until fairgate's added TTFT p99 > "
-            f"{ttft_budget_ms:g} ms or throughput < {min_ratio:g}× direct"
+            f"capacity: real-time workers added one at a time; pass = fairgate's added "
+            f"TTFT p99 ≤ {ttft_budget_ms:g} ms and throughput ≥ {min_ratio:g}× direct"
         )
         print(
             f"{'workers':>7} | {'c':>5} | {'direct/s':>8} | {'× direct':>8} | "
-            f"{'+p99 ms':>8} | {'cores':>5} | {'pass':>4}"
+            f"{'+p99 ms':>8} | {'cores':>5} | {'per core':>9} | {'pass':>4}"
         )
         print("\n".join(lines))
         if passed_n:

@@ -71,6 +71,7 @@ def test_capacity_stops_at_the_first_worker_count_over_the_bounds(
     assert not print_capacity(rows, 5.0, 0.95, final=True)
     out = capsys.readouterr().out
     assert "simulated 4090s per fairgate core: 4.0 (2 worker(s) passed using 0.50 core)" in out
+    assert "|  per core | pass" in out
     assert "|       6.0 |   no" in out  # 3 workers on 0.5 core, over the TTFT bound
     slow = [row(1, 0.0, 1.2)]  # 0.83x direct
     assert not print_capacity(slow, 5.0, 0.95, final=False)
