@@ -18,7 +18,8 @@ measured side by side with the default.
 up to `max_workers`), marks each count that keeps fairgate's added TTFT p99
 within `ttft_budget_ms` and its throughput over `min_ratio` × direct, and
 prints the simulated 4090s fronted per core of fairgate CPU: the largest
-passing count ÷ the cores it used, and for every count workers ÷ cores.
+passing count ÷ the cores it used, and for every count the workers' worth of
+tokens it carried ÷ cores.
 """
 
 from __future__ import annotations

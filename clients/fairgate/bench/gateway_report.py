@@ -127,7 +127,7 @@ def print_capacity(
             passed_n, passed_cores = n, s.cores
         lines.append(
             f"{n:>7} | {cells[0].c:>5} | {ref.tokens_per_s:>8.0f} | {s.ratio:>8.2f} | "
-            f"{added_ms:>+8.1f} | {s.cores:>5.2f} | {n / s.cores:>9.1f} | "
+            f"{added_ms:>+8.1f} | {s.cores:>5.2f} | {s.ratio * n / s.cores:>9.1f} | "
             f"{'yes' if ok else 'no':>4}"
         )
     if final:
@@ -150,7 +150,7 @@ def print_capacity(
         else:
             print("simulated 4090s per fairgate core: none passed (1 worker failed the bounds)")
         print(
-            "per core = workers ÷ fairgate's CPU (cores): what its CPU alone would carry "
-            "if the machine had spare cores for the workers and the load generator"
+            "per core = workers' worth of tokens carried (× direct · workers) ÷ fairgate's "
+            "cores: what its CPU alone would carry with spare cores for the rest"
         )
     return ok
