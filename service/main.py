@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 
+from service import event_loop
 from service.app import App
 from service.settings import Settings
 from service.telemetry.logs import configure_logging
@@ -43,7 +44,7 @@ def run(settings: Settings) -> int:
     """Serve until stopped; returns the process exit code (2: bad configuration)."""
     configure_logging(settings.log_level, settings.log_format)
     try:
-        asyncio.run(serve(settings))
+        event_loop.run(serve(settings), settings.event_loop)
     except (ValueError, FileNotFoundError) as exc:
         # Configuration problems (tenants file, presets) say what to fix, no traceback.
         print(f"error: {exc}", file=sys.stderr)

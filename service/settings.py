@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from scheduler.tenants import QUOTA_RANGES, WEIGHT_RANGE, range_problem, tenant_id_problem
+from service.event_loop import EVENT_LOOPS
 
 ENV_PREFIX = "FAIRGATE_"
 ENGINES = ("simulator", "sglang-http", "sglang")
@@ -62,6 +63,11 @@ class Settings:
     capacity_refresh_s: float = 2.0
     # Send tokens that are ready together in one message (never waits for more).
     stream_coalesce: bool = True
+    # The event loop: auto (uvloop when installed), uvloop, asyncio.
+    event_loop: str = "auto"
+    # SGLang over HTTP, coalescing: after each message, let tokens gather this long
+    # before the next (the first token is never held; 0: send what each read brings).
+    stream_coalesce_window_ms: float = 0.0
     # Directory (or file) with a Hugging Face tokenizer.json; empty: approximate counts.
     # Its tokenizer_config.json (or chat_template.jinja) supplies the chat template.
     tokenizer_path: str = ""
@@ -155,6 +161,10 @@ class Settings:
         problems = []
         if self.sim_time_scale < 0:
             problems.append("sim_time_scale must be >= 0")
+        if self.event_loop not in EVENT_LOOPS:
+            problems.append(f"event_loop must be one of {', '.join(EVENT_LOOPS)}")
+        if not 0 <= self.stream_coalesce_window_ms <= 1000:
+            problems.append("stream_coalesce_window_ms must be in [0, 1000]")
         if not 0 < self.kv_target_fraction <= 1:
             problems.append("kv_target_fraction must be in (0, 1]")
         if not 0 < self.running_target_fraction <= 1:

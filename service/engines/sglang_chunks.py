@@ -132,6 +132,17 @@ class ChunkDecoder:
         raise UpstreamError(f"unknown SGLang finish_reason type {kind!r}")
 
 
+def merge_chunks(first: EngineChunk, then: EngineChunk) -> EngineChunk:
+    """`then` appended to `first` (in place): one chunk for both."""
+    first.text += then.text
+    first.token_ids.extend(then.token_ids)
+    first.completion_tokens = then.completion_tokens
+    first.prompt_tokens = then.prompt_tokens
+    first.cached_tokens = then.cached_tokens
+    first.finish, first.stop_matched, first.message = then.finish, then.stop_matched, then.message
+    return first
+
+
 def sampling_params(req: EngineRequest) -> dict[str, Any]:
     """EngineRequest → SGLang `sampling_params` (only non-default fields)."""
     s = req.sampling

@@ -34,6 +34,8 @@ def build_sglang_http(settings: Settings) -> Engine:
                 # In a pool, a failed request moves to another worker instead.
                 retries=0 if pooled else settings.sglang_retries,
                 incremental_output=settings.sglang_incremental_output,
+                coalesce=settings.stream_coalesce,
+                coalesce_window_s=settings.stream_coalesce_window_ms / 1000,
             )
         )
 

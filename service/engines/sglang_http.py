@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 from service.engines.protocol import (
     EngineCapacity,
@@ -40,6 +41,7 @@ from service.engines.sglang_chunks import (
     RequestRefused,
     UpstreamError,
     find_key,
+    merge_chunks,
     sampling_params,
 )
 
@@ -67,6 +69,11 @@ class SglangHttpConfig:
     max_connections: int = 0  # 0: unlimited
     # SGLang's /health generates a token behind the running batch, after a 1 s sleep.
     health_timeout_s: float = 10.0
+    # Send the events of one read as one chunk (else one chunk per SSE event).
+    coalesce: bool = True
+    # Coalescing: after sending a chunk, wait this long so that tokens arriving meanwhile go out
+    # as one message (0: send what each read brings). The first token is never held.
+    coalesce_window_s: float = 0.0
 
 
 class SglangHttpEngine:
@@ -218,12 +225,13 @@ class SglangHttpEngine:
         self, req: EngineRequest, decoder: ChunkDecoder, rid: str
     ) -> AsyncGenerator[EngineChunk, None]:
         headers = {k: v for k, v in req.trace_headers.items() if k in ("traceparent", "tracestate")}
+        headers["Content-Type"] = "application/json"
         resp: aiohttp.ClientResponse | None = None
         self.in_flight += 1
         try:
             try:
                 resp = await self.session.post(
-                    self.url + "/generate", json=self._body(req, rid), headers=headers
+                    self.url + "/generate", data=orjson.dumps(self._body(req, rid)), headers=headers
                 )
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise WorkerDown(f"{self.url}: cannot reach SGLang: {exc}", retryable=True) from exc
@@ -234,23 +242,22 @@ class SglangHttpEngine:
                     f"{self.url}/generate answered HTTP {resp.status}: {text}",
                     retryable=resp.status >= 500,
                 )
-            async for event in _events(resp, self.url):
-                if event == "[DONE]":
-                    if not decoder.finished:
-                        raise UpstreamError(
-                            f"{self.url}: stream ended without a finish reason",
-                            retryable=decoder.completion_tokens == 0,
-                        )
-                    return
-                try:
-                    data = json.loads(event)
-                except json.JSONDecodeError as exc:
-                    raise UpstreamError(f"{self.url}: malformed JSON in stream: {exc}") from exc
-                chunk = decoder.decode(data)
-                if chunk.text or chunk.token_ids or chunk.finish is not None:
-                    yield chunk
-                if chunk.finish is not None:
-                    return
+            coalesce, window_s = self.config.coalesce, self.config.coalesce_window_s
+            async for payloads in _event_batches(resp, self.url):
+                # Coalescing: everything that arrived in one read goes out as one chunk.
+                for group in [payloads] if coalesce else [[p] for p in payloads]:
+                    chunk, ended, error = self._decode_batch(decoder, group)
+                    if chunk is not None and (chunk.text or chunk.token_ids or chunk.finish):
+                        yield chunk
+                        if window_s > 0 and not ended:
+                            # Let the next tokens gather (the first was not held).
+                            await asyncio.sleep(window_s)
+                    if error is not None:
+                        if decoder.completion_tokens:
+                            error.retryable = False  # tokens reached the consumer
+                        raise error
+                    if ended:
+                        return
             raise WorkerDown(
                 f"{self.url}: stream ended without [DONE] after {decoder.completion_tokens} tokens",
                 retryable=decoder.completion_tokens == 0,
@@ -273,6 +280,40 @@ class SglangHttpEngine:
                     # SGLang to free the request (it also aborts on disconnect).
                     resp.close()
                     self._abort_later(rid)
+
+    def _decode_batch(
+        self, decoder: ChunkDecoder, payloads: list[bytes]
+    ) -> tuple[EngineChunk | None, bool, EngineError | None]:
+        """One read's SSE payloads → one merged chunk, whether the stream ended,
+        and the error that cut the batch short (after the chunk, which is sent)."""
+        parsed: list[Any] = []
+        error: EngineError | None = None
+        for payload in payloads:
+            if payload == b"[DONE]":
+                if not decoder.finished:
+                    error = UpstreamError(
+                        f"{self.url}: stream ended without a finish reason",
+                        retryable=decoder.completion_tokens == 0,
+                    )
+                break
+            try:
+                parsed.append(orjson.loads(payload))
+            except orjson.JSONDecodeError as exc:
+                error = UpstreamError(f"{self.url}: malformed JSON in stream: {exc}")
+                break
+        merged: EngineChunk | None = None
+        last = len(parsed) - 1
+        for i, data in enumerate(parsed):
+            if i < last and not decoder.incremental and _superseded(data):
+                continue  # cumulative: the last chunk of the batch carries it all
+            try:
+                chunk = decoder.decode(data)
+            except EngineError as exc:
+                return merged, True, exc
+            merged = chunk if merged is None else merge_chunks(merged, chunk)
+            if chunk.finish is not None:
+                return merged, True, None
+        return merged, error is not None or len(parsed) < len(payloads), error
 
     def _release_later(self, resp: aiohttp.ClientResponse) -> None:
         # Read the trailing [DONE] off the wire so the connection can be reused.
@@ -315,25 +356,44 @@ class SglangHttpEngine:
         return body
 
 
-async def _events(resp: aiohttp.ClientResponse, url: str) -> AsyncGenerator[str, None]:
-    """SSE `data:` payloads; splits on blank lines, tolerates CRLF and comments."""
+async def _event_batches(
+    resp: aiohttp.ClientResponse, url: str
+) -> AsyncGenerator[list[bytes], None]:
+    """SSE `data:` payloads, all those complete in one read at a time.
+
+    Splits on blank lines, tolerates CRLF and comments; the common event (one
+    `data: ` line) takes a fast path.
+    """
     buf = b""
     async for piece in resp.content.iter_any():
-        buf += piece
-        if b"\r\n" in buf:
+        buf = buf + piece if buf else piece
+        if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
-        while True:
-            end = buf.find(b"\n\n")
-            if end < 0:
-                break
-            block, buf = buf[:end], buf[end + 2 :]
+        blocks = buf.split(b"\n\n")
+        buf = blocks.pop()
+        payloads: list[bytes] = []
+        for block in blocks:
+            if block.startswith(b"data: ") and b"\n" not in block:
+                payloads.append(block[6:])
+                continue
             data = [
                 line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")
             ]
             if data:
-                yield b"\n".join(data).decode("utf-8", errors="replace")
+                payloads.append(b"\n".join(data))
+        if payloads:
+            yield payloads
         if len(buf) > MAX_EVENT_BYTES:
             raise UpstreamError(f"{url}: an SSE event exceeded {MAX_EVENT_BYTES} bytes")
+
+
+def _superseded(data: Any) -> bool:
+    """A cumulative chunk that a later one in the same batch replaces: no error,
+    no finish (those are decoded, and malformed ones refused, in any position)."""
+    if not isinstance(data, dict) or "error" in data:
+        return False
+    meta = data.get("meta_info")
+    return isinstance(meta, dict) and meta.get("finish_reason") is None
 
 
 def capacity_from_server_info(info: dict[str, Any], model_info: dict[str, Any]) -> EngineCapacity:

@@ -80,7 +80,10 @@ async def _serve(mode: str, overrides: dict[str, str]) -> None:
 def main() -> None:
     mode = sys.argv[1]
     overrides = dict(arg.split("=", 1) for arg in sys.argv[2:])
-    asyncio.run(_serve(mode, overrides))
+    from service import event_loop
+
+    # The server's own choice (FAIRGATE_EVENT_LOOP's setting), auto by default.
+    event_loop.run(_serve(mode, overrides), overrides.get("event_loop", "auto"))
 
 
 if __name__ == "__main__":

@@ -340,6 +340,70 @@ def bench_sglang_overhead(
     asyncio.run(bench_main(levels, tokens, streams_per_worker))
 
 
+@bench_app.command("gateway")
+def bench_gateway(
+    modes: Annotated[str, typer.Option(help="zero (zero-latency workers), real (4090s)")] = (
+        "zero,real"
+    ),
+    concurrency: Annotated[str, typer.Option(help="comma-separated stream counts")] = "1,64,256",
+    workers: Annotated[int, typer.Option(help="sim-server workers behind every gateway")] = 1,
+    repetitions: Annotated[int, typer.Option(help="interleaved repetitions")] = 2,
+    tokens: Annotated[int, typer.Option(help="output tokens per request")] = 128,
+    waves: Annotated[int, typer.Option(help="requests per stream, at least")] = 2,
+    budget_tokens: Annotated[int, typer.Option(help="output tokens per cell, at least")] = 20000,
+    variant: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="fairgate variant LABEL[:setting=value,...] (repeatable; default: fairgate)"
+        ),
+    ] = None,
+    http: Annotated[
+        bool, typer.Option(help="also load the first variant's OpenAI HTTP front")
+    ] = True,
+    smg: Annotated[
+        str | None, typer.Option(help="smg binary (default: beside python, then PATH)")
+    ] = None,
+    no_smg: Annotated[bool, typer.Option("--no-smg", help="leave smg out")] = False,
+    capacity_workers: Annotated[
+        int, typer.Option(help="capacity search up to this many real-time workers (0: off)")
+    ] = 0,
+    per_worker_c: Annotated[int, typer.Option(help="capacity search: streams per worker")] = 64,
+    incremental: Annotated[
+        bool, typer.Option(help="workers stream new output only (--incremental-streaming-output)")
+    ] = False,
+) -> None:
+    """Direct vs fairgate (gRPC, HTTP) vs smg in front of the same sim-server workers."""
+    from fairgate.bench.gateway import main as bench_main
+    from fairgate.bench.gateway import parse_variant
+
+    try:
+        variants = [parse_variant(v) for v in variant or ["fairgate"]]
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    if any(m not in ("zero", "real") for m in mode_list):
+        typer.echo("error: --modes takes zero and/or real", err=True)
+        raise typer.Exit(2)
+    asyncio.run(
+        bench_main(
+            modes=mode_list,
+            workers=workers,
+            levels=[int(x) for x in concurrency.split(",") if x.strip()],
+            reps=repetitions,
+            tokens=tokens,
+            waves=waves,
+            budget_tokens=budget_tokens,
+            variants=variants,
+            http=http,
+            smg_binary=None if no_smg else (smg or ""),
+            capacity_workers=capacity_workers,
+            per_worker_c=per_worker_c,
+            incremental=incremental,
+        )
+    )
+
+
 @bench_app.command("store")
 def bench_store(
     redis_url: Annotated[

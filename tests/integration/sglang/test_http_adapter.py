@@ -150,7 +150,9 @@ async def test_stalled_worker_hits_the_read_timeout(
 ) -> None:
     stand_in = await start_sim(time_scale=0.0)
     stand_in.faults.stall_after_chunks = 3
-    app = await start_server(**sglang_settings(stand_in, sglang_read_timeout_s=0.3))
+    # One message per SSE event, so the count is exact (coalescing may merge them).
+    settings = sglang_settings(stand_in, sglang_read_timeout_s=0.3, stream_coalesce=False)
+    app = await start_server(**settings)
     deltas, result = await _partial_then_unavailable(app.address, max_tokens=50)
     assert deltas == 3 and "no data" in result.message
     await assert_no_sglang_leaks(app, stand_in)
@@ -184,7 +186,8 @@ async def test_malformed_or_truncated_stream_fails_cleanly(
 ) -> None:
     stand_in = await start_sim(time_scale=0.0)
     setattr(stand_in.faults, fault, 4)
-    app = await start_server(**sglang_settings(stand_in))
+    # One message per SSE event, so the count is exact (coalescing may merge them).
+    app = await start_server(**sglang_settings(stand_in, stream_coalesce=False))
     deltas, result = await _partial_then_unavailable(app.address, max_tokens=50)
     assert deltas == 4 and message in result.message
     await assert_no_sglang_leaks(app, stand_in)

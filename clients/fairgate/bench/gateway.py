@@ -1,0 +1,330 @@
+"""`fairgate bench gateway`: direct-to-worker vs fairgate (gRPC and HTTP fronts)
+vs smg, in front of the same `fairgate sim-server` workers, in one run.
+
+For each mode (zero-latency workers: the gateway is the bottleneck; real-time
+simulated 4090s: the engine is), the workers start once and every target is
+measured at every concurrency, repetitions interleaved (the order of targets
+rotates each repetition) so machine noise hits all of them. A cell is a closed
+loop: `c` streams draw from a fixed number of requests (prompt of 16 token ids,
+`tokens` output tokens, ignore_eos). Per cell: output tokens/s, TTFT samples,
+the gateway's CPU (its process tree, /proc) per streamed token and its RSS,
+failures. Direct is the reference for the ratios and the added TTFT.
+
+fairgate *variants* (`LABEL:key=value,...`, settings as in FAIRGATE_*) run as
+extra targets in the same run, so an optimisation toggled by a setting is
+measured side by side with the default.
+
+`capacity` adds real-time workers one at a time (`per_worker_c` streams each,
+up to `max_workers`), marks each count that keeps fairgate's added TTFT p99
+within `ttft_budget_ms` and its throughput over `min_ratio` × direct, and
+prints the simulated 4090s fronted per core of fairgate CPU: the largest
+passing count ÷ the cores it used, and for every count the workers' worth of
+tokens it carried ÷ cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import shutil
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from fairgate.bench.common import child_server, server_child
+from fairgate.bench.gateway_clients import (
+    Caller,
+    GrpcClient,
+    OpenAiClient,
+    Sample,
+    SglangClient,
+)
+from fairgate.bench.gateway_report import Cell, print_capacity, print_mode
+from fairgate.bench.procstat import tree_cpu_s, tree_rss_bytes
+
+MODES = {"zero": 0.0, "real": 1.0}
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    settings: dict[str, str] = field(default_factory=dict)
+
+
+def parse_variant(text: str) -> Variant:
+    """`LABEL` or `LABEL:key=value,key=value` (fairgate settings, lower case)."""
+    label, _, rest = text.partition(":")
+    pairs = [p.split("=", 1) for p in rest.split(",") if p]
+    if not label or any(len(p) != 2 for p in pairs):
+        raise ValueError(f"bad variant {text!r}: expected LABEL[:key=value,...]")
+    return Variant(label, {k: v for k, v in pairs})
+
+
+@dataclass
+class Target:
+    name: str
+    call: Caller
+    pid: int | None  # the gateway process (None: direct)
+
+
+def find_smg(explicit: str) -> str | None:
+    """The smg binary: `explicit`, else beside this Python, else on PATH."""
+    if explicit:
+        return explicit
+    beside = Path(sys.executable).with_name("smg")
+    return str(beside) if beside.exists() else shutil.which("smg")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@asynccontextmanager
+async def sim_workers(
+    n: int, time_scale: float, max_running: int, incremental: bool = False
+) -> AsyncIterator[list[str]]:
+    args = [
+        "--announce",
+        "--port=0",
+        f"--time-scale={time_scale}",
+        f"--max-running-requests={max_running}",
+        "--kv-capacity-tokens=4000000",
+    ]
+    if incremental:
+        args.append("--incremental-streaming-output")
+    async with AsyncExitStack() as stack:
+        urls = []
+        for _ in range(n):
+            server = await stack.enter_async_context(
+                child_server("service.engines.simulator.http_server", *args)
+            )
+            urls.append(f"http://{server.address}")
+        yield urls
+
+
+@asynccontextmanager
+async def smg_gateway(binary: str, worker_urls: Sequence[str]) -> AsyncIterator[tuple[str, int]]:
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        binary,
+        "launch",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        "--policy=round_robin",
+        "--log-level=error",
+        "--worker-urls",
+        *worker_urls,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(600):
+                if proc.returncode is not None:
+                    raise RuntimeError(f"smg exited with {proc.returncode}")
+                try:
+                    async with session.get(url + "/v1/models") as r:
+                        if r.status == 200 and (await r.json()).get("data"):
+                            break
+                except (aiohttp.ClientError, ValueError):
+                    pass
+                await asyncio.sleep(0.1)
+            else:
+                raise RuntimeError("smg did not become ready in 60 s")
+        yield url, proc.pid
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+@asynccontextmanager
+async def targets_for(
+    worker_urls: list[str], variants: Sequence[Variant], http: bool, smg: str | None
+) -> AsyncIterator[list[Target]]:
+    async with AsyncExitStack() as stack:
+        direct = SglangClient(worker_urls)
+        stack.push_async_callback(direct.aclose)
+        targets = [Target("direct", direct, None)]
+        for i, v in enumerate(variants):
+            http_port = _free_port()
+            server = await stack.enter_async_context(
+                server_child(
+                    "fairgate",
+                    engine="sglang-http",
+                    sglang_urls=",".join(worker_urls),
+                    http_listen=f"127.0.0.1:{http_port}",
+                    telemetry="off",
+                    **v.settings,
+                )
+            )
+            g = GrpcClient(server.address)
+            stack.push_async_callback(g.aclose)
+            targets.append(Target(f"{v.label} grpc", g, server.pid))
+            if http and i == 0:  # the HTTP front of the first variant only
+                h = OpenAiClient(f"http://127.0.0.1:{http_port}")
+                stack.push_async_callback(h.aclose)
+                targets.append(Target(f"{v.label} http", h, server.pid))
+        if smg is not None:
+            url, pid = await stack.enter_async_context(smg_gateway(smg, worker_urls))
+            s = SglangClient([url])
+            stack.push_async_callback(s.aclose)
+            targets.append(Target("smg", s, pid))
+        yield targets
+
+
+async def run_cell(target: Target, c: int, requests: int, tokens: int) -> Cell:
+    samples: list[Sample] = []
+    left = requests
+
+    async def stream() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            samples.append(await target.call(tokens))
+
+    # Open the c connections first (a pool's idle ones may have timed out while
+    # other targets ran): connection setup is not what a cell measures.
+    await asyncio.gather(*(target.call(2) for _ in range(c)))
+    cpu0 = tree_cpu_s(target.pid) if target.pid else 0.0
+    t0 = time.perf_counter()
+    await asyncio.gather(*(stream() for _ in range(c)))
+    wall_s = time.perf_counter() - t0
+    cpu_s = (tree_cpu_s(target.pid) - cpu0) if target.pid else 0.0
+    rss = tree_rss_bytes(target.pid) if target.pid else math.nan
+    return Cell(target.name, c, wall_s, samples, cpu_s, rss)
+
+
+def requests_for(c: int, tokens: int, waves: int, budget_tokens: int) -> int:
+    """At least `waves` requests per stream, 8 in all and `budget_tokens`, whole waves."""
+    n = max(c * waves, 8, math.ceil(budget_tokens / tokens))
+    return math.ceil(n / c) * c
+
+
+async def warm(targets: Sequence[Target], tokens: int) -> None:
+    for t in targets:
+        await asyncio.gather(*(t.call(tokens) for _ in range(4)))
+
+
+async def run_mode(
+    mode: str,
+    workers: int,
+    levels: Sequence[int],
+    reps: int,
+    tokens: int,
+    waves: int,
+    budget_tokens: int,
+    variants: Sequence[Variant],
+    http: bool,
+    smg: str | None,
+    incremental: bool = False,
+) -> list[Cell]:
+    cells: list[Cell] = []
+    async with (
+        sim_workers(workers, MODES[mode], max(max(levels), 256), incremental) as urls,
+        targets_for(urls, variants, http, smg) as targets,
+    ):
+        await warm(targets, tokens)
+        for rep in range(reps):
+            for c in levels:
+                # Real time: the engine sets the pace, so no token budget (c=1 would crawl).
+                budget = budget_tokens if mode == "zero" else 0
+                n = requests_for(c, tokens, waves, budget)
+                k = rep % len(targets)
+                for target in targets[k:] + targets[:k]:
+                    cells.append(await run_cell(target, c, n, tokens))
+                print(f"  {mode}: repetition {rep + 1}/{reps}, c={c} done", flush=True)
+    return cells
+
+
+async def capacity(
+    per_worker_c: int,
+    max_workers: int,
+    reps: int,
+    tokens: int,
+    variant: Variant,
+    ttft_budget_ms: float,
+    min_ratio: float,
+    incremental: bool = False,
+) -> None:
+    rows: list[tuple[int, list[Cell]]] = []
+    for n in range(1, max_workers + 1):
+        c = per_worker_c * n
+        async with (
+            sim_workers(n, MODES["real"], max(per_worker_c, 256), incremental) as urls,
+            targets_for(urls, [variant], False, None) as targets,
+        ):
+            await warm(targets, tokens)
+            cells = []
+            for rep in range(reps):
+                k = rep % len(targets)
+                for target in targets[k:] + targets[:k]:
+                    cells.append(await run_cell(target, c, 2 * c, tokens))
+        rows.append((n, cells))
+        print(f"  capacity: {n} worker(s) done", flush=True)
+    print_capacity(rows, ttft_budget_ms, min_ratio, final=True)
+
+
+def _uptime() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return "load average " + " ".join(f.read().split()[:3])
+    except OSError:
+        return "load average unknown"
+
+
+async def main(
+    *,
+    modes: Sequence[str],
+    workers: int,
+    levels: Sequence[int],
+    reps: int,
+    tokens: int,
+    waves: int,
+    budget_tokens: int,
+    variants: Sequence[Variant],
+    http: bool,
+    smg_binary: str | None,
+    capacity_workers: int,
+    per_worker_c: int,
+    incremental: bool = False,
+) -> None:
+    smg = None if smg_binary is None else find_smg(smg_binary)
+    streaming = "incremental" if incremental else "cumulative (SGLang's default)"
+    print(
+        f"machine: {_uptime()}; smg: {smg or 'not installed (pip install smg)'}; "
+        f"workers stream {streaming} output"
+    )
+    for mode in modes:
+        cells = await run_mode(
+            mode,
+            workers,
+            levels,
+            reps,
+            tokens,
+            waves,
+            budget_tokens,
+            variants,
+            http,
+            smg,
+            incremental,
+        )
+        print_mode(mode, workers, tokens, reps, cells)
+    if capacity_workers:
+        await capacity(
+            per_worker_c, capacity_workers, reps, tokens, variants[0], 5.0, 0.95, incremental
+        )
+    print(f"machine after: {_uptime()}")

@@ -1,0 +1,157 @@
+"""The three ways `fairgate bench gateway` streams one request, each as cheaply
+as the protocol allows (the load generator shares the machine with the gateway):
+
+- `sglang`: SGLang's native `POST /generate` SSE, straight to a worker (direct)
+  or through a gateway that proxies it (smg);
+- `grpc`: fairgate's `Generate` through the generated stub;
+- `openai`: `POST /v1/completions` with `stream: true` (fairgate's HTTP front).
+
+Each returns a `Sample`: time to the first streamed message, output tokens
+(the engine's final count), and whether it finished normally. The first
+message is taken as the first token: all three send one only once output exists.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from itertools import cycle
+
+import aiohttp
+import grpc
+
+from fairgate.v1 import inference_pb2 as pb
+from fairgate.v1 import inference_pb2_grpc as pb_grpc
+
+PROMPT_IDS = [300 + i for i in range(16)]
+
+
+@dataclass(slots=True)
+class Sample:
+    ttft_s: float
+    tokens: int
+    ok: bool
+    error: str = ""
+
+
+Caller = Callable[[int], Awaitable[Sample]]
+
+
+def _failed(start_s: float, error: str) -> Sample:
+    return Sample(time.perf_counter() - start_s, 0, False, error)
+
+
+class SglangClient:
+    """Round-robin over `urls` (several workers direct, or one gateway)."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self._urls = cycle([u.rstrip("/") + "/generate" for u in urls])
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=120),
+        )
+
+    async def __call__(self, tokens: int) -> Sample:
+        body = {
+            "input_ids": PROMPT_IDS,
+            "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True},
+            "stream": True,
+        }
+        start = time.perf_counter()
+        first: float | None = None
+        last = b""
+        try:
+            async with self._session.post(next(self._urls), json=body) as r:
+                if r.status != 200:
+                    return _failed(start, f"HTTP_{r.status}")
+                async for line in r.content:
+                    if not line.startswith(b"data:"):
+                        continue
+                    if line.startswith(b"data: [DONE]"):
+                        break
+                    if first is None:
+                        first = time.perf_counter()
+                    last = line
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return _failed(start, type(exc).__name__)
+        if first is None:
+            return _failed(start, "NO_OUTPUT")
+        meta = json.loads(last[5:])["meta_info"]
+        finish = (meta.get("finish_reason") or {}).get("type")
+        return Sample(first - start, int(meta["completion_tokens"]), finish == "length", "")
+
+    async def aclose(self) -> None:
+        await self._session.close()
+
+
+class GrpcClient:
+    def __init__(self, address: str) -> None:
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = pb_grpc.InferenceServiceStub(self._channel)
+
+    async def __call__(self, tokens: int) -> Sample:
+        request = pb.GenerateRequest(
+            token_ids=pb.TokenIds(ids=PROMPT_IDS),
+            sampling=pb.SamplingParams(max_tokens=tokens, ignore_eos=True),
+        )
+        start = time.perf_counter()
+        first: float | None = None
+        result: pb.GenerateResult | None = None
+        try:
+            async for resp in self._stub.Generate(request):
+                if first is None:
+                    first = time.perf_counter()
+                if resp.HasField("result"):
+                    result = resp.result
+        except grpc.RpcError as exc:
+            return _failed(start, exc.code().name)
+        if first is None or result is None:
+            return _failed(start, "NO_RESULT")
+        ok = result.finish_reason == pb.FINISH_REASON_LENGTH
+        return Sample(first - start, result.usage.completion_tokens, ok, "")
+
+    async def aclose(self) -> None:
+        await self._channel.close()
+
+
+class OpenAiClient:
+    def __init__(self, url: str) -> None:
+        self._url = url.rstrip("/") + "/v1/completions"
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=120),
+        )
+
+    async def __call__(self, tokens: int) -> Sample:
+        body = {
+            "prompt": PROMPT_IDS,
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        start = time.perf_counter()
+        first: float | None = None
+        usage = b""
+        try:
+            async with self._session.post(self._url, json=body) as r:
+                if r.status != 200:
+                    return _failed(start, f"HTTP_{r.status}")
+                async for line in r.content:
+                    if not line.startswith(b"data: {"):
+                        continue
+                    if first is None:
+                        first = time.perf_counter()
+                    if b'"usage":{' in line:
+                        usage = line
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return _failed(start, type(exc).__name__)
+        if first is None or not usage:
+            return _failed(start, "NO_USAGE")
+        tokens_out = int(json.loads(usage[6:])["usage"]["completion_tokens"])
+        return Sample(first - start, tokens_out, tokens_out == tokens, "")
+
+    async def aclose(self) -> None:
+        await self._session.close()

@@ -1,0 +1,35 @@
+"""`fairgate bench gateway` end to end at toy size: real sim-server workers in
+child processes, a fairgate child in front, every target streams every request
+to the end and the gateway's CPU and memory are read from /proc."""
+
+from __future__ import annotations
+
+import pytest
+from fairgate.bench.gateway import Variant, requests_for, run_mode
+from fairgate.bench.gateway_report import print_mode
+
+
+async def test_every_target_streams_every_token(capsys: pytest.CaptureFixture[str]) -> None:
+    cells = await run_mode(
+        "zero",
+        workers=2,
+        levels=[1, 3],
+        reps=1,
+        tokens=8,
+        waves=2,
+        budget_tokens=0,
+        variants=[Variant("fairgate"), Variant("per-event", {"stream_coalesce": "false"})],
+        http=True,
+        smg=None,
+    )
+    names = {cell.target for cell in cells}
+    assert names == {"direct", "fairgate grpc", "fairgate http", "per-event grpc"}
+    for cell in cells:
+        assert len(cell.samples) == requests_for(cell.c, 8, 2, 0)
+        assert cell.failures == 0, [s.error for s in cell.samples]
+        assert cell.tokens == 8 * len(cell.samples)
+        if cell.target != "direct":
+            assert cell.cpu_s > 0 and cell.rss_bytes > 0
+    print_mode("zero", 2, 8, 1, cells)
+    table = capsys.readouterr().out
+    assert "fairgate http" in table and "failed" in table

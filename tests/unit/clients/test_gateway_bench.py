@@ -1,0 +1,89 @@
+"""`fairgate bench gateway`'s arithmetic: variants, request counts, summaries,
+the capacity rule, and the /proc readings of a process tree."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from fairgate.bench.gateway import Variant, parse_variant, requests_for
+from fairgate.bench.gateway_clients import Sample
+from fairgate.bench.gateway_report import Cell, print_capacity, summarize
+from fairgate.bench.procstat import descendants, tree_cpu_s, tree_rss_bytes
+
+
+def test_variants_parse_label_and_settings() -> None:
+    assert parse_variant("fairgate") == Variant("fairgate", {})
+    assert parse_variant("old:stream_coalesce=false,event_loop=asyncio") == Variant(
+        "old", {"stream_coalesce": "false", "event_loop": "asyncio"}
+    )
+    for bad in (":x=1", "v:novalue", ""):
+        with pytest.raises(ValueError, match="bad variant"):
+            parse_variant(bad)
+
+
+def test_requests_are_whole_waves_covering_the_budget() -> None:
+    assert requests_for(c=64, tokens=128, waves=2, budget_tokens=0) == 128
+    assert requests_for(c=1, tokens=100, waves=2, budget_tokens=0) == 8  # at least 8
+    assert requests_for(c=1, tokens=100, waves=2, budget_tokens=1050) == 11
+    assert requests_for(c=64, tokens=100, waves=1, budget_tokens=10_000) == 128
+
+
+def _cell(target: str, wall_s: float, ttfts: list[float], cpu_s: float, c: int = 4) -> Cell:
+    samples = [Sample(t, 10, True) for t in ttfts]
+    return Cell(target, c, wall_s, samples, cpu_s, 100 * 2**20)
+
+
+def test_summary_ratios_pair_cells_of_the_same_repetition() -> None:
+    direct = [_cell("direct", 1.0, [0.010] * 4, 0.0), _cell("direct", 2.0, [0.010] * 4, 0.0)]
+    gw = [_cell("gw", 2.0, [0.012] * 4, 0.2), _cell("gw", 2.0, [0.020] * 4, 0.2)]
+    s = summarize(gw, direct)
+    # Repetition ratios 0.5 and 1.0 (paired), not the ratio of the medians.
+    assert s.ratio == pytest.approx(0.75)
+    assert s.cpu_us_per_token == pytest.approx(0.4 / 80 * 1e6)
+    assert s.cores == pytest.approx(0.1)
+    assert (s.failures, s.requests, s.rss_mb) == (0, 8, 100)
+    assert s.ttft_p50_s == pytest.approx(0.012) and s.ttft_p99_s == pytest.approx(0.020)
+
+
+def test_failed_requests_count_and_leave_the_ttft_out() -> None:
+    cell = _cell("gw", 1.0, [0.01, 0.01], 0.1)
+    cell.samples.append(Sample(5.0, 0, False, "UNAVAILABLE"))
+    s = summarize([cell], [_cell("direct", 1.0, [0.01], 0.0)])
+    assert s.failures == 1 and s.requests == 3 and s.ttft_p99_s == pytest.approx(0.01)
+
+
+def test_capacity_stops_at_the_first_worker_count_over_the_bounds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def row(n: int, added_s: float, gw_wall_s: float) -> tuple[int, list[Cell]]:
+        return n, [
+            _cell("direct", 1.0, [0.1], 0.0, c=64 * n),
+            _cell("fg grpc", gw_wall_s, [0.1 + added_s], 0.5 * gw_wall_s, c=64 * n),
+        ]
+
+    rows = [row(1, 0.001, 1.0), row(2, 0.002, 1.0)]
+    assert print_capacity(rows, 5.0, 0.95, final=False)
+    rows.append(row(3, 0.050, 1.0))  # +50 ms TTFT p99: over the bound
+    assert not print_capacity(rows, 5.0, 0.95, final=True)
+    out = capsys.readouterr().out
+    assert "simulated 4090s per fairgate core: 4.0 (2 worker(s) passed using 0.50 core)" in out
+    assert "|  per core | pass" in out
+    assert "|       6.0 |   no" in out  # 3 workers on 0.5 core, over the TTFT bound
+    slow = [row(1, 0.0, 1.2)]  # 0.83x direct
+    assert not print_capacity(slow, 5.0, 0.95, final=False)
+
+
+def test_process_tree_readings_include_children() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in descendants(os.getpid())
+        assert tree_rss_bytes(os.getpid()) > tree_rss_bytes(child.pid) > 0
+        assert tree_cpu_s(os.getpid()) >= tree_cpu_s(child.pid) >= 0
+    finally:
+        child.kill()
+        child.wait()
+    assert math.isnan(tree_cpu_s(child.pid))  # gone
