@@ -33,12 +33,12 @@ from scheduler.clock import Clock
 from scheduler.errors import SchedulingError
 from scheduler.gate import Admission
 from scheduler.gate_stats import GateStats, ledger_tenants
-from scheduler.policy import QueuePolicy
+from scheduler.ordering.policy import QueuePolicy
 from scheduler.quotas import QuotaLedger, Reservation
 from scheduler.request import QueuedRequest
 from scheduler.reserve import FairShareReserve
 from scheduler.rules import Verdict
-from scheduler.tenants import TenantRegistry
+from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import AsyncioTimers, TimerHandle, Timers
 
 

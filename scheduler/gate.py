@@ -32,7 +32,7 @@ from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.errors import DeadlineExpired, QueueTimeout, SchedulingError
 from scheduler.gate_stats import GateStats
 from scheduler.request import QueuedRequest
-from scheduler.tenants import TenantRegistry
+from scheduler.tenancy.tenants import TenantRegistry
 
 
 class RequestState(enum.Enum):

@@ -21,7 +21,7 @@ from typing import Literal
 from scheduler.budget import AdmissionLimits
 from scheduler.quotas import QuotaLedger
 from scheduler.rules import bucket_level
-from scheduler.store import BucketLimits
+from scheduler.state.store import BucketLimits
 from scheduler.token_bucket import TokenBucket
 
 # "memory": one replica, nothing shared; else the shared store's health as this

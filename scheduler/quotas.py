@@ -22,7 +22,7 @@ from scheduler.clock import Clock
 from scheduler.errors import QuotaExceeded, RequestTooLarge
 from scheduler.request import QueuedRequest
 from scheduler.rules import binding_limit, own_limit_wait_s
-from scheduler.tenants import OverQuotaMode, TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.tenancy.tenants import OverQuotaMode, TenantConfig, TenantQuotas, TenantRegistry
 from scheduler.token_bucket import TokenBucket
 
 

@@ -12,8 +12,8 @@ from fairgate.v1 import inference_pb2 as pb
 from google.protobuf import timestamp_pb2
 
 from scheduler.request import Priority
-from scheduler.tenant_store import ApiKeyRecord, TenantRecord
-from scheduler.tenants import (
+from scheduler.tenancy.tenant_store import ApiKeyRecord, TenantRecord
+from scheduler.tenancy.tenants import (
     ALL_PRIORITIES,
     OverQuotaMode,
     TenantConfig,

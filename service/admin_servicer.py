@@ -20,7 +20,7 @@ from fairgate.v1 import admin_pb2_grpc as apb_grpc
 
 from scheduler.errors import StoreUnavailable
 from scheduler.gate_stats import BucketStats, TenantStats
-from scheduler.tenant_store import (
+from scheduler.tenancy.tenant_store import (
     MUST_NOT_EXIST,
     ApiKeyRecord,
     DeleteTenant,
@@ -32,7 +32,7 @@ from scheduler.tenant_store import (
     TenantSnapshot,
     TenantWrite,
 )
-from scheduler.tenants import TenantConfig
+from scheduler.tenancy.tenants import TenantConfig
 from service import errors
 from service.admin_convert import (
     MAX_DISPLAY_NAME_CHARS,

@@ -15,9 +15,9 @@ from grpc_reflection.v1alpha import reflection
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import MonotonicClock
 from scheduler.gate import AdmissionGate
-from scheduler.policies import PolicyOptions
-from scheduler.tenant_file import load_tenants
-from scheduler.tenants import TenantRegistry
+from scheduler.ordering.policies import PolicyOptions
+from scheduler.tenancy.tenant_file import load_tenants
+from scheduler.tenancy.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
 from service.api_keys import KeyHasher
 from service.auth import Authenticator, AuthInterceptor

@@ -29,7 +29,7 @@ from typing import Any, TypeVar, cast
 
 import grpc
 
-from scheduler.tenants import tenant_id_problem
+from scheduler.tenancy.tenants import tenant_id_problem
 from service import errors
 from service.api_keys import tokens_equal
 from service.identity import Identity, current_identity

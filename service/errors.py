@@ -25,7 +25,7 @@ from scheduler.errors import (
     StoreUnavailable,
     TenantRefused,
 )
-from scheduler.tenant_store import (
+from scheduler.tenancy.tenant_store import (
     AlreadyExists,
     NotFound,
     StoreConstraint,

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from scheduler.tenants import QUOTA_RANGES, WEIGHT_RANGE, range_problem, tenant_id_problem
+from scheduler.tenancy.tenants import QUOTA_RANGES, WEIGHT_RANGE, range_problem, tenant_id_problem
 from service.event_loop import EVENT_LOOPS
 
 ENV_PREFIX = "FAIRGATE_"
@@ -177,7 +177,7 @@ class Settings:
             problems.append("fair_reserve_fraction must be in [0, 1)")
         if not 0 <= self.fair_reserve_window_s <= 3600:
             problems.append("fair_reserve_window_s must be in [0, 3600]")
-        # The same finite ranges as tenants' weights and quotas (scheduler/tenants.py).
+        # The same finite ranges as tenants' weights and quotas (scheduler/tenancy/tenants.py).
         ranged = [
             ("vtc_w_in", self.vtc_w_in, WEIGHT_RANGE),
             ("vtc_w_out", self.vtc_w_out, WEIGHT_RANGE),

@@ -13,12 +13,12 @@ from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.dispatcher import Dispatcher
 from scheduler.gate import AdmissionGate
-from scheduler.policies import PolicyOptions, make_policy
-from scheduler.redis_store import RedisStore
-from scheduler.redis_tenant_store import RedisTenantStore
-from scheduler.shared_dispatcher import SharedDispatcher, SharedOptions
-from scheduler.tenant_store import InMemoryTenantStore, TenantStore
-from scheduler.tenants import TenantRegistry
+from scheduler.ordering.policies import PolicyOptions, make_policy
+from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
+from scheduler.state.redis_store import RedisStore
+from scheduler.tenancy.redis_tenant_store import RedisTenantStore
+from scheduler.tenancy.tenant_store import InMemoryTenantStore, TenantStore
+from scheduler.tenancy.tenants import TenantRegistry
 from service.settings import Settings
 
 log = logging.getLogger(__name__)

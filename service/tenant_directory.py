@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from scheduler.errors import StoreUnavailable
-from scheduler.tenant_file import load_tenants
-from scheduler.tenant_store import (
+from scheduler.tenancy.tenant_file import load_tenants
+from scheduler.tenancy.tenant_store import (
     ApiKeyRecord,
     PutTenant,
     SetDefaultTenant,
@@ -37,7 +37,7 @@ from scheduler.tenant_store import (
     TenantWrite,
     VersionConflict,
 )
-from scheduler.tenants import TenantRegistry
+from scheduler.tenancy.tenants import TenantRegistry
 from service.api_keys import KeyHasher, key_id_of
 
 if TYPE_CHECKING:

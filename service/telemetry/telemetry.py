@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import grpc
 
     from scheduler.request import QueuedRequest
-    from scheduler.tenants import TenantRegistry
+    from scheduler.tenancy.tenants import TenantRegistry
     from service.models import ServedModel
     from service.telemetry.observation import GenerateObservation, NoopObservation
     from service.telemetry.prometheus import MetricsEndpoint

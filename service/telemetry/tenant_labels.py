@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from service.identity import current_identity
 
 if TYPE_CHECKING:
-    from scheduler.tenants import TenantRegistry
+    from scheduler.tenancy.tenants import TenantRegistry
 
 UNAUTHENTICATED = "_unauthenticated"
 UNKNOWN = "_unknown"

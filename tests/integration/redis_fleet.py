@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import MonotonicClock
 from scheduler.errors import SchedulingError, StoreUnavailable
-from scheduler.redis_store import RedisStore
 from scheduler.request import QueuedRequest
-from scheduler.shared_dispatcher import SharedDispatcher, SharedOptions
-from scheduler.store import StoreSnapshot
-from scheduler.tenants import TenantRegistry
+from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
+from scheduler.state.redis_store import RedisStore
+from scheduler.state.store import StoreSnapshot
+from scheduler.tenancy.tenants import TenantRegistry
 from tests.helpers import eventually
 
 DOMAIN = "faults"

@@ -84,7 +84,7 @@ def cluster() -> Iterator[list[RedisServer]]:
 async def test_the_master_of_the_domain_killed_and_restarted(
     cluster: list[RedisServer], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="scheduler.shared_dispatcher")
+    caplog.set_level(logging.ERROR, logger="scheduler.shared.dispatcher")
     r = redis_lib.Redis(port=cluster[0].port)
     slot = int(r.execute_command("CLUSTER", "KEYSLOT", f"fg:{{{DOMAIN}}}:vtc"))
     r.close()

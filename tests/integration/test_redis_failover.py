@@ -10,8 +10,8 @@ import grpc
 import pytest
 from fairgate import AsyncClient, FairgateError
 
-from scheduler.redis_store import RedisStore
-from scheduler.shared_dispatcher import SharedDispatcher
+from scheduler.shared.dispatcher import SharedDispatcher
+from scheduler.state.redis_store import RedisStore
 from service.app import App
 from tests.conftest import StartServer
 from tests.helpers import assert_no_leaks, eventually
@@ -51,7 +51,7 @@ async def test_redis_killed_and_restarted_under_load(
     mode: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="scheduler.shared_dispatcher")
+    caplog.set_level(logging.WARNING, logger="scheduler.shared.dispatcher")
     app = await start_server(
         store="redis",
         redis_url=own_redis.url,

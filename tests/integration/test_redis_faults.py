@@ -14,7 +14,7 @@ import pytest
 import redis as redis_lib
 
 from scheduler.budget import AdmissionLimits
-from scheduler.tenants import TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.tenancy.tenants import TenantConfig, TenantQuotas, TenantRegistry
 from tests.helpers import eventually
 from tests.integration.redis_fleet import DOMAIN, LIMIT, Fleet, assert_nothing_left
 from tests.redis_server import RedisServer, find_redis_server
@@ -150,7 +150,7 @@ async def test_a_script_error_is_a_store_failure_and_the_pump_lives(
 ) -> None:
     """A key of the wrong type makes the STEP script fail (ResponseError): that is a
     store failure (fail open), never an exception that kills the pump."""
-    caplog.set_level(logging.ERROR, logger="scheduler.shared_dispatcher")
+    caplog.set_level(logging.ERROR, logger="scheduler.shared.dispatcher")
     fleet = await started(fleets, Fleet(own_redis.url, 1, AdmissionLimits(LIMIT, 10_000)))
     fleet.load(per_replica=2)
     await eventually(lambda: fleet.record.count("done") >= 10, what="load runs")

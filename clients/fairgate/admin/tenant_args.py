@@ -1,6 +1,6 @@
 """Command-line flags and tenants files → admin protos.
 
-Tenants files are read by `scheduler.tenant_file`, the loader `fairgate serve
+Tenants files are read by `scheduler.tenancy.tenant_file`, the loader `fairgate serve
 --tenants` uses, so `apply` accepts exactly the same format (and refuses the
 same mistakes, naming the file, the tenant and the field).
 """
@@ -112,12 +112,12 @@ def tenant_from_flags(
 def file_problems(path: str) -> list[str]:
     """Every problem of a tenants file, each as the server's loader words it.
 
-    The loader (`scheduler.tenant_file`) stops at the first bad field; to
+    The loader (`scheduler.tenancy.tenant_file`) stops at the first bad field; to
     list them all without restating its rules, each tenant is checked alone
     and a field it names is dropped before checking again."""
     import yaml
 
-    from scheduler.tenant_file import TenantConfigError, load_tenants, parse_tenants
+    from scheduler.tenancy.tenant_file import TenantConfigError, load_tenants, parse_tenants
 
     try:
         load_tenants(path)
@@ -186,7 +186,7 @@ def tenants_to_file(tenants: Sequence[apb.Tenant], default_tenant_id: str) -> di
 def tenants_from_file(path: str) -> tuple[list[apb.Tenant], str]:
     """(tenants, default tenant id) from a tenants YAML file; `FlagErrors` lists
     every problem."""
-    from scheduler.tenant_file import TenantConfigError, load_tenants
+    from scheduler.tenancy.tenant_file import TenantConfigError, load_tenants
 
     try:
         registry = load_tenants(path)

@@ -16,10 +16,10 @@ import math
 import random
 import time
 
-from scheduler.fcfs import FcfsPolicy
-from scheduler.policy import QueuePolicy
+from scheduler.ordering.fcfs import FcfsPolicy
+from scheduler.ordering.policy import QueuePolicy
+from scheduler.ordering.vtc import VtcPolicy
 from scheduler.request import Priority, QueuedRequest
-from scheduler.vtc import VtcPolicy
 
 QUEUED_PER_TENANT = 4
 DECISIONS = 20_000

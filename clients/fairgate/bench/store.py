@@ -23,13 +23,13 @@ from fairgate.bench.redis_local import RedisServer, find_redis_server
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import MonotonicClock
 from scheduler.dispatcher import Dispatcher
-from scheduler.memory_store import MemoryStore
-from scheduler.redis_store import RedisStore
+from scheduler.ordering.vtc import VtcPolicy
 from scheduler.request import QueuedRequest
-from scheduler.shared_dispatcher import SharedDispatcher, SharedOptions
-from scheduler.store import BucketLimits, Step, StepOutcome, Store, StoreSnapshot
-from scheduler.tenants import TenantConfig, TenantRegistry
-from scheduler.vtc import VtcPolicy
+from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
+from scheduler.state.memory_store import MemoryStore
+from scheduler.state.redis_store import RedisStore
+from scheduler.state.store import BucketLimits, Step, StepOutcome, Store, StoreSnapshot
+from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 
 LIMITS = AdmissionLimits(max_requests=64, max_kv_tokens=1_000_000)
 CHUNKS, CHUNK_TOKENS = 4, 16

@@ -22,8 +22,8 @@ from fairgate.v1 import inference_pb2_grpc as pb_grpc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from scheduler.tenant_file import TenantConfigError, parse_tenants
-from scheduler.tenants import QUOTA_RANGES
+from scheduler.tenancy.tenant_file import TenantConfigError, parse_tenants
+from scheduler.tenancy.tenants import QUOTA_RANGES
 from tests.integration.admin.conftest import ADMIN_TOKEN, Cli, ServerThread
 
 _INT_QUOTAS = {n for n, (lo, _) in QUOTA_RANGES.items() if isinstance(lo, int)}

@@ -17,7 +17,7 @@ from fairgate import AsyncClient, FairgateError
 from fairgate.v1 import admin_pb2 as apb
 from google.protobuf import field_mask_pb2
 
-from scheduler.redis_tenant_store import RedisTenantStore
+from scheduler.tenancy.redis_tenant_store import RedisTenantStore
 from service.app import App
 from tests.conftest import StartServer
 from tests.integration.admin.conftest import ADMIN_TOKEN

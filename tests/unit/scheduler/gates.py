@@ -10,13 +10,13 @@ from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import FakeClock
 from scheduler.dispatcher import Dispatcher
 from scheduler.gate import Admission, AdmissionGate
-from scheduler.memory_store import MemoryStore
+from scheduler.ordering.vtc import VtcPolicy
 from scheduler.request import QueuedRequest
-from scheduler.shared_dispatcher import SharedDispatcher, SharedOptions
-from scheduler.store import Store
-from scheduler.tenants import TenantRegistry
+from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
+from scheduler.state.memory_store import MemoryStore
+from scheduler.state.store import Store
+from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import ManualTimers
-from scheduler.vtc import VtcPolicy
 
 GATE_KINDS = ["local", "shared"]
 

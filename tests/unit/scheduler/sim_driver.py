@@ -19,10 +19,10 @@ from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import FakeClock
 from scheduler.dispatcher import Dispatcher
 from scheduler.errors import SchedulingError
-from scheduler.policy import QueuePolicy
+from scheduler.ordering.policy import QueuePolicy
 from scheduler.request import Priority, QueuedRequest
 from scheduler.rules import Verdict
-from scheduler.tenants import TenantRegistry
+from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import ManualTimers
 from service.engines.protocol import SamplingOptions
 from service.engines.simulator.core import SimConfig, SimCore

@@ -8,11 +8,11 @@ from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import FakeClock, MonotonicClock
 from scheduler.dispatcher import Dispatcher
 from scheduler.errors import DeadlineExpired, QueueTimeout, QuotaExceeded, UnknownTenant
-from scheduler.fcfs import FcfsPolicy
-from scheduler.rate_limit import RateLimitPolicy
-from scheduler.tenants import TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.ordering.fcfs import FcfsPolicy
+from scheduler.ordering.rate_limit import RateLimitPolicy
+from scheduler.ordering.vtc import VtcPolicy
+from scheduler.tenancy.tenants import TenantConfig, TenantQuotas, TenantRegistry
 from scheduler.timers import ManualTimers
-from scheduler.vtc import VtcPolicy
 from tests.unit.scheduler.helpers import Waiter, req
 
 

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.budget import AdmissionLimits
+from scheduler.ordering.vtc import VtcPolicy
 from scheduler.rules import vtc_bound
-from scheduler.tenants import TenantConfig, TenantRegistry
-from scheduler.vtc import VtcPolicy
+from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
 from tests.unit.scheduler.sim_driver import Arrival, Driver

@@ -14,7 +14,7 @@ from scheduler.clock import FakeClock
 from scheduler.errors import QueueTimeout, RequestTooLarge
 from scheduler.gate import AdmissionGate, RequestState, Ticket
 from scheduler.request import QueuedRequest
-from scheduler.tenants import TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.tenancy.tenants import TenantConfig, TenantQuotas, TenantRegistry
 from scheduler.timers import ManualTimers
 from tests.unit.scheduler.gates import GATE_KINDS, Held, open_gate, until, until_quiet
 from tests.unit.scheduler.helpers import req

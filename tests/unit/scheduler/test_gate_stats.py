@@ -16,11 +16,11 @@ from scheduler.clock import FakeClock
 from scheduler.errors import QueueTimeout, QuotaExceeded, RequestTooLarge
 from scheduler.gate import AdmissionGate
 from scheduler.gate_stats import GateStats, TenantStats
-from scheduler.memory_store import MemoryStore
-from scheduler.redis_store import RedisStore
 from scheduler.request import QueuedRequest
-from scheduler.store import Store
-from scheduler.tenants import TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.state.memory_store import MemoryStore
+from scheduler.state.redis_store import RedisStore
+from scheduler.state.store import Store
+from scheduler.tenancy.tenants import TenantConfig, TenantQuotas, TenantRegistry
 from scheduler.timers import ManualTimers
 from tests.unit.scheduler.gates import Held, open_gate, until, until_quiet
 

@@ -4,13 +4,13 @@ import pytest
 
 from scheduler.clock import FakeClock
 from scheduler.errors import QuotaExceeded
-from scheduler.fcfs import FcfsPolicy
-from scheduler.keyed_heap import KeyedHeap
-from scheduler.policies import PolicyOptions, make_policy
-from scheduler.rate_limit import RateLimitPolicy
+from scheduler.ordering.fcfs import FcfsPolicy
+from scheduler.ordering.keyed_heap import KeyedHeap
+from scheduler.ordering.policies import PolicyOptions, make_policy
+from scheduler.ordering.rate_limit import RateLimitPolicy
+from scheduler.ordering.tenant_queue import TenantQueue
+from scheduler.ordering.vtc import VtcPolicy
 from scheduler.request import Priority
-from scheduler.tenant_queue import TenantQueue
-from scheduler.vtc import VtcPolicy
 from tests.unit.scheduler.helpers import req
 
 B = Priority.BATCH

@@ -9,12 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.budget import AdmissionLimits
-from scheduler.fcfs import FcfsPolicy
-from scheduler.policy import QueuePolicy
-from scheduler.rate_limit import RateLimitPolicy
+from scheduler.ordering.fcfs import FcfsPolicy
+from scheduler.ordering.policy import QueuePolicy
+from scheduler.ordering.rate_limit import RateLimitPolicy
+from scheduler.ordering.vtc import VtcPolicy
 from scheduler.request import Priority
-from scheduler.tenants import OVER_QUOTA_MODES, TenantConfig, TenantQuotas, TenantRegistry
-from scheduler.vtc import VtcPolicy
+from scheduler.tenancy.tenants import OVER_QUOTA_MODES, TenantConfig, TenantQuotas, TenantRegistry
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
 from tests.unit.scheduler.sim_driver import Arrival, Driver

@@ -8,7 +8,7 @@ from scheduler.clock import FakeClock
 from scheduler.errors import QuotaExceeded, RequestTooLarge, TenantRequired
 from scheduler.quotas import QuotaLedger
 from scheduler.request import Priority
-from scheduler.tenants import TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.tenancy.tenants import TenantConfig, TenantQuotas, TenantRegistry
 from tests.unit.scheduler.helpers import req
 
 

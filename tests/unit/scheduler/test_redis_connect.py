@@ -1,5 +1,5 @@
 """Every kind of Redis client gets the same timeouts and the one retry of a
-connection error (scheduler/redis_store.py `connect`); the clients are built,
+connection error (scheduler/state/redis_store.py `connect`); the clients are built,
 not connected."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from scheduler.redis_store import connect
+from scheduler.state.redis_store import connect
 
 
 def _kwargs(client: Any) -> dict[str, Any]:

@@ -9,11 +9,11 @@ import pytest
 
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import FakeClock
-from scheduler.fcfs import FcfsPolicy
+from scheduler.ordering.fcfs import FcfsPolicy
+from scheduler.ordering.vtc import VtcPolicy
 from scheduler.request import QueuedRequest
 from scheduler.reserve import FairShareReserve
 from scheduler.rules import Verdict, needs_load, verdict
-from scheduler.vtc import VtcPolicy
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
 from tests.unit.scheduler.sim_driver import Arrival, Driver

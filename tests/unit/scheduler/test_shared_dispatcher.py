@@ -12,12 +12,12 @@ import pytest
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import FakeClock, MonotonicClock
 from scheduler.errors import QueueTimeout, QuotaExceeded
-from scheduler.memory_store import MemoryStore
-from scheduler.redis_store import RedisStore
 from scheduler.request import QueuedRequest
-from scheduler.shared_dispatcher import SharedDispatcher, SharedOptions
-from scheduler.store import Step, StepOutcome, Store
-from scheduler.tenants import TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
+from scheduler.state.memory_store import MemoryStore
+from scheduler.state.redis_store import RedisStore
+from scheduler.state.store import Step, StepOutcome, Store
+from scheduler.tenancy.tenants import TenantConfig, TenantQuotas, TenantRegistry
 from scheduler.timers import ManualTimers
 from tests.helpers import eventually
 from tests.redis_server import free_port
@@ -246,7 +246,7 @@ class BrokenOnce(MemoryStore):
 async def test_a_dead_pump_is_logged_and_restarted(
     drivers: list[Driver], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="scheduler.shared_dispatcher")
+    caplog.set_level(logging.ERROR, logger="scheduler.shared.dispatcher")
     store = BrokenOnce()
     drv = await start(drivers, store, AdmissionLimits(8, 1000), retry_s=0.05)
     await asyncio.wait_for(drv.submit("a", "t"), 1.0)

@@ -11,9 +11,9 @@ import redis as redis_lib
 
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import MonotonicClock
-from scheduler.memory_store import MemoryStore
-from scheduler.redis_store import RedisStore
-from scheduler.store import (
+from scheduler.state.memory_store import MemoryStore
+from scheduler.state.redis_store import RedisStore
+from scheduler.state.store import (
     BucketLimits,
     Candidate,
     Lease,
@@ -22,7 +22,7 @@ from scheduler.store import (
     StepOutcome,
     Store,
 )
-from scheduler.tenants import TenantConfig, TenantQuotas
+from scheduler.tenancy.tenants import TenantConfig, TenantQuotas
 
 LIMITS = AdmissionLimits(max_requests=2, max_kv_tokens=1000)
 TTL = {"lease_ttl_s": 0.3, "backlog_ttl_s": 0.3}

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import MonotonicClock
-from scheduler.memory_store import MemoryStore
-from scheduler.redis_store import RedisStore
-from scheduler.store import BucketLimits, Candidate, Settlement, Step, StepOutcome
+from scheduler.state.memory_store import MemoryStore
+from scheduler.state.redis_store import RedisStore
+from scheduler.state.store import BucketLimits, Candidate, Settlement, Step, StepOutcome
 
 TENANTS = ["a", "b", "c", "d"]
 REPLICAS = ["r1", "r2"]

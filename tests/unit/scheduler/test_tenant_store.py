@@ -11,9 +11,9 @@ import pytest
 import redis as redis_lib
 
 from scheduler.errors import StoreUnavailable
-from scheduler.redis_tenant_store import RedisTenantStore
 from scheduler.request import Priority
-from scheduler.tenant_store import (
+from scheduler.tenancy.redis_tenant_store import RedisTenantStore
+from scheduler.tenancy.tenant_store import (
     MUST_NOT_EXIST,
     AlreadyExists,
     ApiKeyRecord,
@@ -26,7 +26,7 @@ from scheduler.tenant_store import (
     TenantStore,
     VersionConflict,
 )
-from scheduler.tenants import TenantConfig, TenantQuotas
+from scheduler.tenancy.tenants import TenantConfig, TenantQuotas
 from tests.redis_server import free_port
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from scheduler.errors import PriorityNotAllowed, TenantDisabled, TenantRequired, UnknownTenant
 from scheduler.request import Priority
-from scheduler.tenant_file import TenantConfigError, load_tenants, parse_tenants
-from scheduler.tenants import TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.tenancy.tenant_file import TenantConfigError, load_tenants, parse_tenants
+from scheduler.tenancy.tenants import TenantConfig, TenantQuotas, TenantRegistry
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "tenants.example.yaml"
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.ordering.vtc import VtcPolicy
 from scheduler.request import Priority
-from scheduler.vtc import VtcPolicy
 from tests.unit.scheduler.helpers import req
 
 

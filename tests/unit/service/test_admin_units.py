@@ -6,10 +6,10 @@ import pytest
 from fairgate.v1 import admin_pb2 as apb
 
 from scheduler.clock import FakeClock
-from scheduler.policies import PolicyOptions, make_policy
+from scheduler.ordering.policies import PolicyOptions, make_policy
 from scheduler.request import Priority, QueuedRequest
-from scheduler.tenant_store import InMemoryTenantStore, PutTenant, SetDefaultTenant
-from scheduler.tenants import TenantConfig
+from scheduler.tenancy.tenant_store import InMemoryTenantStore, PutTenant, SetDefaultTenant
+from scheduler.tenancy.tenants import TenantConfig
 from service.admin_convert import apply_mask, config_to_proto, diff, tenant_from_proto
 from service.api_keys import KeyHasher, generate_key, key_id_of, tokens_equal
 from service.errors import InvalidRequest

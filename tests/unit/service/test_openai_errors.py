@@ -13,7 +13,7 @@ from scheduler.errors import (
     RequestTooLarge,
     StoreUnavailable,
 )
-from scheduler.tenant_store import VersionConflict
+from scheduler.tenancy.tenant_store import VersionConflict
 from service import errors
 from service.auth import KeyInvalid, TenantMismatch
 from service.engines.protocol import EngineError

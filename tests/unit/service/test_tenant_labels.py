@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.tenants import TenantConfig, TenantRegistry
+from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 from service.identity import Identity, current_identity
 from service.telemetry.tenant_labels import OTHER, UNAUTHENTICATED, UNKNOWN, TenantLabels
 

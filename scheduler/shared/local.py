@@ -24,10 +24,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from scheduler.gate import RequestState
+from scheduler.ordering.tenant_queue import TenantQueue
 from scheduler.request import QueuedRequest
-from scheduler.store import BucketLimits, Candidate, Lease, Settlement
-from scheduler.tenant_queue import TenantQueue
-from scheduler.tenants import TenantConfig
+from scheduler.state.store import BucketLimits, Candidate, Lease, Settlement
+from scheduler.tenancy.tenants import TenantConfig
 from scheduler.timers import TimerHandle
 
 _WITHDRAWN = frozenset({RequestState.CANCELLED, RequestState.EXPIRED, RequestState.REJECTED})

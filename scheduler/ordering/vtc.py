@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scheduler import rules
-from scheduler.backlog import Backlog
+from scheduler.ordering.backlog import Backlog
 from scheduler.request import QueuedRequest
 
 DEFAULT_BATCH_EVERY_N = 4

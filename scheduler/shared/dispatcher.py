@@ -49,14 +49,14 @@ from scheduler.gate import Admission, RequestState
 from scheduler.gate_stats import GateStats
 from scheduler.quotas import bucket_exceeded, check_caps
 from scheduler.request import QueuedRequest
-from scheduler.shared_failover import FailoverController
-from scheduler.shared_local import Entries, Entry, LocalQueues, Place
-from scheduler.shared_options import FailureMode, QuotaView, SharedOptions, StoreHealth
-from scheduler.shared_outbox import Outbox
-from scheduler.shared_pump import Pump
-from scheduler.shared_stats import GateTotals, SharedStats
-from scheduler.store import BucketLimits, Candidate, Lease, Settlement, Step, Store
-from scheduler.tenants import TenantRegistry
+from scheduler.shared.failover import FailoverController
+from scheduler.shared.local import Entries, Entry, LocalQueues, Place
+from scheduler.shared.options import FailureMode, QuotaView, SharedOptions, StoreHealth
+from scheduler.shared.outbox import Outbox
+from scheduler.shared.pump import Pump
+from scheduler.shared.stats import GateTotals, SharedStats
+from scheduler.state.store import BucketLimits, Candidate, Lease, Settlement, Step, Store
+from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import AsyncioTimers, Timers
 
 __all__ = ["FailureMode", "SharedDispatcher", "SharedOptions", "StoreHealth"]

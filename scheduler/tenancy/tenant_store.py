@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from scheduler.tenants import TenantConfig
+from scheduler.tenancy.tenants import TenantConfig
 
 # expected_version for "must not exist yet" (versions start at 1).
 MUST_NOT_EXIST = 0

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scheduler.clock import Clock, MonotonicClock
-from scheduler.fcfs import FcfsPolicy
-from scheduler.policy import QueuePolicy
-from scheduler.rate_limit import RateLimitPolicy
-from scheduler.tenants import TenantRegistry
-from scheduler.vtc import DEFAULT_BATCH_EVERY_N, VtcPolicy
+from scheduler.ordering.fcfs import FcfsPolicy
+from scheduler.ordering.policy import QueuePolicy
+from scheduler.ordering.rate_limit import RateLimitPolicy
+from scheduler.ordering.vtc import DEFAULT_BATCH_EVERY_N, VtcPolicy
+from scheduler.tenancy.tenants import TenantRegistry
 
 DEFAULT_POLICY = "vtc"
 

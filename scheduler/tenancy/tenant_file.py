@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from scheduler.request import Priority
-from scheduler.tenants import OVER_QUOTA_MODES, TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.tenancy.tenants import OVER_QUOTA_MODES, TenantConfig, TenantQuotas, TenantRegistry
 
 _TOP_FIELDS = ("default_tenant", "tenants")
 _TENANT_FIELDS = ("id", "weight", "priorities", "enabled", "over_quota", "quotas")

@@ -38,13 +38,13 @@ from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.errors import StoreUnavailable
-from scheduler.memory_store import MemoryStore
-from scheduler.shared_options import FleetObserver, FleetSeen, SharedOptions, StoreHealth
-from scheduler.shared_outbox import Outbox
-from scheduler.store import BucketLimits, Lease, Settlement, Step, StepOutcome, Store
+from scheduler.shared.options import FleetObserver, FleetSeen, SharedOptions, StoreHealth
+from scheduler.shared.outbox import Outbox
+from scheduler.state.memory_store import MemoryStore
+from scheduler.state.store import BucketLimits, Lease, Settlement, Step, StepOutcome, Store
 
 # The dispatcher's logger: operators filter on one name for the whole replica.
-log = logging.getLogger("scheduler.shared_dispatcher")
+log = logging.getLogger("scheduler.shared.dispatcher")
 
 
 class ReplicaView(Protocol):

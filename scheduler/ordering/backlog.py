@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from scheduler.keyed_heap import KeyedHeap
+from scheduler.ordering.keyed_heap import KeyedHeap
+from scheduler.ordering.tenant_queue import TenantQueue
 from scheduler.request import QueuedRequest
-from scheduler.tenant_queue import TenantQueue
 
 KeyFn = Callable[[str, QueuedRequest], float]
 # Secondary order among equal keys (default: the head's arrival seq).

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from scheduler.budget import AdmissionLimits
+from scheduler.ordering.vtc import DEFAULT_BATCH_EVERY_N
 from scheduler.quotas import TenantUsage
-from scheduler.store import Step
-from scheduler.tenants import TenantRegistry
-from scheduler.vtc import DEFAULT_BATCH_EVERY_N
+from scheduler.state.store import Step
+from scheduler.tenancy.tenants import TenantRegistry
 
 FailureMode = Literal["open", "closed"]
 

@@ -8,7 +8,7 @@ per-tenant FIFO queues keyed by their heads, which is exactly global FCFS.
 
 from __future__ import annotations
 
-from scheduler.backlog import Backlog
+from scheduler.ordering.backlog import Backlog
 from scheduler.request import QueuedRequest
 
 

@@ -67,9 +67,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from scheduler.errors import StoreUnavailable
-from scheduler.redis_scripts import RESERVE, SNAPSHOT, STEP
-from scheduler.shared_options import FleetSeen, SeenLevel
-from scheduler.store import (
+from scheduler.shared.options import FleetSeen, SeenLevel
+from scheduler.state.redis_scripts import RESERVE, SNAPSHOT, STEP
+from scheduler.state.store import (
     NO_LIMIT,
     BucketLimits,
     Step,
@@ -77,7 +77,7 @@ from scheduler.store import (
     StoreSnapshot,
     tenant_fields,
 )
-from scheduler.tenants import TenantConfig
+from scheduler.tenancy.tenants import TenantConfig
 
 # Every failure of the client is a store failure (RedisClusterException: e.g. no
 # node covers the slot; it is not a RedisError).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from scheduler.clock import Clock
 from scheduler.errors import QuotaExceeded
-from scheduler.fcfs import FcfsPolicy
+from scheduler.ordering.fcfs import FcfsPolicy
 from scheduler.request import QueuedRequest
 from scheduler.token_bucket import TokenBucket
 

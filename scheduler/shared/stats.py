@@ -20,9 +20,9 @@ from scheduler.budget import AdmissionBudget
 from scheduler.clock import Clock
 from scheduler.errors import QuotaExceeded, RequestTooLarge, StoreUnavailable
 from scheduler.gate_stats import BucketStats, GateStats, StoreMode, TenantStats, stored_buckets
-from scheduler.shared_local import Entry, LocalQueues
-from scheduler.store import BucketLimits, Store, StoreSnapshot
-from scheduler.tenants import TenantRegistry
+from scheduler.shared.local import Entry, LocalQueues
+from scheduler.state.store import BucketLimits, Store, StoreSnapshot
+from scheduler.tenancy.tenants import TenantRegistry
 
 _Refusal = TypeVar("_Refusal", QuotaExceeded, RequestTooLarge)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from scheduler.store import Settlement, Step
+from scheduler.state.store import Settlement, Step
 
 
 class Outbox:

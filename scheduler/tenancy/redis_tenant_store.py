@@ -13,7 +13,7 @@ floats keep their exact repr). No secret is stored: `hash` is the key's HMAC.
 
 How a write works (optimistic concurrency on the store revision):
 1. READ (one Lua script, atomic): the whole snapshot at revision R.
-2. The rules in `scheduler.tenant_store` (`apply_writes`, `with_key`, ...)
+2. The rules in `scheduler.tenancy.tenant_store` (`apply_writes`, `with_key`, ...)
    compute the next snapshot in Python, exactly as `InMemoryTenantStore`
    does; a refused write raises there and nothing is sent.
 3. COMMIT (one Lua script, atomic): if the revision is still R, write the
@@ -49,9 +49,9 @@ from typing import Any, TypeVar
 from redis.exceptions import NoScriptError
 
 from scheduler.errors import StoreUnavailable
-from scheduler.redis_store import _UNAVAILABLE, _s, _Script, connect
 from scheduler.request import Priority
-from scheduler.tenant_store import (
+from scheduler.state.redis_store import _UNAVAILABLE, _s, _Script, connect
+from scheduler.tenancy.tenant_store import (
     ApiKeyRecord,
     TenantRecord,
     TenantSnapshot,
@@ -62,7 +62,7 @@ from scheduler.tenant_store import (
     with_key,
     with_rotation,
 )
-from scheduler.tenants import TenantConfig, TenantQuotas
+from scheduler.tenancy.tenants import TenantConfig, TenantQuotas
 
 READ = r"""
 local m = redis.call('HMGET', KEYS[1], 'rev', 'default', 'issued')

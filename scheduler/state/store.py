@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from scheduler.budget import AdmissionLimits
-from scheduler.tenants import TenantConfig, TenantQuotas
+from scheduler.tenancy.tenants import TenantConfig, TenantQuotas
 
 NO_LIMIT = -1.0
 

@@ -35,14 +35,14 @@ from scheduler import rules
 from scheduler.budget import AdmissionBudget
 from scheduler.clock import Clock
 from scheduler.errors import StoreUnavailable
-from scheduler.shared_failover import FailoverController
-from scheduler.shared_local import Entries, LocalQueues, Place
-from scheduler.shared_options import SharedOptions
-from scheduler.shared_outbox import Outbox
-from scheduler.store import Candidate, Step, StepOutcome, Store
+from scheduler.shared.failover import FailoverController
+from scheduler.shared.local import Entries, LocalQueues, Place
+from scheduler.shared.options import SharedOptions
+from scheduler.shared.outbox import Outbox
+from scheduler.state.store import Candidate, Step, StepOutcome, Store
 from scheduler.timers import Timers
 
-log = logging.getLogger("scheduler.shared_dispatcher")
+log = logging.getLogger("scheduler.shared.dispatcher")
 
 
 class Offers(Protocol):

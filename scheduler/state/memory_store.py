@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from scheduler import rules
 from scheduler.clock import Clock
 from scheduler.rules import Verdict, bucket_level, bucket_wait_s
-from scheduler.store import (
+from scheduler.state.store import (
     BucketLimits,
     Lease,
     Settlement,
@@ -22,7 +22,7 @@ from scheduler.store import (
     StoreSnapshot,
     tenant_fields,
 )
-from scheduler.tenants import TenantConfig
+from scheduler.tenancy.tenants import TenantConfig
 
 
 @dataclass(slots=True)

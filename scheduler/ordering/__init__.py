@@ -1,0 +1,1 @@
+"""Ordering: the queue policies (`QueuePolicy`: vtc, fcfs, rate-limit) over per-tenant queues."""

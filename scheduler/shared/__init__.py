@@ -1,0 +1,1 @@
+"""Shared: the dispatcher of replicas that share admission state through a `Store`."""

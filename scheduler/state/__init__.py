@@ -1,0 +1,1 @@
+"""State: the `Store` protocol; in-memory and Redis (Lua) implementations."""

@@ -1,0 +1,1 @@
+"""Tenancy: tenant configuration, the tenants file, and the tenant/API-key stores."""
