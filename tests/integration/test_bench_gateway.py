@@ -29,7 +29,8 @@ async def test_every_target_streams_every_token(capsys: pytest.CaptureFixture[st
         assert cell.failures == 0, [s.error for s in cell.samples]
         assert cell.tokens == 8 * len(cell.samples)
         if cell.target != "direct":
-            assert cell.cpu_s > 0 and cell.rss_bytes > 0
+            # CPU from /proc counts in clock ticks (10 ms): a tiny cell may read 0.
+            assert cell.cpu_s >= 0 and cell.rss_bytes > 0
     print_mode("zero", 2, 8, 1, cells)
     table = capsys.readouterr().out
     assert "fairgate http" in table and "failed" in table

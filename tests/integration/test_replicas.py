@@ -8,7 +8,7 @@ more requests than its limit.
 Everything is measured on the server side, so a loaded test machine (the
 client's event loop running late) cannot skew it: service from the shared VTC
 counters in Redis (`RedisStore.snapshot()`, weighted tokens per unit weight),
-admissions from the request ids the engine received, time from Redis's clock.
+admissions from the prompts the engine received, time from Redis's clock.
 """
 
 from __future__ import annotations
@@ -51,14 +51,17 @@ tenants:
     over_quota: wait
     quotas: {{tokens_per_min: {QUOTA_TOKENS_PER_S * 60:g}, tokens_burst: {QUOTA_BURST:g}}}
 """
+# Each tenant's prompt is made of its own token id, so the engine can tell them
+# apart (fairgate sends SGLang a fresh rid per request, not the client's id).
+TOKEN_OF = {"a": 17, "b": 18, "c": 19, "q": 20}
+TENANT_OF = {tok: t for t, tok in TOKEN_OF.items()}
 WARMUP_S, MEASURE_S = 1.5, 10.0
 DOMAIN = "replicas-test"
 
 
 class CountingSim(SimServer):
-    """The stand-in, counting the streams it holds at once and, per tenant (the
-    client puts it in the request id, which fairgate passes on as SGLang's rid),
-    the requests the fleet admitted into it."""
+    """The stand-in, counting the streams it holds at once and, per tenant (told
+    by the prompt's token id), the requests the fleet admitted into it."""
 
     live = 0
     max_live = 0
@@ -68,7 +71,8 @@ class CountingSim(SimServer):
         self.admitted: dict[str, int] = defaultdict(int)
 
     async def _stream(self, request: web.Request, req: EngineRequest) -> web.StreamResponse:
-        self.admitted[req.request_id.split("-", 1)[0]] += 1
+        ids = req.prompt_token_ids
+        self.admitted[TENANT_OF.get(ids[0], "?") if ids else "?"] += 1
         self.live += 1
         self.max_live = max(self.max_live, self.live)
         try:
@@ -143,7 +147,7 @@ async def _loop(c: AsyncClient, tenant: str, replica: int, rec: Record) -> None:
     while True:
         try:
             async for ev in c.generate(
-                [17] * PROMPT,
+                [TOKEN_OF[tenant]] * PROMPT,
                 max_tokens=OUTPUT,
                 ignore_eos=True,
                 return_token_ids=True,

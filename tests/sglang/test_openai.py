@@ -10,11 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -24,8 +20,8 @@ import pytest
 from service.app import App
 from tests.conftest import StartServer
 from tests.helpers import eventually
+from tests.sglang.real_server import RealSglang
 
-SHARED = Path(__file__).resolve().parents[4] / "shared" / "sglang-cpu"
 HOME = Path(os.environ.get("SGLANG_CPU_HOME", Path.home() / ".cache" / "fairgate-sglang-cpu"))
 MODEL = HOME / "tiny-llama"
 PYTHON = HOME / "venv" / "bin" / "python"
@@ -35,32 +31,13 @@ DATASETS_SHIM = (
     '"""Import-only stand-in."""\n\ndef load_dataset(*a, **k):\n    raise RuntimeError\n'
 )
 
-pytestmark = pytest.mark.skipif(
-    not (SHARED / "start.sh").is_file() or not PYTHON.is_file() or not MODEL.is_dir(),
-    reason="the real SGLang CPU server is not installed (../shared/sglang-cpu/install.sh)",
-)
-
 
 @pytest.fixture(scope="module")
-def sglang_url() -> Iterator[str]:
-    out = subprocess.run(
-        [str(SHARED / "start.sh"), _free_port()],
-        capture_output=True,
-        text=True,
-        timeout=330,
-        check=True,
-    )
-    pid_s, url, _log = out.stdout.split()[-3:]
-    try:
-        yield url
-    finally:
-        os.kill(int(pid_s), signal.SIGTERM)
-
-
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+def sglang_url(sglang_a: RealSglang) -> str:
+    """The suite's session server (a failed install or start fails, never skips)."""
+    if not MODEL.is_dir() or not PYTHON.is_file():
+        pytest.fail(f"no SGLang CPU install at {HOME}: did install.sh run?", pytrace=False)
+    return sglang_a.url
 
 
 async def _sglang_app(start_server: StartServer, url: str) -> App:
