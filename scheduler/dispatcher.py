@@ -341,7 +341,6 @@ class Dispatcher:
     def set_tenants(self, tenants: TenantRegistry) -> None:
         """New tenant config: quotas apply to new arrivals; paused tenants are re-checked."""
         self.quotas.set_tenants(tenants)
-        self.reserve.reweigh()
         for tenant_id in list(self._paused_until):
             self._resume(tenant_id)
         self.pump()

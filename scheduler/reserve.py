@@ -59,10 +59,6 @@ class FairShareReserve:
         # Tenant -> when it last stopped being queued or in flight.
         self._seen: dict[str, float] = {}
 
-    @property
-    def enabled(self) -> bool:
-        return self.fraction > 0.0
-
     def _update(self, tenant_id: str, queued: int = 0, in_flight: int = 0, kv: int = 0) -> None:
         load = self._load.get(tenant_id)
         if load is None:
@@ -88,9 +84,6 @@ class FairShareReserve:
 
     def on_finished(self, req: QueuedRequest) -> None:
         self._update(req.tenant_id, in_flight=-1, kv=-req.kv_tokens)
-
-    def reweigh(self) -> None:
-        """Tenant weights changed (they are read at each decision: nothing to do)."""
 
     # -- what the rule needs ---------------------------------------------------
     def load(self, tenant_id: str, limits: AdmissionLimits) -> TenantLoad:
