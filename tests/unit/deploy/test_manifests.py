@@ -28,7 +28,7 @@ def test_validators_pass() -> None:
         env={**os.environ, "VENV_BIN": str(BIN)},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # the first run downloads helm (deploy/tools/install-helm.sh)
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
