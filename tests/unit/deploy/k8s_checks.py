@@ -45,22 +45,24 @@ def check_images_pinned(docs: dict[str, Doc]) -> None:
 
 
 def check_network_policies(docs: dict[str, Doc]) -> None:
-    """Every policy selects a workload's pods and names ports those pods have;
-    every pod peer is a workload too."""
-    workloads = [d for d in docs.values() if d["kind"] in ("Deployment", "StatefulSet")]
+    """Every policy selects one workload's pods and names ports those pods have;
+    every pod peer selects pods (a workload's, or a bare pod such as a test hook)."""
+    pods: list[tuple[dict[str, str], Doc]] = []  # (labels, pod spec)
+    for doc in docs.values():
+        if doc["kind"] == "Pod":
+            pods.append((doc["metadata"]["labels"], doc["spec"]))
+        elif doc["kind"] in ("Deployment", "StatefulSet"):
+            template = doc["spec"]["template"]
+            pods.append((template["metadata"]["labels"], template["spec"]))
 
     def selected(match: dict[str, str]) -> list[Doc]:
-        return [
-            w
-            for w in workloads
-            if match.items() <= w["spec"]["template"]["metadata"]["labels"].items()
-        ]
+        return [spec for labels, spec in pods if match.items() <= labels.items()]
 
     policies = [d for d in docs.values() if d["kind"] == "NetworkPolicy"]
     assert policies
     for policy in policies:
-        (workload,) = selected(policy["spec"]["podSelector"]["matchLabels"])
-        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        (pod,) = selected(policy["spec"]["podSelector"]["matchLabels"])
+        (container,) = pod["containers"]
         port_names = {p["name"] for p in container["ports"]}
         for rule in policy["spec"]["ingress"]:
             for port in rule["ports"]:

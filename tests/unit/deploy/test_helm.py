@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tomllib
@@ -394,3 +395,45 @@ def test_validators_catch_a_broken_render(helm: str, tmp_path: Path) -> None:
     assert validate(good.replace("revisionHistoryLimit:", "revisionHistoryLimt:", 1)) != 0
     assert validate(good.replace("scrapeTimeout:", "scrapeTimout:", 1)) != 0
     assert validate(good.replace("kind: ServiceMonitor", "kind: PodMonitor", 1)) != 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_wait_for_engine_holds_the_pod_until_an_engine_answers(rendered: dict[str, Any]) -> None:
+    """The init container's program, run as rendered: it waits while no engine
+    answers /health and finishes once a real `fairgate sim-server` does."""
+    _, docs = rendered["defaults"]
+    pod = _gateway(docs)["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["envFrom"] == _container(_gateway(docs))["envFrom"]  # reads FAIRGATE_SGLANG_URLS
+    assert init["command"][:2] == ["python", "-c"]
+    dead, live = _free_port(), _free_port()
+    urls = f"http://127.0.0.1:{dead},http://127.0.0.1:{live}"
+    waiter = subprocess.Popen(
+        [sys.executable, "-c", init["command"][2]],
+        env={**os.environ, "FAIRGATE_SGLANG_URLS": urls},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    server = None
+    try:
+        assert waiter.stdout is not None
+        assert waiter.stdout.readline().startswith("waiting for an engine;")
+        server = subprocess.Popen(
+            [sys.executable, "-m", "fairgate.cli.main", "sim-server", "--port", str(live)],
+            stdin=subprocess.PIPE,  # it exits when its stdin closes
+            stdout=subprocess.DEVNULL,
+        )
+        out, _ = waiter.communicate(timeout=120)
+        assert waiter.returncode == 0
+        assert f"engine ready: http://127.0.0.1:{live}" in out
+    finally:
+        for proc in (waiter, server):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -153,3 +153,23 @@ replica's fail-open limits divide by max(this, replicas seen alive in Redis).
 {{- fail (printf "gRPC (50051), metrics.port and http.port must differ: %v" $ports) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The wait-for-engine init container's program: fairgate exits at start when no
+engine answers, and SGLang takes minutes to load a model; waiting here keeps
+the pods out of CrashLoopBackOff. Done when any FAIRGATE_SGLANG_URLS answers /health.
+*/}}
+{{- define "fairgate.waitForEngineScript" -}}
+import os, time, urllib.request
+urls = os.environ["FAIRGATE_SGLANG_URLS"].split(",")
+while True:
+    for url in urls:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=3).close()
+            print("engine ready:", url, flush=True)
+            raise SystemExit(0)
+        except OSError as exc:
+            last = f"{url}: {exc}"
+    print("waiting for an engine;", last, flush=True)
+    time.sleep(5)
+{{- end }}
