@@ -254,6 +254,7 @@ class Dispatcher:
             if self.policy.pop_next() is not head:
                 raise AssertionError("policy pop_next disagrees with peek_next")
             self.budget.reserve(head)
+            head.light = self.policy.fair and rules.light(self.reserve.queued(head.tenant_id))
             self.reserve.on_admitted(head)
             self.quotas.start(entry.reservation)
             entry.queued = False

@@ -30,6 +30,9 @@ class QueuedRequest:
     deadline_s: float | None = None
     # Set by the dispatcher: arrival order, used to break ties.
     seq: int = field(default=0)
+    # Set at admission under a fair policy: its tenant was light (`rules.light`),
+    # so the engine prefills it first (`rules.engine_priority`).
+    light: bool = False
 
     @property
     def kv_tokens(self) -> int:

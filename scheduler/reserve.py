@@ -85,6 +85,10 @@ class FairShareReserve:
     def on_finished(self, req: QueuedRequest) -> None:
         self._update(req.tenant_id, in_flight=-1, kv=-req.kv_tokens)
 
+    def queued(self, tenant_id: str) -> int:
+        load = self._load.get(tenant_id)
+        return load.queued if load is not None else 0
+
     # -- what the rule needs ---------------------------------------------------
     def load(self, tenant_id: str, limits: AdmissionLimits) -> TenantLoad:
         """The tenant's share of the engine, its part in flight, and whether another

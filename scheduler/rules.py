@@ -99,11 +99,18 @@ def output_charge(w_out: float, tokens: int, weight: float) -> float:
     return w_out * tokens / weight
 
 
-def vtc_bound(w_in: float, w_out: float, max_prompt_tokens: int, max_kv_tokens: int) -> float:
+def vtc_bound(
+    w_in: float,
+    w_out: float,
+    max_prompt_tokens: int,
+    max_kv_tokens: int,
+    light_credit: float = 0.0,
+) -> float:
     """The weighted service gap allowed between two backlogged tenants, per unit
-    weight: 2 * max(w_in * L_in, w_out * M). With replicas, add the counter lag
+    weight: 2 * max(w_in * L_in, w_out * M), plus `light_credit` when either may
+    be light (`order_key`). With replicas, add the counter lag
     (`SharedDispatcher.max_charge_lag`)."""
-    return 2 * max(w_in * max_prompt_tokens, w_out * max_kv_tokens)
+    return 2 * max(w_in * max_prompt_tokens, w_out * max_kv_tokens) + light_credit
 
 
 # -- engine room and the fair-share reserve -------------------------------------------
@@ -159,12 +166,36 @@ class TenantLoad:
 
 
 # A tenant with at most this many requests queued is light: the reserve is kept
-# for it (a light tenant's request should find room, not wait for a flood's).
-LIGHT_QUEUE = 1
+# for it (a light tenant's request should find room, not wait for a flood's),
+# it is ordered `light_credit` ahead, and the engine prefills it first. A few,
+# not one: a light tenant's requests arrive in bursts too (Poisson), and one
+# extra queued request must not cost it its protection.
+LIGHT_QUEUE = 4
 
 
 def light(queued: int) -> bool:
     return queued <= LIGHT_QUEUE
+
+
+def order_key(counter: float, queued: int, light_credit: float) -> float:
+    """What VTC orders backlogged tenants by: the counter, less `light_credit` for
+    a light tenant. A light tenant's own last request (its prompt charged at once,
+    its output as it streams) puts its counter ahead of tenants that have been
+    queued all along; without the credit its next request would wait for them to
+    catch up, although it uses far less than its share. The credit bends the
+    order by a bounded amount: a light tenant can be at most `light_credit`
+    further ahead, so the gap bound between it and another tenant grows by
+    `light_credit` (`vtc_bound`); between heavy tenants nothing changes."""
+    return counter - light_credit if light(queued) else counter
+
+
+def engine_priority(batch: bool, light_tenant: bool) -> int:
+    """The priority sent to an engine that schedules by priority (SGLang: larger
+    first). A light tenant's request is prefilled before the heavy tenants' queued
+    prompts (admitted at once, it would otherwise wait in the engine behind them);
+    interactive before batch within each. At most 3 apart: below SGLang's
+    preemption threshold (10), so nothing running is retracted."""
+    return (2 if light_tenant else 0) + (0 if batch else 1)
 
 
 def waiting_below_share(

@@ -121,6 +121,7 @@ class App:
             weight_of=directory.weight_of,
             vtc_w_in=settings.vtc_w_in,
             vtc_w_out=settings.vtc_w_out,
+            light_credit=settings.fair_light_credit,
             rate_limit_per_s=settings.rate_limit_per_s,
             rate_limit_burst=settings.rate_limit_burst or None,
         )

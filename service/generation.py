@@ -23,8 +23,9 @@ from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass
 
+from scheduler import rules
 from scheduler.errors import RequestTooLarge
-from scheduler.request import QueuedRequest
+from scheduler.request import Priority, QueuedRequest
 from service.drain import Drain, ServerDraining
 from service.engines.protocol import EngineError, EngineRequest, FinishKind
 from service.telemetry import Telemetry
@@ -140,8 +141,7 @@ class Generation:
                 prompt_text=params.prompt_text,
                 max_tokens=params.max_tokens,
                 sampling=params.sampling,
-                # SGLang: larger is more urgent.
-                priority=1 - int(params.priority),
+                priority=rules.engine_priority(params.priority is Priority.BATCH, queued.light),
             )
             obs.admitted(engine_req, dispatcher.budget)
             drain, key = self.drain, id(queued)

@@ -38,6 +38,9 @@ class Settings:
     sim_mean_output_tokens: float = 0.0
     # Override the preset's KV capacity (tokens); 0 keeps the preset's.
     sim_kv_capacity_tokens: int = 0
+    # SGLang's --enable-priority-scheduling (fairgate's engine priorities order
+    # the simulator's prefills).
+    sim_priority_scheduling: bool = False
     # SGLang over HTTP (engine = "sglang-http"): comma-separated base URLs;
     # more than one makes a worker pool.
     sglang_urls: str = ""
@@ -92,6 +95,11 @@ class Settings:
     # How long a tenant still counts as one to keep the reserve for after its
     # last request left (a light tenant between two requests).
     fair_reserve_window_s: float = 10.0
+    # How far ahead (weighted tokens per unit of weight) a light tenant, one with
+    # a few requests queued at most, is ordered: its own last request must not
+    # make it wait behind tenants queued all along. Adds as much to the fairness
+    # bound between it and the others; 0 turns it off.
+    fair_light_credit: float = 4096.0
     vtc_w_in: float = 1.0
     vtc_w_out: float = 2.0
     # The rate-limit baseline's per-tenant requests/s (and burst; 0 = 1 s worth).
@@ -177,6 +185,8 @@ class Settings:
             problems.append("fair_reserve_fraction must be in [0, 1)")
         if not 0 <= self.fair_reserve_window_s <= 3600:
             problems.append("fair_reserve_window_s must be in [0, 3600]")
+        if not 0 <= self.fair_light_credit <= 1e9:
+            problems.append("fair_light_credit must be in [0, 1e9]")
         # The same finite ranges as tenants' weights and quotas (scheduler/tenancy/tenants.py).
         ranged = [
             ("vtc_w_in", self.vtc_w_in, WEIGHT_RANGE),

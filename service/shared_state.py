@@ -87,6 +87,7 @@ async def build_dispatcher(
             replicas=settings.replicas,
             reserve_fraction=settings.fair_reserve_fraction,
             reserve_window_s=settings.fair_reserve_window_s,
+            light_credit=settings.fair_light_credit,
             w_in=settings.vtc_w_in,
             w_out=settings.vtc_w_out,
             flush_s=settings.redis_flush_ms / 1000,

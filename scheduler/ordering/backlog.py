@@ -5,14 +5,17 @@ of the eligible backlogged tenants ordered by (policy key, arrival seq of the
 tenant's head request). The policy supplies the key (FCFS: the head's
 priority class; VTC: the tenant's virtual counter) and calls `refresh` when
 it changes. Paused tenants (over quota in wait mode, at max_concurrent) leave
-the heap but keep their queue; `resume` puts them back. Every operation is
-O(log n) in the number of backlogged tenants.
+the heap but keep their queue; `resume` puts them back. With a `light_credit`
+(VTC), light tenants (`rules.light`) sit in a heap of their own and are
+compared at `rules.order_key`, so the credit is applied without re-keying
+anyone. Every operation is O(log n) in the number of backlogged tenants.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from scheduler import rules
 from scheduler.ordering.keyed_heap import KeyedHeap
 from scheduler.ordering.tenant_queue import TenantQueue
 from scheduler.request import QueuedRequest
@@ -28,13 +31,20 @@ def _by_arrival(_tenant_id: str, head: QueuedRequest) -> int:
 
 class Backlog:
     def __init__(
-        self, key: KeyFn, *, tiebreak: TieFn = _by_arrival, batch_every_n: int | None = None
+        self,
+        key: KeyFn,
+        *,
+        tiebreak: TieFn = _by_arrival,
+        batch_every_n: int | None = None,
+        light_credit: float = 0.0,
     ) -> None:
         self._key = key
         self._tiebreak = tiebreak
         self._batch_every_n = batch_every_n
+        self._credit = light_credit
         self._queues: dict[str, TenantQueue] = {}
-        self._eligible = KeyedHeap()
+        self._eligible = KeyedHeap()  # every eligible tenant, or the heavy ones
+        self._light = KeyedHeap()  # light eligible tenants, when there is a credit
         self.paused: set[str] = set()
         self._len = 0
 
@@ -52,12 +62,21 @@ class Backlog:
         """Re-key `tenant_id` after its head or its policy key changed."""
         q = self._queues.get(tenant_id)
         head = q.head() if q is not None else None
-        if head is None or tenant_id in self.paused:
-            self._eligible.discard(tenant_id)
-        else:
-            self._eligible.set(
-                tenant_id, self._key(tenant_id, head), self._tiebreak(tenant_id, head)
-            )
+        self._eligible.discard(tenant_id)
+        self._light.discard(tenant_id)
+        if q is not None and head is not None and tenant_id not in self.paused:
+            heap = self._light if self._credit and rules.light(len(q)) else self._eligible
+            heap.set(tenant_id, self._key(tenant_id, head), self._tiebreak(tenant_id, head))
+
+    def _top(self) -> str | None:
+        """The eligible tenant first at `rules.order_key` (ties: the tiebreak)."""
+        heavy, light = self._eligible.peek(), self._light.peek()
+        if light is None or heavy is None:
+            return heavy if light is None else light
+        hk, lk = self._eligible.key(heavy), self._light.key(light)
+        assert hk is not None and lk is not None
+        lk_ordered = (rules.order_key(lk[0], self.queued(light), self._credit), lk[1])
+        return light if lk_ordered < hk else heavy
 
     def push(self, req: QueuedRequest) -> None:
         self.queue(req.tenant_id).push(req)
@@ -73,11 +92,11 @@ class Backlog:
         return True
 
     def peek(self) -> QueuedRequest | None:
-        tenant_id = self._eligible.peek()
+        tenant_id = self._top()
         return None if tenant_id is None else self._queues[tenant_id].head()
 
     def pop(self) -> QueuedRequest | None:
-        tenant_id = self._eligible.peek()
+        tenant_id = self._top()
         if tenant_id is None:
             return None
         req = self._queues[tenant_id].pop()
@@ -88,6 +107,7 @@ class Backlog:
     def pause(self, tenant_id: str) -> None:
         self.paused.add(tenant_id)
         self._eligible.discard(tenant_id)
+        self._light.discard(tenant_id)
 
     def resume(self, tenant_id: str) -> None:
         self.paused.discard(tenant_id)
@@ -101,22 +121,24 @@ class Backlog:
         self._queues.pop(tenant_id, None)
         self.paused.discard(tenant_id)
         self._eligible.discard(tenant_id)
+        self._light.discard(tenant_id)
         return True
 
     def top_tenant(self) -> str | None:
-        return self._eligible.peek()
+        return self._top()
 
     def min_key(self) -> float | None:
-        """Smallest policy key among eligible backlogged tenants."""
-        tenant_id = self._eligible.peek()
-        if tenant_id is None:
-            return None
-        key = self._eligible.key(tenant_id)
-        return None if key is None else key[0]
+        """Smallest policy key (no credit) among eligible backlogged tenants."""
+        keys = [
+            k[0]
+            for heap in (self._eligible, self._light)
+            if (t := heap.peek()) is not None and (k := heap.key(t)) is not None
+        ]
+        return min(keys, default=None)
 
     @property
     def eligible_tenants(self) -> int:
-        return len(self._eligible)
+        return len(self._eligible) + len(self._light)
 
     def __len__(self) -> int:
         return self._len

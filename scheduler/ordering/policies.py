@@ -29,21 +29,21 @@ class PolicyOptions:
     vtc_w_in: float = 1.0
     vtc_w_out: float = 2.0
     batch_every_n: int | None = DEFAULT_BATCH_EVERY_N
+    # VTC: how far ahead a light tenant is ordered (`rules.order_key`).
+    light_credit: float = 0.0
     # The rate-limit baseline's per-tenant limit.
     rate_limit_per_s: float = 10.0
     rate_limit_burst: float | None = None
 
 
 def _vtc(o: PolicyOptions) -> QueuePolicy:
-    if o.weight_of is not None:
-        return VtcPolicy(
-            o.weight_of, w_in=o.vtc_w_in, w_out=o.vtc_w_out, batch_every_n=o.batch_every_n
-        )
-    tenants = o.tenants
-    if tenants is None:
-        return VtcPolicy(w_in=o.vtc_w_in, w_out=o.vtc_w_out, batch_every_n=o.batch_every_n)
+    weight_of = o.weight_of or (o.tenants.weight_of if o.tenants is not None else None)
     return VtcPolicy(
-        tenants.weight_of, w_in=o.vtc_w_in, w_out=o.vtc_w_out, batch_every_n=o.batch_every_n
+        weight_of,
+        w_in=o.vtc_w_in,
+        w_out=o.vtc_w_out,
+        batch_every_n=o.batch_every_n,
+        light_credit=o.light_credit,
     )
 
 

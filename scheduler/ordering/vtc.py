@@ -5,7 +5,10 @@ each tenant has a counter of the service it received, in weighted tokens
 divided by its weight. Admitting a request charges w_in * prompt_tokens /
 weight; every streamed output token charges w_out / weight (the charges and
 the lift are stated in `rules.py`). The next request always comes from the
-eligible backlogged tenant with the smallest counter. A tenant that becomes
+eligible backlogged tenant with the smallest counter — less `light_credit`
+for a light tenant (`rules.order_key`: at most `LIGHT_QUEUE` queued; its own
+last request must not make it wait behind tenants that have been queued all
+along). A tenant that becomes
 backlogged is lifted to the smallest counter among the eligible backlogged
 (or, when none is, to the counter of the last tenant served), so idling
 earns no credit. A tenant paused for its own limits (max_concurrent,
@@ -18,7 +21,8 @@ of the fair-share reserve).
 Guarantee (tested with mixed request shapes): two tenants backlogged over an
 interval receive weighted service (per unit weight) within
 `rules.vtc_bound` = 2 * max(w_in * L_in, w_out * M) of each other; L_in is
-the longest prompt, M the tokens the engine holds.
+the longest prompt, M the tokens the engine holds; plus `light_credit` when
+either may be light.
 
 Within a tenant: FIFO, interactive before batch, with the anti-starvation
 rule of `TenantQueue` (one batch admission at least every `batch_every_n` + 1).
@@ -45,22 +49,28 @@ class VtcPolicy:
 
     def __init__(
         self,
-        weight_of: Callable[[str], float] = _unit_weight,
+        weight_of: Callable[[str], float] | None = None,
         *,
         w_in: float = 1.0,
         w_out: float = 2.0,
         batch_every_n: int | None = DEFAULT_BATCH_EVERY_N,
+        light_credit: float = 0.0,
     ) -> None:
         if w_in < 0 or w_out < 0 or w_in + w_out == 0:
             raise ValueError(f"w_in and w_out must be >= 0 and not both 0: {w_in}, {w_out}")
-        self.weight_of = weight_of
+        if light_credit < 0:
+            raise ValueError(f"light_credit must be >= 0, got {light_credit}")
+        self.weight_of = weight_of or _unit_weight
+        self.light_credit = light_credit
         self.w_in = w_in
         self.w_out = w_out
         self._counters: dict[str, float] = {}
         # Admissions so far and each tenant's last one (the tie-break).
         self._admissions = 0
         self._last_admitted: dict[str, int] = {}
-        self._backlog = Backlog(self._key, tiebreak=self._tie, batch_every_n=batch_every_n)
+        self._backlog = Backlog(
+            self._key, tiebreak=self._tie, batch_every_n=batch_every_n, light_credit=light_credit
+        )
         # Counter of the last tenant served; lifts newcomers when no one is backlogged.
         self._floor = 0.0
 

@@ -36,6 +36,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import replace
 
+from scheduler import rules
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.errors import (
@@ -83,7 +84,7 @@ class SharedDispatcher:
         # This replica's in-flight requests (the fleet's count lives in the store).
         self.budget = AdmissionBudget(limits)
         self.admitted_total = 0
-        self._local = LocalQueues(options.batch_every_n)
+        self._local = LocalQueues(options.batch_every_n, options.light_credit)
         self._entries = Entries()
         self._seq = itertools.count(1)
         self._outbox = Outbox(options.flush_s)
@@ -367,6 +368,7 @@ class SharedDispatcher:
                 continue
             if c.lease_id in admitted:
                 entry.lease_at = decided_by
+                entry.req.light = rules.light(c.queued)
                 if c.take_buckets:
                     entry.buckets_at = entry.lease_at
                     entry.requests_taken, entry.tokens_taken = entry.taken(float(c.kv_tokens))

@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from scheduler import rules
 from scheduler.gate import RequestState
 from scheduler.ordering.tenant_queue import TenantQueue
 from scheduler.request import QueuedRequest
@@ -158,8 +159,9 @@ class Entries:
 
 
 class LocalQueues:
-    def __init__(self, batch_every_n: int | None) -> None:
+    def __init__(self, batch_every_n: int | None, light_credit: float = 0.0) -> None:
         self._batch_every_n = batch_every_n
+        self._light_credit = light_credit
         self._queues: dict[str, TenantQueue] = {}
         self.paused_until: dict[str, float] = {}
         self.mirror: dict[str, float] = {}
@@ -199,10 +201,14 @@ class LocalQueues:
         return list(self._queues)
 
     def heads(self, limit: int) -> list[QueuedRequest]:
-        """Heads of the eligible tenants with the smallest mirrored counters."""
-        tenants = heapq.nsmallest(
-            limit, self.eligible(), key=lambda t: self.mirror.get(t, -math.inf)
-        )
+        """Heads of the eligible tenants first in mirrored counter order."""
+
+        def key(t: str) -> float:
+            return rules.order_key(
+                self.mirror.get(t, -math.inf), self.queued(t), self._light_credit
+            )
+
+        tenants = heapq.nsmallest(limit, self.eligible(), key=key)
         heads = [self._queues[t].head() for t in tenants]
         return [h for h in heads if h is not None]
 

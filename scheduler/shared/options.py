@@ -26,6 +26,8 @@ class SharedOptions:
     # long a tenant stays one to keep it for after its last request left.
     reserve_fraction: float = 0.0
     reserve_window_s: float = 10.0
+    # VTC order: a light tenant goes this far ahead (rules.order_key).
+    light_credit: float = 0.0
     w_in: float = 1.0
     w_out: float = 2.0
     flush_s: float = 0.005
@@ -47,6 +49,7 @@ class SharedOptions:
             w_in=self.w_in,
             reserve_fraction=self.reserve_fraction,
             reserve_window_s=self.reserve_window_s,
+            light_credit=self.light_credit,
         )
 
 

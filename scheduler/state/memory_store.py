@@ -198,11 +198,14 @@ class MemoryStore:
         for c in cands:
             out.counters[c.tenant_id] = self.counters.get(c.tenant_id, 0.0)
             self.weights[c.tenant_id] = c.weight
-        # Counter order; ties go to the tenant admitted least recently.
+        # Counter order (a light candidate `light_credit` ahead); ties go to the
+        # tenant admitted least recently.
         order = sorted(
             range(len(cands)),
             key=lambda i: (
-                out.counters[cands[i].tenant_id],
+                rules.order_key(
+                    out.counters[cands[i].tenant_id], cands[i].queued, step.light_credit
+                ),
                 self.last_admitted.get(cands[i].tenant_id, 0),
                 i,
             ),

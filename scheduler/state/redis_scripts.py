@@ -86,7 +86,8 @@ local replica = ARGV[2]
 local lease_ttl, bl_ttl, done_ttl = num(ARGV[3]), num(ARGV[4]), num(ARGV[5])
 local max_req, max_kv, w_in = num(ARGV[6]), num(ARGV[7]), num(ARGV[8])
 local reserve_fraction, reserve_window = num(ARGV[9]), num(ARGV[10]) * 1000
-local i = 11
+local light_credit = num(ARGV[11])
+local i = 12
 -- still active for the reserve a while after its last request left (memory_store.py)
 local function seen(tenant)
   if reserve_window > 0 then redis.call('ZADD', RC, now + reserve_window, tenant) end
@@ -263,9 +264,14 @@ local function held_out(c)
   end
   return false
 end
--- counter order; ties to the tenant admitted least recently (memory_store.py)
+-- counter order, a light candidate light_credit ahead (rules.order_key); ties to
+-- the tenant admitted least recently (memory_store.py)
+for _, c in ipairs(cands) do
+  c.key = c.counter
+  if c.queued <= LIGHT_QUEUE then c.key = c.counter - light_credit end
+end
 table.sort(cands, function(a, b)
-  if a.counter ~= b.counter then return a.counter < b.counter end
+  if a.key ~= b.key then return a.key < b.key end
   if a.last ~= b.last then return a.last < b.last end
   return a.idx < b.idx
 end)

@@ -216,6 +216,7 @@ class RedisStore:
             repr(step.w_in),
             repr(float(step.reserve_fraction)),
             repr(float(step.reserve_window_s)),
+            repr(float(step.light_credit)),
         ]
         tenants: set[str] = set()
         args.append(str(len(step.settlements)))

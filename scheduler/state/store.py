@@ -117,6 +117,8 @@ class Step:
     # How long a tenant counts as active (one to keep the reserve for) after its
     # last request left or it stopped being backlogged on a replica.
     reserve_window_s: float = 0.0
+    # Counter order: a light candidate goes this far ahead (rules.order_key).
+    light_credit: float = 0.0
     settlements: list[Settlement] = field(default_factory=list)
     # Weighted counter increments (w_out * tokens / weight), batched per tenant.
     charges: dict[str, float] = field(default_factory=dict)

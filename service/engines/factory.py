@@ -20,6 +20,7 @@ def build_engine(settings: Settings) -> tuple[Engine, str]:
             mean_output_tokens=settings.sim_mean_output_tokens or None,
             seed=settings.sim_seed,
             kv_capacity_tokens=settings.sim_kv_capacity_tokens or None,
+            priority_scheduling=settings.sim_priority_scheduling,
         )
         engine = SimulatedEngine(
             config, time_scale=settings.sim_time_scale, coalesce=settings.stream_coalesce

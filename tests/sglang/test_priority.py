@@ -1,9 +1,10 @@
 """What SGLang's --enable-priority-scheduling does with the priorities fairgate sends.
 
-fairgate sends `priority` 1 (interactive) or 0 (batch) when /server_info says
+fairgate sends `priority` 0-3 (`rules.engine_priority`: a light tenant's request
+2 above a heavy one's, interactive 1 above batch) when /server_info says
 priority scheduling is on. SGLang 0.5.23 preempts a running request only when the
 newcomer's priority exceeds it by more than `priority_scheduling_preemption_threshold`
-(default 10), so fairgate's 1 vs 0 only orders SGLang's waiting queue. The
+(default 10), so fairgate's priorities only order SGLang's waiting queue. The
 findings are written up in docs/sglang.md.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from scheduler import rules
 from tests.sglang.helpers import assert_sglang_idle, wait_running
 from tests.sglang.real_server import RealSglang
 
@@ -72,9 +74,12 @@ async def _saturate_then(
 
 
 async def test_fairgates_priorities_do_not_preempt(sglang_b: RealSglang) -> None:
-    got = await _saturate_then(sglang_b.url, [("interactive", 1)])
+    # fairgate's widest gap: a light tenant's interactive request over heavy batch.
+    top, bottom = rules.engine_priority(False, True), rules.engine_priority(True, False)
+    assert bottom == 0  # what _saturate_then fills the slots with
+    got = await _saturate_then(sglang_b.url, [("interactive", top)])
     first_low_done = min(got[f"low-{i}"].done_s for i in range(SLOTS))
-    # Priority 1 over 0 is below the preemption threshold: it waits for a slot.
+    # Below the preemption threshold: it waits for a slot.
     assert got["interactive"].first_token_s >= first_low_done
     assert all(got[f"low-{i}"].meta["num_retractions"] == 0 for i in range(SLOTS))
     assert all(got[f"low-{i}"].meta["finish_reason"]["type"] == "length" for i in range(SLOTS))

@@ -51,6 +51,7 @@ from fairgate.bench.redis_local import RedisServer, find_redis_server
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
 from scheduler.rules import vtc_bound
+from service.settings import Settings
 
 W_IN, W_OUT = 1.0, 2.0
 MODEL = "llama-3.1-8b-int4"
@@ -110,6 +111,9 @@ class RunResult:
     # w_in * prompt + w_out * output tokens served per second: shape-neutral,
     # where output tokens/s favours a policy that serves more long outputs.
     weighted_service_per_s: float = 0.0
+    # Prompt tokens prefilled plus output tokens per second: the engine's work,
+    # whatever the mix of shapes a policy serves.
+    tokens_per_s: float = 0.0
 
     def trace_digest(self) -> str:
         """What was actually sent, in order: identical across policies of one scenario."""
@@ -128,6 +132,7 @@ class RunResult:
             "all_backlogged_s": self.all_backlogged_s,
             "output_tokens_per_s": self.output_tokens_per_s,
             "weighted_service_per_s": self.weighted_service_per_s,
+            "tokens_per_s": self.tokens_per_s,
             "tenants": self.per_tenant,
         }
 
@@ -195,7 +200,9 @@ async def _replay(
 
 def bound_for(trace: list[Arrival]) -> float:
     """The VTC bound for the longest prompt actually sent (single replica)."""
-    return vtc_bound(W_IN, W_OUT, max((a.prompt_tokens for a in trace), default=1), M_TOKENS)
+    longest = max((a.prompt_tokens for a in trace), default=1)
+    # Any tenant may be light at times (a short queue): the light credit counts.
+    return vtc_bound(W_IN, W_OUT, longest, M_TOKENS, Settings().fair_light_credit)
 
 
 def analyse(
@@ -219,11 +226,16 @@ def analyse(
         res.jain = jain_index(
             [service_within(events.get(t, []), together) / sc.weights[t] for t in tenants]
         )
-    total_out = 0
+    total_out = total_prefilled = 0
     for t in tenants:
         mine = [r for r in records if r.tenant == t]
         out_tokens = sum(n for r in mine for tt, n in r.token_times if tt <= window_s)
         total_out += out_tokens
+        total_prefilled += sum(
+            r.prompt_tokens
+            for r in mine
+            if r.first_token_s is not None and r.first_token_s <= window_s
+        )
         # Requests never served in the window count with a censored TTFT (a lower bound).
         ttfts = [
             r.ttft_s if r.ttft_s is not None else window_s - r.sent_s
@@ -240,6 +252,7 @@ def analyse(
             "ttft_p99_s": percentile(ttfts, 99),
         }
     res.output_tokens_per_s = total_out / window_s
+    res.tokens_per_s = (total_out + total_prefilled) / window_s
     res.weighted_service_per_s = sum(v for ev in events.values() for _, v in ev) / window_s
     return res
 
@@ -263,6 +276,9 @@ async def _gateways(
             "sim_model": MODEL,
             "sim_time_scale": time_scale,
             "sim_seed": seed,
+            # As SGLang with --enable-priority-scheduling: fairgate's priorities
+            # order the engine's prefills (under FCFS they are all equal).
+            "sim_priority_scheduling": True,
         }
         async with server_process("fairgate", **common, **sim) as address:
             yield [address]
@@ -275,6 +291,7 @@ async def _gateways(
                 *("--time-scale", str(time_scale), "--seed", str(seed)),
                 *("--max-running-requests", str(MAX_RUNNING_REQUESTS)),
                 *("--kv-capacity-tokens", str(KV_CAPACITY_TOKENS)),
+                "--enable-priority-scheduling",
             )
         )
         http = {"engine": "sglang-http", "sglang_urls": f"http://{engine.address}"}
@@ -335,12 +352,14 @@ def report(sc: Scenario, bound: float, results: dict[str, RunResult]) -> dict[st
     fcfs = results.get("fcfs")
     fcfs_tps = fcfs.output_tokens_per_s if fcfs else math.nan
     fcfs_sps = fcfs.weighted_service_per_s if fcfs else math.nan
+    fcfs_all = fcfs.tokens_per_s if fcfs else math.nan
     solo = results[SOLO].per_tenant.get(sc.victim) if SOLO in results else None
     runs: dict[str, Any] = {}
     for label, r in results.items():
         row = r.summary()
         row["throughput_over_fcfs"] = r.output_tokens_per_s / fcfs_tps if fcfs_tps else math.nan
         row["service_over_fcfs"] = r.weighted_service_per_s / fcfs_sps if fcfs_sps else math.nan
+        row["tokens_over_fcfs"] = r.tokens_per_s / fcfs_all if fcfs_all else math.nan
         if sc.victim and sc.victim in r.per_tenant:
             v = r.per_tenant[sc.victim]
             row["victim_ttft_p50_s"] = v["ttft_p50_s"]
@@ -377,7 +396,7 @@ async def main(
         f"fairness benchmark: {seconds:g} simulated s per run, time scale {time_scale:g}, "
         f"seed {seed}, vtc on {replicas} replica(s); engine {MAX_RUNNING_REQUESTS} slots, "
         f"{M_TOKENS} KV tokens admitted at most (M); engine capacity per shape: {shapes}.\n"
-        f"VTC bound = 2*max(w_in*L_in, w_out*M) with L_in the longest prompt sent"
+        f"VTC bound = 2*max(w_in*L_in, w_out*M) + light credit, L_in the longest prompt sent"
         + (
             "; with replicas the Redis charge lag adds to it (not exposed, not included)"
             if replicas > 1

@@ -17,7 +17,8 @@ def print_report(key: str, rep: dict[str, Any]) -> None:
     print(f"    VTC bound {rep['bound_weighted_tokens']:.0f} weighted tokens")
     print(
         f"{'policy':>14} | {'repl':>4} | {'Jain':>5} | {'all-bl s':>8} | {'gap/bound':>9} | "
-        f"{'tput/FCFS':>9} | {'wsvc/FCFS':>9} | {'victim p50 s':>12} | {'p99 s':>7} | "
+        f"{'tput/FCFS':>9} | {'tok/FCFS':>8} | {'wsvc/FCFS':>9} | {'victim p50 s':>12} | "
+        f"{'p99 s':>7} | "
         f"{'p99/solo':>8} | {'rejected':>8} | {'failed':>6}"
     )
     for label, r in rep["runs"].items():
@@ -26,6 +27,7 @@ def print_report(key: str, rep: dict[str, Any]) -> None:
             f"{label:>14} | {r['replicas']:>4} | {_fmt(r['jain'], '.3f'):>5} | "
             f"{r['all_backlogged_s']:>8.1f} | {_fmt(r['gap_over_bound'], '.3f'):>9} | "
             f"{_fmt(r['throughput_over_fcfs'], '.3f'):>9} | "
+            f"{_fmt(r.get('tokens_over_fcfs'), '.3f'):>8} | "
             f"{_fmt(r['service_over_fcfs'], '.3f'):>9} | "
             f"{_fmt(r.get('victim_ttft_p50_s'), '.3f'):>12} | "
             f"{_fmt(r.get('victim_ttft_p99_s'), '.3f'):>7} | "

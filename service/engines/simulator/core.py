@@ -35,6 +35,11 @@ class SimConfig:
     new_token_ratio: float = 0.4
     kv_capacity_tokens: int | None = None
     seed: int = 0
+    # SGLang's --enable-priority-scheduling: requests waiting for their prefill
+    # go by priority (larger first), then arrival; a request whose prefill is
+    # under way (chunked) finishes it first. Never preempts (fairgate's
+    # priorities stay below SGLang's preemption threshold).
+    priority_scheduling: bool = False
 
     @property
     def kv_capacity(self) -> int:
@@ -60,6 +65,8 @@ class SimRequest:
     in_kv: int = 0
     state: _State = _State.WAITING
     preemptions: int = 0
+    priority: int = 0
+    seq: int = 0
 
     @property
     def context_len(self) -> int:
@@ -100,10 +107,16 @@ class SimCore:
         self.preemptions = 0
         self._eos_p = 1.0 / config.mean_output_tokens if config.mean_output_tokens else 0.0
         self._seed_rng = random.Random(config.seed)
+        self._seq = 0
 
     # -- requests -----------------------------------------------------------
     def make_request(
-        self, rid: str, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingOptions
+        self,
+        rid: str,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        sampling: SamplingOptions,
+        priority: int = 0,
     ) -> SimRequest:
         if sampling.seed is not None:
             seed = sampling.seed
@@ -118,6 +131,7 @@ class SimCore:
             sampling=sampling,
             rng=random.Random(seed),
             stop=StopMatcher(sampling.stop),
+            priority=priority if self.config.priority_scheduling else 0,
         )
 
     def add(self, req: SimRequest) -> None:
@@ -127,7 +141,13 @@ class SimCore:
         if req.rid in self._by_rid:
             raise ValueError(f"duplicate request id {req.rid!r}")
         self._by_rid[req.rid] = req
-        self.waiting.append(req)
+        self._seq += 1
+        req.seq = self._seq
+        # Behind every request of its priority or more (FCFS among equals).
+        at = len(self.waiting)
+        while at > 0 and self.waiting[at - 1].priority < req.priority:
+            at -= 1
+        self.waiting.insert(at, req)
 
     def abort(self, rid: str) -> bool:
         req = self._by_rid.pop(rid, None)
@@ -145,6 +165,11 @@ class SimCore:
         return not self.waiting and not self.running
 
     # -- one iteration ------------------------------------------------------
+    @staticmethod
+    def _prefill_order(req: SimRequest) -> tuple[bool, int, int]:
+        # A chunked prefill under way first (SGLang continues it), then priority.
+        return (req.in_kv == 0, -req.priority, req.seq)
+
     def _reserved(self, req: SimRequest) -> float:
         remaining = req.max_new_tokens - req.generated
         return req.context_len - req.in_kv + self.config.new_token_ratio * remaining
@@ -183,11 +208,12 @@ class SimCore:
         budget = self.config.chunked_prefill_size
         prefill_tokens = 0
         finished_prefill: list[SimRequest] = []
-        for req in self.running:
+        prefilling = [r for r in self.running if r.state is _State.PREFILL]
+        if self.config.priority_scheduling:
+            prefilling.sort(key=self._prefill_order)
+        for req in prefilling:
             if budget <= 0:
                 break
-            if req.state is not _State.PREFILL:
-                continue
             take = min(budget, req.context_len - req.in_kv, self.capacity - self.used_kv)
             if take <= 0:
                 break

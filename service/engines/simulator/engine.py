@@ -152,7 +152,7 @@ class SimulatedEngine:
         if self._closed:
             raise EngineError("engine is shut down", retryable=True)
         sreq = self.core.make_request(
-            req.request_id, req.prompt_token_ids, req.max_tokens, req.sampling
+            req.request_id, req.prompt_token_ids, req.max_tokens, req.sampling, req.priority
         )
         try:
             self.core.add(sreq)

@@ -413,6 +413,7 @@ def main(argv: list[str] | None = None) -> None:
         max_queued_requests=a.max_queued_requests or None,
         kv_capacity_tokens=a.kv_capacity_tokens or None,
         seed=a.seed,
+        priority_scheduling=a.enable_priority_scheduling,
     )
 
     async def run() -> None:

@@ -6,7 +6,8 @@ Poisson, gamma-bursty, on/off), weighted, through the dispatcher and the
 simulator on a fake clock, with and without the fair-share reserve. The
 driver's monitor checks, after every admission and every output token, the
 largest spread of weighted service between any two tenants over the time both
-were backlogged; it must stay within `rules.vtc_bound`.
+were backlogged; it must stay within `rules.vtc_bound` (plus the light
+tenants' credit, `rules.order_key`, when it is on).
 """
 
 from __future__ import annotations
@@ -89,10 +90,11 @@ def run(
     mean_output: float | None,
     *,
     full_size: int = 0,
+    light_credit: float = 0.0,
 ) -> Driver:
     reg = TenantRegistry([TenantConfig(t, weight=w) for t, w in weights.items()])
     drv = Driver(
-        VtcPolicy(reg.weight_of),
+        VtcPolicy(reg.weight_of, light_credit=light_credit),
         AdmissionLimits(max_requests=8, max_kv_tokens=max_kv),
         SimConfig(
             cost=preset(),
@@ -123,16 +125,18 @@ def bound_of(arrivals: list[Arrival], weights: dict[str, float], max_kv: int) ->
     st.sampled_from([400, 800, 1600]),
     st.sampled_from([0.0, 1 / 8, 1 / 4]),
     st.sampled_from([None, 10.0]),
+    st.sampled_from([0.0, 300.0]),
 )
 def test_vtc_bound_holds_for_mixed_shapes_weights_and_arrival_processes(
     workload: tuple[list[Arrival], dict[str, float]],
     max_kv: int,
     reserve_fraction: float,
     mean_output: float | None,
+    light_credit: float,
 ) -> None:
     arrivals, weights = workload
-    drv = run(arrivals, weights, max_kv, reserve_fraction, mean_output)
-    bound = bound_of(arrivals, weights, max_kv)
+    drv = run(arrivals, weights, max_kv, reserve_fraction, mean_output, light_credit=light_credit)
+    bound = bound_of(arrivals, weights, max_kv) + light_credit
     assert drv.monitor.worst <= bound + 1e-6, (drv.monitor.worst, bound)
     assert all(c.state == "done" for c in drv.calls)
 

@@ -3,8 +3,9 @@ Redis STEP script (their Lua twin); every decision must be the same.
 
 Each trace is a sequence of steps from a few replicas: announcements (lifts),
 withdrawals, output charges, settlements, and offers of candidates of mixed
-shapes and weights, some with max_concurrent or wait-mode buckets, with and
-without the fair-share reserve. After every step both stores must agree on
+shapes and weights, some with max_concurrent or wait-mode buckets, light or
+heavy (queue lengths around `rules.LIGHT_QUEUE`), with and without the
+fair-share reserve and the light tenants' credit. After every step both stores must agree on
 what was admitted, held, blocked (and whether forever) and full, and on the
 counters. Buckets refill slowly enough that the two stores' clocks (injected
 vs Redis TIME) cannot change a verdict within a trace.
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import MonotonicClock
+from scheduler.rules import LIGHT_QUEUE
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.redis_store import RedisStore
 from scheduler.state.store import BucketLimits, Candidate, Settlement, Step, StepOutcome
@@ -36,12 +38,13 @@ SLOW = BucketLimits(requests_per_s=1e-4, requests_burst=3.0, tokens_per_s=1e-4, 
 def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Step]]]:
     limits = AdmissionLimits(draw(st.integers(2, 6)), draw(st.sampled_from([400, 1000, 3000])))
     fraction = draw(st.sampled_from([0.0, 0.25, 0.5]))
+    credit = draw(st.sampled_from([0.0, 150.0, 4096.0]))
     weights = {t: draw(st.sampled_from([1.0, 1.0, 2.0, 4.0])) for t in TENANTS}
     steps: list[tuple[str, Step]] = []
     admitted: list[tuple[str, str]] = []  # (lease, tenant) candidates offered so far
     for k in range(draw(st.integers(5, 30))):
         replica = draw(st.sampled_from(REPLICAS))
-        step = Step(limits, w_in=1.0, reserve_fraction=fraction)
+        step = Step(limits, w_in=1.0, reserve_fraction=fraction, light_credit=credit)
         kind = draw(st.sampled_from(["offer", "offer", "offer", "announce", "charge", "settle"]))
         if kind == "announce":
             step.announce = sorted(set(draw(st.lists(st.sampled_from(TENANTS), max_size=3))))
@@ -70,6 +73,7 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
                         take_buckets=draw(st.booleans()),
                         buckets=SLOW,
                         max_concurrent=draw(st.none() | st.integers(1, 2)),
+                        queued=draw(st.sampled_from([1, LIGHT_QUEUE, LIGHT_QUEUE + 1, 9])),
                     )
                 )
                 admitted.append((lease, tenant))

@@ -107,3 +107,36 @@ def test_eos_ends_requests_early_unless_ignored() -> None:
     done = _run_to_idle(core)
     assert sum(1 for k, v in done.items() if k != "keep" and v is FinishKind.STOP) >= 8
     assert done["keep"] is FinishKind.LENGTH
+
+
+def _first_token_order(core: SimCore, steps: int = 50) -> list[str]:
+    order: list[str] = []
+    for _ in range(steps):
+        for em in core.step().emissions:
+            if em.generated == 1:
+                order.append(em.rid)
+    return order
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_priority_scheduling_prefills_urgent_requests_first(enabled: bool) -> None:
+    # As SGLang with --enable-priority-scheduling: the waiting prefills go by
+    # priority (larger first), but a chunked prefill under way finishes first.
+    core = _core(chunked_prefill_size=512, priority_scheduling=enabled)
+    core.add(core.make_request("long", [17] * 1200, 2, SamplingOptions(), priority=0))
+    core.step()  # 512 of its 1200 prompt tokens: under way
+    for i in range(3):
+        core.add(core.make_request(f"low{i}", [17] * 400, 2, SamplingOptions(), priority=0))
+    core.add(core.make_request("urgent", [17] * 100, 2, SamplingOptions(), priority=3))
+    order = _first_token_order(core)
+    if enabled:
+        assert order == ["long", "urgent", "low0", "low1", "low2"]
+    else:  # priorities ignored: FCFS
+        assert order == ["long", "low0", "low1", "low2", "urgent"]
+
+
+def test_priority_scheduling_orders_the_waiting_queue() -> None:
+    core = _core(max_running_requests=1, priority_scheduling=True)
+    for rid, prio in [("a", 0), ("b", 1), ("c", 0), ("d", 1)]:
+        core.add(core.make_request(rid, [17] * 10, 1, SamplingOptions(), priority=prio))
+    assert [r.rid for r in core.waiting] == ["b", "d", "a", "c"]  # FCFS among equals
