@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ready = os.fdopen(ready_fd, "w")
     settings = Settings.from_env()
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, worker=index)
 
     def on_ready(app: App) -> None:
         metrics = app.telemetry.metrics_endpoint

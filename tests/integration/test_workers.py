@@ -39,6 +39,7 @@ BUDGET_REQUESTS = 10
 TENANTS = f"""
 tenants:
   - id: spread
+  - id: web
   - id: q
     over_quota: reject
     quotas: {{tokens_per_min: 1, tokens_burst: {COST_TOKENS * BUDGET_REQUESTS}}}
@@ -54,6 +55,7 @@ class Fleet:
     pids: list[int]
     metrics_ports: list[int]
     output: list[str] = field(default_factory=list)
+    http_url: str = ""  # the OpenAI API's base URL, when on
 
     async def requests_by_worker(self, tenant: str) -> list[int]:
         """Each worker's Generate calls for `tenant` (any outcome), from its /metrics."""
@@ -119,7 +121,7 @@ async def workers(env: dict[str, str], n: int = 2) -> AsyncIterator[Fleet]:
         line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
         assert line, f"supervisor exited before listening: {''.join(output)}"
         output.append(line)
-        m = re.search(r"listening on (\S+) .*workers: pids ([\d ]+)\)", line)
+        m = re.search(r"listening on ([^\s,]+)(?:, OpenAI API on (\S+))? .*pids ([\d ]+)\)", line)
         if m:
             break
     stdout = proc.stdout
@@ -129,7 +131,8 @@ async def workers(env: dict[str, str], n: int = 2) -> AsyncIterator[Fleet]:
             output.append(line.decode())
 
     reader = asyncio.create_task(drain())
-    fleet = Fleet(proc, m.group(1), [int(p) for p in m.group(2).split()], [], output)
+    fleet = Fleet(proc, m.group(1), [int(p) for p in m.group(3).split()], [], output)
+    fleet.http_url = m.group(2) or ""
     fleet.metrics_ports = [base + i for i in range(n)]
     try:
         yield fleet
@@ -153,19 +156,23 @@ async def _gone(pids: list[int]) -> None:
     await eventually(lambda: not any(_alive(p) for p in pids), 30, "workers exited")
 
 
-async def _until_both_served(fleet: Fleet, call: Callable[[], Awaitable[object]]) -> None:
-    """Calls over fresh connections until every worker has served some (at most 200)."""
+async def _until_both_served(
+    fleet: Fleet, call: Callable[[], Awaitable[object]], tenant: str = "spread"
+) -> None:
+    """Calls over fresh connections until every worker has served `tenant` (at most 200)."""
     for i in range(200):
         await call()
-        if i % 4 == 3 and all(await fleet.requests_by_worker("spread")):
+        if i % 4 == 3 and all(await fleet.requests_by_worker(tenant)):
             return
-    pytest.fail(f"not every worker served: {await fleet.requests_by_worker('spread')}")
+    pytest.fail(f"not every worker served: {await fleet.requests_by_worker(tenant)}")
 
 
 async def test_two_workers_share_a_port_and_a_fleet_wide_quota(
     redis_url: str, tmp_path: Path
 ) -> None:
-    async with workers(_env(redis_url, tmp_path)) as fleet:
+    env = _env(redis_url, tmp_path, FAIRGATE_HTTP_LISTEN="127.0.0.1:0")
+    async with workers(env) as fleet:
+        assert fleet.http_url.startswith("http://127.0.0.1:")
         assert len(fleet.pids) == 2
         assert set(descendants(fleet.proc.pid)) == {fleet.proc.pid, *fleet.pids}
 
@@ -174,6 +181,18 @@ async def test_two_workers_share_a_port_and_a_fleet_wide_quota(
                 await c.complete(PROMPT, max_tokens=2)
 
         await _until_both_served(fleet, spread)
+
+        # The OpenAI HTTP front shares its port the same way.
+        async def web() -> None:
+            body = {"model": "", "prompt": "hello", "max_tokens": 2}
+            headers = {"x-fairgate-tenant": "web"}
+            connector = aiohttp.TCPConnector(force_close=True)
+            async with aiohttp.ClientSession(connector=connector) as session:
+                url = fleet.http_url + "/completions"
+                async with session.post(url, json=body, headers=headers) as r:
+                    assert r.status == 200, await r.text()
+
+        await _until_both_served(fleet, web, "web")
 
         # The quota holds for the fleet: exactly its budget of requests passes,
         # whichever worker each one reached; the rest are refused at once.
