@@ -110,7 +110,7 @@ class Settings:
     # Bearer token for the admin API; empty: the admin API is off.
     admin_token: str = field(default="", repr=False)
     # HMAC key for API-key hashes; the same on every replica sharing a store.
-    # Empty: a random one per process (keys do not survive a restart).
+    # Empty: a random one per start, shared by its workers (keys do not survive a restart).
     api_key_pepper: str = field(default="", repr=False)
     # How often this replica re-reads the tenant store's revision (0: never).
     tenant_sync_interval_s: float = 0.5
