@@ -127,6 +127,7 @@ class _Worker:
     buf: bytes = b""
     ready: WorkerReady | None = None
     exit_code: int | None = None
+    signalled: int = 0  # SIGTERMs sent
 
 
 @dataclass
@@ -173,6 +174,8 @@ class Supervisor:
             )
             metrics = prometheus_listen(s, {**os.environ, **self.extra_env})
             for i in range(s.workers):
+                if self.stopping:  # a signal while starting them
+                    break
                 self._spawn(i, worker_settings(shared, i, metrics))
             self._loop(until_ready=True)
         finally:
@@ -209,8 +212,12 @@ class Supervisor:
         """SIGTERM every live worker (a second call: cut their drains short)."""
         self.stopping = True
         for w in self.workers:
-            if w.exit_code is None:
-                w.proc.send_signal(signal.SIGTERM)  # a no-op once it is reaped
+            self._terminate(w)
+
+    def _terminate(self, w: _Worker) -> None:
+        if w.exit_code is None:
+            w.signalled += 1
+            w.proc.send_signal(signal.SIGTERM)  # a no-op once it is reaped
 
     def wait(self) -> int:
         """Wait until every worker exited: 0 after a requested stop, else the first
@@ -232,6 +239,8 @@ class Supervisor:
             line, nl, w.buf = w.buf.partition(b"\n")
             if nl:
                 w.ready = WorkerReady(**json.loads(line))
+                if self.stopping and not w.signalled:  # started after the stop
+                    self._terminate(w)
             else:
                 w.buf = line
             return

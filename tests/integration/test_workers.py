@@ -279,3 +279,23 @@ async def test_a_killed_supervisor_leaves_no_orphans(redis_url: str, tmp_path: P
         fleet.proc.kill()  # no chance to forward anything: the kernel tells the workers
         await fleet.proc.wait()
         await _gone(fleet.pids)
+
+
+async def test_one_server_does_not_share_a_taken_port() -> None:
+    """gRPC turns SO_REUSEPORT on by default; a lone fairgate turns it off, so a second
+    server on a taken port fails instead of silently taking half the connections."""
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "fairgate.cli.main", "serve"),
+            env={**os.environ, "FAIRGATE_LISTEN": f"127.0.0.1:{port}"},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1, (out, err)
+    assert f"could not bind 127.0.0.1:{port}" in err.decode()
+    assert "Traceback" not in err.decode()
