@@ -25,6 +25,7 @@ from pathlib import Path
 import aiohttp
 import grpc
 import pytest
+import redis as redis_lib
 from fairgate import AsyncClient, FairgateError
 from fairgate.admin.client import AdminClient
 from fairgate.bench.procstat import descendants
@@ -193,6 +194,19 @@ async def test_two_workers_share_a_port_and_a_fleet_wide_quota(
                     assert r.status == 200, await r.text()
 
         await _until_both_served(fleet, web, "web")
+
+        # Each worker is a replica of its own in Redis (heartbeats: the fail-open
+        # divisor counts both), named with its pid.
+        r = redis_lib.Redis.from_url(redis_url)
+        try:
+
+            def live() -> list[str]:
+                return [m.decode() for m in r.zrange("fg:{workers-test}:rep", 0, -1)]
+
+            await eventually(lambda: len(live()) == 2, 10, "two replicas' heartbeats")
+            assert all(any(f"-{pid}-" in m for m in live()) for pid in fleet.pids), live()
+        finally:
+            r.close()
 
         # The quota holds for the fleet: exactly its budget of requests passes,
         # whichever worker each one reached; the rest are refused at once.
