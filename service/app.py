@@ -46,6 +46,10 @@ SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].ful
 ADMIN_SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 
 
+class BindError(OSError):
+    """The gRPC port could not be bound (taken, or a bad address)."""
+
+
 def admission_limits(cap: EngineCapacity, settings: Settings) -> AdmissionLimits:
     return AdmissionLimits(
         max_requests=max(1, int(cap.max_running_requests * settings.running_target_fraction)),
@@ -181,12 +185,15 @@ class App:
             server,
         )
         creds = server_credentials(settings)
-        if creds is None:
-            port = server.add_insecure_port(settings.listen)
-        else:
-            port = server.add_secure_port(settings.listen, creds)
+        try:
+            if creds is None:
+                port = server.add_insecure_port(settings.listen)
+            else:
+                port = server.add_secure_port(settings.listen, creds)
+        except RuntimeError as exc:  # grpc's "Failed to bind to address …"
+            raise BindError(f"could not bind {settings.listen}: {exc}") from None
         if port == 0:
-            raise OSError(f"could not bind {settings.listen}")
+            raise BindError(f"could not bind {settings.listen}")
         await telemetry.start()
         await server.start()
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -282,6 +289,10 @@ def _server_options(s: Settings) -> list[tuple[str, int]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
         ("grpc.http2.max_pings_without_data", 0),
+        # Explicit, since gRPC turns SO_REUSEPORT on by default (Linux): workers of
+        # one node share the port (service/workers.py); a lone server fails to bind
+        # a port already taken rather than silently splitting its traffic.
+        ("grpc.so_reuseport", 1 if s.workers > 1 else 0),
     ]
     if s.max_concurrent_streams:
         opts.append(("grpc.max_concurrent_streams", s.max_concurrent_streams))

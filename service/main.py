@@ -1,4 +1,8 @@
-"""Process entry point: run the server until SIGTERM/SIGINT, then drain."""
+"""Process entry point: run the server until SIGTERM/SIGINT, then drain.
+
+With `workers` > 1 this process supervises that many server processes
+(`service/workers.py`) instead of serving itself.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +10,41 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from service import event_loop
-from service.app import App
+from service.app import App, BindError
 from service.settings import Settings
+from service.telemetry import Telemetry
 from service.telemetry.logs import configure_logging
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-async def serve(settings: Settings) -> None:
-    app = await App.start(settings)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+
+def announce(app: App) -> None:
+    """The line scripts wait for (tests, benchmarks): the bound address."""
     http = f", OpenAI API on {app.http.url}" if app.http is not None else ""
     print(
         f"fairgate listening on {app.address}{http} (model {app.models.default}, "
         f"engine {app.engine.kind}); Ctrl-C to stop",
         flush=True,
     )
+
+
+async def serve(
+    settings: Settings,
+    *,
+    telemetry: Telemetry | None = None,
+    on_ready: Callable[[App], None] = announce,
+    stop_signals: Sequence[signal.Signals] = STOP_SIGNALS,
+) -> None:
+    app = await App.start(settings, telemetry)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in stop_signals:
+        loop.add_signal_handler(sig, stop.set)
+    on_ready(app)
     await stop.wait()
     log = logging.getLogger(__name__)
     log.info("shutting down, draining for up to %ss", settings.shutdown_grace_s)
@@ -43,10 +63,23 @@ async def serve(settings: Settings) -> None:
 def run(settings: Settings) -> int:
     """Serve until stopped; returns the process exit code (2: bad configuration)."""
     configure_logging(settings.log_level, settings.log_format)
+    if settings.workers > 1:
+        from service.workers import supervise
+
+        return supervise(settings)
+    return run_server(settings, serve(settings))
+
+
+def run_server(settings: Settings, main: Coroutine[Any, Any, None], who: str = "") -> int:
+    """Run `main` (a `serve`) on the configured loop; the exit code (2: bad configuration,
+    1: a port taken)."""
     try:
-        event_loop.run(serve(settings), settings.event_loop)
+        event_loop.run(main, settings.event_loop)
     except (ValueError, FileNotFoundError) as exc:
         # Configuration problems (tenants file, presets) say what to fix, no traceback.
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {who}{exc}", file=sys.stderr)
         return 2
+    except BindError as exc:
+        print(f"error: {who}{exc}", file=sys.stderr)
+        return 1
     return 0

@@ -133,7 +133,14 @@ class OpenAIFront:
             shutdown_timeout=CUT_WAIT_S,
         )
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, ssl_context=self._ssl)
+        # Workers of one node share the port (service/workers.py).
+        site = web.TCPSite(
+            runner,
+            self.host,
+            self.port,
+            ssl_context=self._ssl,
+            reuse_port=self.settings.workers > 1 or None,
+        )
         await site.start()
         self._runner = runner
         sockets = getattr(site._server, "sockets", None) or ()

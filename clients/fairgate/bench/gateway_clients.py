@@ -87,9 +87,15 @@ class SglangClient:
 
 
 class GrpcClient:
-    def __init__(self, address: str) -> None:
-        self._channel = grpc.aio.insecure_channel(address)
-        self._stub = pb_grpc.InferenceServiceStub(self._channel)
+    """Calls round-robin over `channels` channels, each its own connection (several
+    server processes sharing a port split connections, not calls)."""
+
+    def __init__(self, address: str, channels: int = 1) -> None:
+        options = [("grpc.use_local_subchannel_pool", 1)] if channels > 1 else []
+        self._channels = [
+            grpc.aio.insecure_channel(address, options=options) for _ in range(channels)
+        ]
+        self._stubs = cycle([pb_grpc.InferenceServiceStub(ch) for ch in self._channels])
 
     async def __call__(self, tokens: int) -> Sample:
         request = pb.GenerateRequest(
@@ -100,7 +106,7 @@ class GrpcClient:
         first: float | None = None
         result: pb.GenerateResult | None = None
         try:
-            async for resp in self._stub.Generate(request):
+            async for resp in next(self._stubs).Generate(request):
                 if first is None:
                     first = time.perf_counter()
                 if resp.HasField("result"):
@@ -113,7 +119,8 @@ class GrpcClient:
         return Sample(first - start, result.usage.completion_tokens, ok, "")
 
     async def aclose(self) -> None:
-        await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
 
 class OpenAiClient:

@@ -110,6 +110,21 @@ def print_mode(mode: str, workers: int, tokens: int, reps: int, cells: Sequence[
             )
 
 
+def print_scaling(cells: Sequence[Cell], variants: Sequence[str]) -> None:
+    """Each further fairgate variant's tok/s ÷ the first's (same repetition): what
+    `workers=N` variants gain over one process."""
+    if len(variants) < 2:
+        return
+    first = variants[0]
+    print(f"tok/s ÷ {first}'s, median over repetitions:")
+    for c in sorted({cell.c for cell in cells}):
+        ref = _by(cells, first, c)
+        ratios = [
+            f"{name} {summarize(_by(cells, name, c), ref).ratio:.2f}" for name in variants[1:]
+        ]
+        print(f"{c:>5} | " + " | ".join(ratios))
+
+
 def print_capacity(
     rows: Sequence[tuple[int, Sequence[Cell]]], ttft_budget_ms: float, min_ratio: float, final: bool
 ) -> bool:

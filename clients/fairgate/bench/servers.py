@@ -77,9 +77,31 @@ async def _serve(mode: str, overrides: dict[str, str]) -> None:
     await stop(0)
 
 
+def _supervise(overrides: dict[str, str]) -> None:
+    """fairgate with workers > 1: this process supervises them (service/workers.py)."""
+    from service.settings import Settings
+    from service.workers import Supervisor
+
+    telemetry_mode = overrides.pop("telemetry", "env")
+    if telemetry_mode not in ("off", "env"):
+        raise SystemExit("telemetry=on (the bench's discarding exporters) needs workers=1")
+    env = {f"FAIRGATE_{k.upper()}": v for k, v in overrides.items()}
+    settings = Settings.from_env(env, listen="127.0.0.1:0", log_level="WARNING")
+    supervisor = Supervisor(
+        settings, extra_env={"OTEL_SDK_DISABLED": "true"} if telemetry_mode == "off" else {}
+    )
+    ready = supervisor.start()
+    print(f"PORT {ready[0].address.rsplit(':', 1)[1]}", flush=True)
+    sys.stdin.read()
+    supervisor.stop()
+    sys.exit(supervisor.wait())
+
+
 def main() -> None:
     mode = sys.argv[1]
     overrides = dict(arg.split("=", 1) for arg in sys.argv[2:])
+    if mode == "fairgate" and int(overrides.get("workers", "1")) > 1:
+        _supervise(overrides)
     from service import event_loop
 
     # The server's own choice (FAIRGATE_EVENT_LOOP's setting), auto by default.

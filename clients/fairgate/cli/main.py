@@ -371,8 +371,18 @@ def bench_gateway(
     incremental: Annotated[
         bool, typer.Option(help="workers stream new output only (--incremental-streaming-output)")
     ] = False,
+    grpc_channels: Annotated[
+        int,
+        typer.Option(
+            help="connections each gRPC target's calls spread over (fairgate --workers "
+            "N splits connections, not calls)"
+        ),
+    ] = 1,
 ) -> None:
-    """Direct vs fairgate (gRPC, HTTP) vs smg in front of the same sim-server workers."""
+    """Direct vs fairgate (gRPC, HTTP) vs smg in front of the same sim-server workers.
+
+    A variant with store=redis or workers=N > 1 (`--variant w2:workers=2`) runs
+    on a throwaway local redis-server, whose CPU counts as the variant's."""
     from fairgate.bench.gateway import main as bench_main
     from fairgate.bench.gateway import parse_variant
 
@@ -400,6 +410,7 @@ def bench_gateway(
             capacity_workers=capacity_workers,
             per_worker_c=per_worker_c,
             incremental=incremental,
+            grpc_channels=grpc_channels,
         )
     )
 

@@ -60,7 +60,7 @@ def serve_command() -> Callable[..., None]:
         secret = f.repr is False
         default: Any = getattr(defaults, f.name)
         if f.name == "api_key_pepper":
-            default = "(random per process)"
+            default = "(random per start)"
         shown = "(set)" if secret and default else repr(default) if default == "" else default
         text = f"{helps.get(f.name, '')} [env {env}; default {shown}]".strip()
         if secret:
