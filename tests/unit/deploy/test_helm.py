@@ -50,6 +50,9 @@ UNSUPPORTED = {
     "tls_client_ca_file",
     "sglang_model_path",
     "sglang_engine_args",
+    # One worker per pod: the HPA scales pods, and worker i's metrics port
+    # (port + i) would need a ServiceMonitor endpoint each.
+    "workers",
 }
 # Non-settings variables the pod may carry.
 HELPER_ENV = {"REDIS_PASSWORD", "POD_NAME"}
