@@ -172,11 +172,12 @@ class SimServer:
         return await self._stream(request, req)
 
     async def _stream(self, request: web.Request, req: EngineRequest) -> web.StreamResponse:
-        resp = await _sse(request)
+        resp = web.StreamResponse(headers=SSE_HEADERS)
         self._live[req.request_id] = request
         f = self.faults
         sent = 0
         try:
+            await resp.prepare(request)
             async with aclosing(self.chunks(req, incremental=self.incremental_output)) as chunks:
                 async for out in chunks:
                     if sent == 0 and f.first_chunk_delay_s:
@@ -197,9 +198,13 @@ class SimServer:
                     sent += 1
             await resp.write(DONE)
             await resp.write_eof()
-        except (asyncio.CancelledError, ConnectionResetError):
+        except asyncio.CancelledError:
             self.record.disconnected.append(req.request_id)
             raise
+        except ConnectionResetError:
+            # The client went away (before the headers, or mid-stream): SGLang
+            # aborts the request and logs no error; aiohttp drops the response.
+            self.record.disconnected.append(req.request_id)
         finally:
             self._live.pop(req.request_id, None)
         return resp
@@ -358,8 +363,11 @@ async def _json_not_found(request: web.Request, handler: Any) -> web.StreamRespo
     return resp
 
 
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8"}
+
+
 async def _sse(request: web.Request) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+    resp = web.StreamResponse(headers=SSE_HEADERS)
     await resp.prepare(request)
     return resp
 

@@ -9,6 +9,7 @@ import grpc
 import pytest
 from fairgate import AsyncClient, Delta, FairgateError, Result
 
+from scheduler import rules
 from service.engines.protocol import EngineError, EngineRequest, SamplingOptions
 from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
 from service.engines.simulator.sglang_wire import INPUT_MARGIN_TOKENS
@@ -267,3 +268,34 @@ async def test_stand_in_keeps_sglangs_input_limit_and_silent_cap(start_sim: Star
     assert chunks[-1].finish is not None
     assert chunks[-1].completion_tokens == context - 2 - (window - 1)
     await engine.aclose()
+
+
+@pytest.mark.parametrize("policy", ["vtc", "fcfs"])
+async def test_light_tenants_requests_reach_sglang_with_a_higher_priority(
+    start_server: StartServer, start_sim: StartSim, policy: str
+) -> None:
+    # One engine slot: the tenant's first request is admitted at once (its tenant
+    # light), the next ones while 6 and 5 are queued (heavy), the rest while at
+    # most rules.LIGHT_QUEUE = 4 are (light again). The baselines mark nothing light.
+    stand_in = await start_sim(
+        enable_priority_scheduling=True, time_scale=0.2, max_running_requests=1
+    )
+    app = await start_server(**sglang_settings(stand_in), policy=policy)
+    async with AsyncClient(app.address, tenant="t") as c:
+        # Long enough (~1 s) for the others to queue behind it.
+        first = asyncio.create_task(c.complete([300] * 4, max_tokens=600, ignore_eos=True))
+        await eventually(lambda: len(stand_in.record.requests) == 1, what="the first request")
+        rest = [
+            asyncio.create_task(c.complete([300] * 4, max_tokens=4, ignore_eos=True))
+            for _ in range(6)
+        ]
+        model = app.models.resolve("")
+        assert model is not None
+        await eventually(lambda: model.dispatcher.stats().queued == 6, what="6 queued")
+        await asyncio.gather(first, *rest)
+    sent = [body["priority"] for body in stand_in.record.requests]
+    light, heavy = rules.engine_priority(False, True), rules.engine_priority(False, False)
+    if policy == "vtc":
+        assert sent == [light, heavy, heavy, light, light, light, light]
+    else:
+        assert sent == [heavy] * 7
