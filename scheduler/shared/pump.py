@@ -95,6 +95,8 @@ class Pump:
         # Times the task died of an unexpected error and was restarted (a bug; logged).
         self.restarts_total = 0
         self._announced: set[str] = set()
+        # Queue lengths (capped) the store has of this replica's backlogged tenants.
+        self._sent_queued: dict[str, int] = {}
         self._offered: set[str] = set()  # lease ids in the step awaiting its answer
         self._full_until_s = -math.inf
         # No candidates before this (re-registration after an outage or a wipe).
@@ -224,6 +226,13 @@ class Pump:
             step.renew = self._entries.leases()
         elif rejoin:
             step.backlogged = sorted(rejoin)
+        members = (self._announced | set(step.announce) | set(step.backlogged or ())) - set(
+            step.withdraw
+        )
+        for t in members:
+            n = min(local.queued(t), rules.LIGHT_QUEUE + 1)
+            if self._sent_queued.get(t) != n:
+                step.queued[t] = n
         named = {*step.announce, *(step.backlogged or ()), *(x.tenant_id for x in step.renew or ())}
         step.weights = self._offers.weights(named)
         if now_s >= self._full_until_s and now_s >= self._hold_until_s:
@@ -259,6 +268,9 @@ class Pump:
         self._offered = set()
         self._retry_at_s = -math.inf
         self._failover.succeeded()
+        self._sent_queued.update(step.queued)
+        for t in step.withdraw:
+            self._sent_queued.pop(t, None)
         if step.renew is not None:
             self._next_heartbeat_s = now_s + self._options.heartbeat_s
             self._failover.observe_soon()
@@ -283,6 +295,7 @@ class Pump:
                     admitted = []
             self._next_heartbeat_s = -math.inf
             self._announced = set()
+            self._sent_queued = {}
             self._wake.set()
         self._contacted = True
         self._pause_blocked(step, out, now_s)
@@ -309,6 +322,7 @@ class Pump:
         self._failover.saw(out)
         now_s = self._clock.now_s()
         self._announced = set()
+        self._sent_queued = {}
         self._next_heartbeat_s = now_s + self._options.heartbeat_s
         self._full_until_s = -math.inf
         self._retry_at_s = -math.inf

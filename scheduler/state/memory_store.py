@@ -58,6 +58,8 @@ class MemoryStore:
         self.floor = 0.0
         # (replica, tenant) -> expiry
         self.backlog: dict[tuple[str, str], float] = {}
+        # (replica, tenant) -> its queue length there, capped (Step.queued)
+        self.backlog_queued: dict[tuple[str, str], int] = {}
         self.leases: dict[str, _Lease] = {}
         self.in_flight = 0
         self.in_flight_kv = 0
@@ -133,6 +135,7 @@ class MemoryStore:
             self._release(lid)
         for key in [k for k, exp in self.backlog.items() if exp <= now_s]:
             del self.backlog[key]
+            self.backlog_queued.pop(key, None)
         for lid in [lid for lid, exp in self.done.items() if exp <= now_s]:
             del self.done[lid]
         for t in [t for t, exp in self.recent.items() if exp <= now_s]:
@@ -174,6 +177,7 @@ class MemoryStore:
             self.counters[tenant] = self.counters.get(tenant, 0.0) + delta
         for tenant in step.withdraw:
             self.backlog.pop((replica_id, tenant), None)
+            self.backlog_queued.pop((replica_id, tenant), None)
         if step.reserve_window_s > 0:
             # Still active for the reserve a while after its last request left.
             until_s = now_s + step.reserve_window_s
@@ -186,6 +190,8 @@ class MemoryStore:
             self._lift(replica_id, tenant)
             self.backlog[(replica_id, tenant)] = now_s + self.backlog_ttl_s
             out.counters[tenant] = self.counters.get(tenant, 0.0)
+        for tenant, n in step.queued.items():
+            self.backlog_queued[(replica_id, tenant)] = n
         for lease in step.renew or ():
             self._renew(lease, now_s)
         self.weights.update(step.weights)
@@ -265,11 +271,14 @@ class MemoryStore:
         seen within the window; weights summed in name order, as the Redis script
         does, so both round alike), and whether a tenant with nothing queued is
         below its share (someone to keep the reserve for)."""
-        # Queue lengths are known for the candidates; a tenant backlogged only on
-        # another replica counts as heavy.
+        # Queue lengths summed over the replicas a tenant is backlogged on (one
+        # whose length is unknown counts as heavy); a candidate's own if in none.
         heavy = rules.LIGHT_QUEUE + 1
-        queued = {t: heavy for (_, t) in self.backlog}
-        queued |= {c.tenant_id: c.queued for c in step.candidates}
+        queued: dict[str, int] = {}
+        for key in self.backlog:
+            queued[key[1]] = queued.get(key[1], 0) + self.backlog_queued.get(key, heavy)
+        for c in step.candidates:
+            queued.setdefault(c.tenant_id, c.queued)
         recent = {t for t, exp in self.recent.items() if exp > now_s}
         active = sorted(set(queued) | set(self.concurrency) | recent)
         total = 0.0

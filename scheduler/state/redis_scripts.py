@@ -81,7 +81,7 @@ STEP = (
 -- settled ids, :epoch, :w tenant -> weight, :b:<tenant> buckets.
 local VTC, FLOOR, BL = P .. ':vtc', P .. ':floor', P .. ':bl'
 local LS, LT, LK, IN, DONE = P .. ':ls', P .. ':lt', P .. ':lk', P .. ':in', P .. ':done'
-local W, LA, ADM, RC = P .. ':w', P .. ':la', P .. ':adm', P .. ':rc'
+local W, LA, ADM, RC, BLQ = P .. ':w', P .. ':la', P .. ':adm', P .. ':rc', P .. ':blq'
 local replica = ARGV[2]
 local lease_ttl, bl_ttl, done_ttl = num(ARGV[3]), num(ARGV[4]), num(ARGV[5])
 local max_req, max_kv, w_in = num(ARGV[6]), num(ARGV[7]), num(ARGV[8])
@@ -125,6 +125,7 @@ local function counter(tenant) return tonumber(redis.call('HGET', VTC, tenant)) 
 
 -- expiry: crashed replicas' leases and backlog, old settlement ids
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', LS, '-inf', now)) do release(id) end
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', BL, '-inf', now)) do redis.call('HDEL', BLQ, m) end
 redis.call('ZREMRANGEBYSCORE', BL, '-inf', now)
 redis.call('ZREMRANGEBYSCORE', DONE, '-inf', now)
 redis.call('ZREMRANGEBYSCORE', RC, '-inf', now)
@@ -151,6 +152,7 @@ end
 for _ = 1, num(nxt()) do
   local tenant = nxt()
   redis.call('ZREM', BL, replica .. '\0' .. tenant)
+  redis.call('HDEL', BLQ, replica .. '\0' .. tenant)
   seen(tenant)
 end
 local nb = num(nxt())
@@ -177,6 +179,11 @@ for _ = 1, num(nxt()) do
   end
   redis.call('ZADD', BL, now + bl_ttl, replica .. '\0' .. tenant)
   counters[tenant] = counter(tenant)
+end
+-- this replica's queue lengths (capped) of its backlogged tenants
+for _ = 1, num(nxt()) do
+  local tenant, q = nxt(), nxt()
+  redis.call('HSET', BLQ, replica .. '\0' .. tenant, q)
 end
 -- lease renewal / adoption
 local nr = num(nxt())
@@ -221,17 +228,23 @@ end
 local active = nil
 local function get_active()
   if active then return active end
-  -- queue lengths: the candidates'; a tenant backlogged only elsewhere is heavy
+  -- queue lengths: summed over the replicas it is backlogged on (one whose
+  -- length is unknown counts as heavy); a candidate's own if it is in none
   active = {names = {}, queued = {}, total = 0}
   local known = {}
-  local function add(tenant, queued)
-    if queued then active.queued[tenant] = queued end
+  local function add(tenant)
     if not known[tenant] then known[tenant] = true; table.insert(active.names, tenant) end
   end
   for _, m in ipairs(redis.call('ZRANGE', BL, 0, -1)) do
-    add(string.sub(m, string.find(m, '\0', 1, true) + 1), LIGHT_QUEUE + 1)
+    local tenant = string.sub(m, string.find(m, '\0', 1, true) + 1)
+    local q = tonumber(redis.call('HGET', BLQ, m)) or (LIGHT_QUEUE + 1)
+    active.queued[tenant] = (active.queued[tenant] or 0) + q
+    add(tenant)
   end
-  for _, c in ipairs(cands) do add(c.tenant, c.queued) end
+  for _, c in ipairs(cands) do
+    if active.queued[c.tenant] == nil then active.queued[c.tenant] = c.queued end
+    add(c.tenant)
+  end
   local flat = redis.call('HGETALL', IN)
   for k = 1, #flat, 2 do
     if string.sub(flat[k], 1, 2) == 'c:' then add(string.sub(flat[k], 3), nil) end

@@ -7,6 +7,8 @@ prefix p (default "fg"); `{D}` is the Redis Cluster hash tag:
     p:{D}:vtc        HASH   tenant -> virtual token counter
     p:{D}:floor      STRING counter of the last tenant served (lifts newcomers)
     p:{D}:bl         ZSET   "replica\\0tenant" -> expiry ms (backlog heartbeats)
+    p:{D}:blq        HASH   "replica\\0tenant" -> its queue length there, capped
+                     (light or heavy fleet-wide, for the reserve)
     p:{D}:ls         ZSET   lease id -> expiry ms (in-flight leases)
     p:{D}:lt / :lk   HASH   lease id -> tenant / KV tokens
     p:{D}:in         HASH   n, kv, c:<tenant>, kv:<tenant> (fleet-wide in-flight counts)
@@ -188,7 +190,7 @@ class RedisStore:
 
     def _keys(self, tenants: set[str]) -> list[str]:
         fixed = ["vtc", "floor", "bl", "ls", "lt", "lk", "in", "done", "epoch", "w"]
-        fixed += ["la", "adm", "rc"]
+        fixed += ["la", "adm", "rc", "blq"]
         return [f"{self.base}:{k}" for k in fixed] + [f"{self.base}:b:{t}" for t in sorted(tenants)]
 
     async def _eval(self, script: _Script, keys: list[str], args: list[str]) -> Any:
@@ -234,6 +236,9 @@ class RedisStore:
         args += backlogged
         args.append(str(len(step.announce)))
         args += step.announce
+        args.append(str(len(step.queued)))
+        for tenant, n in step.queued.items():
+            args += [tenant, str(n)]
         renew = step.renew or []
         args.append(str(len(renew)))
         for lease in renew:

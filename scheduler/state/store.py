@@ -128,6 +128,11 @@ class Step:
     withdraw: list[str] = field(default_factory=list)
     # Heartbeat: every tenant backlogged here (refreshes their expiry); None: no refresh.
     backlogged: list[str] | None = None
+    # How many requests tenants backlogged here have queued here (capped at
+    # rules.LIGHT_QUEUE + 1), sent when it changed: the reserve tells light
+    # tenants from heavy ones fleet-wide by their sum (a tenant whose length
+    # the store does not know counts as heavy).
+    queued: dict[str, int] = field(default_factory=dict)
     # Heartbeat: every lease this replica holds (renewed, or re-created if missing).
     renew: list[Lease] | None = None
     # Tenant weights the store remembers for the reserve's shares (candidates
@@ -142,6 +147,7 @@ class Step:
             or self.announce
             or self.withdraw
             or self.backlogged is not None
+            or self.queued
             or self.renew is not None
             or self.weights
             or self.candidates

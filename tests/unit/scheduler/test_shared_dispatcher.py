@@ -85,9 +85,10 @@ async def start(
     store: Store,
     limits: AdmissionLimits,
     tenants: TenantRegistry | None = None,
+    replica: str = "r1",
     **options: object,
 ) -> Driver:
-    opts = SharedOptions("r1", poll_s=0.005, **options)  # type: ignore[arg-type]
+    opts = SharedOptions(replica, poll_s=0.005, **options)  # type: ignore[arg-type]
     d = SharedDispatcher(store, limits, MonotonicClock(), opts, tenants=tenants)
     await d.start()
     drivers.append(Driver(d))
@@ -131,6 +132,28 @@ async def test_reserve_admits_a_victim_beside_a_flood_without_waiting(
     second = await victim_after_the_first_wave(drv, reserve=True)
     await eventually(second.done, what="the victim enters the reserve")
     assert drv.d.in_flight == 8 and len(drv.running("flood")) == 6
+
+
+async def test_the_reserve_is_kept_for_a_light_tenant_queued_on_another_replica(
+    make_store: MakeStore, drivers: list[Driver]
+) -> None:
+    # The flood on r1, the victim on r2: r1's steps never carry the victim, so the
+    # store must know from r2 that the victim is light (one request queued there).
+    store = await make_store()
+    limits = AdmissionLimits(8, 100_000)
+    flood = await start(drivers, store, limits, reserve_fraction=1 / 8, replica="r1")
+    victim = await start(drivers, store, limits, reserve_fraction=1 / 8, replica="r2")
+    for k in range(24):
+        flood.submit(f"f{k}", "flood")
+    await eventually(lambda: flood.d.in_flight == 8, what="the flood fills the engine alone")
+    v1 = victim.submit("v1", "victim")
+    decisions = victim.d.decisions_total
+    await eventually(lambda: victim.d.decisions_total > decisions, what="v1 is considered")
+    assert not v1.done()  # every slot is the flood's
+    holds = flood.d.reserve_holds_total
+    flood.finish(flood.running("flood")[0])  # r1 steps first: the 8th slot is the reserve
+    await eventually(v1.done, what="v1 gets the slot the flood was held out of")
+    assert flood.d.reserve_holds_total > holds and flood.d.in_flight == 7
 
 
 async def test_without_the_reserve_the_victim_waits(

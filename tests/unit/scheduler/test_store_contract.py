@@ -214,13 +214,17 @@ async def test_reserve_holds_an_over_share_tenant_while_a_light_one_is_below_its
     await store.step("r2", Step(ROOM, announce=["victim"]))  # backlogged on another replica
     assert (await offer(store, cand("f6", "flood"))).admitted == 0  # 7th of 8: not the reserve
     # The 8th slot is the reserve, the flood is over its half (7 >= 8 / 2), but the
-    # victim's queue on r2 is unknown here: heavy, no room is kept for it.
+    # victim's queue length on r2 is unknown: heavy, no room is kept for it.
     out = await offer(store, cand("f7", "flood"))
     assert out.admitted == 0 and out.held == []
     await store.step("r1", Step(ROOM, settlements=[Settlement("f7", "flood")]))
-    # Offered in the step with one request queued, the victim is light: a held candidate
-    # stops the round (the reserve never reorders the counters), so a victim served
-    # more than the flood waits like everyone else...
+    # r2 tells the store the victim has one request queued there: light, so r1's
+    # flood is held out of the reserve although the victim is none of r1's candidates.
+    await store.step("r2", Step(ROOM, queued={"victim": 1}))
+    out = await offer(store, cand("f8", "flood"))
+    assert out.admitted is None and out.held == [0]
+    # A held candidate stops the round (the reserve never reorders the counters),
+    # so a victim served more than the flood waits like everyone else...
     step = {"charges": {"victim": 100.0}, "replica": "r2"}  # the victim's counter is larger
     out = await offer(store, cand("f8", "flood"), cand("v0", "victim", queued=1), **step)
     assert out.admitted is None and out.held == [0] and not out.full and out.blocked == {}

@@ -4,7 +4,8 @@ Redis STEP script (their Lua twin); every decision must be the same.
 Each trace is a sequence of steps from a few replicas: announcements (lifts),
 withdrawals, output charges, settlements, and offers of candidates of mixed
 shapes and weights, some with max_concurrent or wait-mode buckets, light or
-heavy (queue lengths around `rules.LIGHT_QUEUE`), with and without the
+heavy (queue lengths around `rules.LIGHT_QUEUE`, the candidates' and those
+announced for backlogged tenants, summed over replicas), with and without the
 fair-share reserve and the light tenants' credit. After every step both stores must agree on
 what was admitted, held, blocked (and whether forever) and full, and on the
 counters. Buckets refill slowly enough that the two stores' clocks (injected
@@ -49,6 +50,9 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
         if kind == "announce":
             step.announce = sorted(set(draw(st.lists(st.sampled_from(TENANTS), max_size=3))))
             step.weights = {t: weights[t] for t in step.announce}
+            # Queue lengths there: some sent, some left unknown (heavy).
+            lengths = st.sampled_from([1, LIGHT_QUEUE, LIGHT_QUEUE + 1])
+            step.queued = {t: draw(lengths) for t in step.announce if draw(st.booleans())}
         elif kind == "charge":
             tenant = draw(st.sampled_from(TENANTS))
             # Multiples of 100, like the prompts: equal counters (ties) are common.
