@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from fairgate import AsyncClient
 
 from service.engines.pool import WorkerPool
@@ -119,7 +118,7 @@ async def test_pool_admits_every_workers_slots_without_queueing(
             asyncio.create_task(c.complete(f"p{i}", max_tokens=2000, ignore_eos=True))
             for i in range(12)
         ]
-        await eventually(lambda: d.in_flight == 12, what="12 admitted")
+        await eventually(lambda: d.stats().in_flight == 12, what="12 admitted")
         stats = d.stats()
         assert (stats.queued, stats.in_flight, stats.admitted_total) == (0, 12, 12)
         # Each worker runs its 6 (after their prefill); none waits for a slot there.
@@ -130,8 +129,8 @@ async def test_pool_admits_every_workers_slots_without_queueing(
         load = await pool.load()
         assert (load.running_requests, load.waiting_requests) == (12, 0)
         extra = asyncio.create_task(c.complete("p12", max_tokens=2, ignore_eos=True))
-        await eventually(lambda: d.queued == 1, what="the 13th queued in the gateway")
-        assert d.in_flight == 12
+        await eventually(lambda: d.stats().queued == 1, what="the 13th queued in the gateway")
+        assert d.stats().in_flight == 12
         assert sum(s.engine.stats.started for s in workers) == 12
         for t in [*tasks, extra]:
             t.cancel()
