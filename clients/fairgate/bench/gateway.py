@@ -311,13 +311,14 @@ async def capacity(
     ttft_budget_ms: float,
     min_ratio: float,
     incremental: bool = False,
+    grpc_channels: int = 1,
 ) -> None:
     rows: list[tuple[int, list[Cell]]] = []
     for n in range(1, max_workers + 1):
         c = per_worker_c * n
         async with (
             sim_workers(n, MODES["real"], max(per_worker_c, 256), incremental) as urls,
-            targets_for(urls, [variant], False, None) as targets,
+            targets_for(urls, [variant], False, None, grpc_channels) as targets,
         ):
             await warm(targets, tokens)
             cells = []
@@ -384,6 +385,14 @@ async def main(
         print_scaling(cells, [f"{v.label} grpc" for v in variants])
     if capacity_workers:
         await capacity(
-            per_worker_c, capacity_workers, reps, tokens, variants[0], 5.0, 0.95, incremental
+            per_worker_c,
+            capacity_workers,
+            reps,
+            tokens,
+            variants[0],
+            5.0,
+            0.95,
+            incremental,
+            grpc_channels,
         )
     print(f"machine after: {_uptime()}")

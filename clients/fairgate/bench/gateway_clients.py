@@ -9,11 +9,16 @@ as the protocol allows (the load generator shares the machine with the gateway):
 Each returns a `Sample`: time to the first streamed message, output tokens
 (the engine's final count), and whether it finished normally. The first
 message is taken as the first token: all three send one only once output exists.
+fairgate's gRPC result also says what the gateway measured itself (its TTFT
+from the handler's start, and the wait in its fair queue), so the benchmark can
+tell time spent before fairgate's handler ran (gRPC accepting the call) from
+time in its queue.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +39,10 @@ class Sample:
     tokens: int
     ok: bool
     error: str = ""
+    # fairgate gRPC only (else NaN): its own TTFT (handler start to first token
+    # out) and fair-queue wait, from the result's timings.
+    gateway_ttft_s: float = math.nan
+    queue_wait_s: float = math.nan
 
 
 Caller = Callable[[int], Awaitable[Sample]]
@@ -116,7 +125,20 @@ class GrpcClient:
         if first is None or result is None:
             return _failed(start, "NO_RESULT")
         ok = result.finish_reason == pb.FINISH_REASON_LENGTH
-        return Sample(first - start, result.usage.completion_tokens, ok, "")
+        t = result.timings
+        gateway_ttft_s = (
+            t.time_to_first_token.ToTimedelta().total_seconds()
+            if t.HasField("time_to_first_token")
+            else math.nan
+        )
+        return Sample(
+            first - start,
+            result.usage.completion_tokens,
+            ok,
+            "",
+            gateway_ttft_s,
+            t.queue_wait.ToTimedelta().total_seconds(),
+        )
 
     async def aclose(self) -> None:
         for channel in self._channels:

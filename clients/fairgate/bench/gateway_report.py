@@ -47,6 +47,15 @@ class Summary:
     rss_mb: float
     failures: int
     requests: int
+    # fairgate gRPC only (else NaN): the wait in its fair queue, and the part of
+    # the client's TTFT before its handler ran (gRPC accepting the call, transport).
+    queue_wait_p99_s: float = math.nan
+    unseen_p50_s: float = math.nan
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    known = [v for v in values if not math.isnan(v)]
+    return percentile(known, q) if known else math.nan
 
 
 def summarize(cells: Sequence[Cell], direct: Sequence[Cell]) -> Summary:
@@ -67,6 +76,10 @@ def summarize(cells: Sequence[Cell], direct: Sequence[Cell]) -> Summary:
         rss_mb=max(cell.rss_bytes for cell in cells) / 2**20,
         failures=sum(cell.failures for cell in cells),
         requests=sum(len(cell.samples) for cell in cells),
+        queue_wait_p99_s=_pct([s.queue_wait_s for c in cells for s in c.samples if s.ok], 99),
+        unseen_p50_s=_pct(
+            [s.ttft_s - s.gateway_ttft_s for c in cells for s in c.samples if s.ok], 50
+        ),
     )
 
 
@@ -88,7 +101,8 @@ def print_mode(mode: str, workers: int, tokens: int, reps: int, cells: Sequence[
     header = (
         f"{'c':>5} | {'target':<22} | {'tok/s':>8} | {'× direct':>8} | "
         f"{'TTFT p50 ms':>11} | {'p99 ms':>8} | {'+p50 ms':>8} | {'+p99 ms':>8} | "
-        f"{'µs CPU/tok':>10} | {'cores':>5} | {'RSS MB':>6} | {'failed':>6}"
+        f"{'µs CPU/tok':>10} | {'cores':>5} | {'RSS MB':>6} | {'failed':>6} | "
+        f"{'queue p99':>9} | {'unseen p50':>10}"
     )
     print(header)
     print("-" * len(header))
@@ -106,8 +120,18 @@ def print_mode(mode: str, workers: int, tokens: int, reps: int, cells: Sequence[
                 f"{_ms(s.ttft_p99_s - ref.ttft_p99_s) if gateway else '':>8} | "
                 f"{s.cpu_us_per_token if gateway else math.nan:>10.1f} | "
                 f"{s.cores if gateway else math.nan:>5.2f} | {s.rss_mb:>6.0f} | "
-                f"{s.failures:>3}/{s.requests}"
+                f"{s.failures:>3}/{s.requests} | {_ms(s.queue_wait_p99_s):>9} | "
+                f"{_ms(s.unseen_p50_s):>10}"
             )
+    _explain_columns()
+
+
+def _explain_columns() -> None:
+    print(
+        "queue p99 = fairgate's fair-queue wait (its admission limits); unseen p50 = the "
+        "client's TTFT minus fairgate's own (from its handler's start): gRPC accepting the "
+        "call, which grows when fairgate's event loop is saturated (ms; gRPC targets only)"
+    )
 
 
 def print_scaling(cells: Sequence[Cell], variants: Sequence[str]) -> None:
@@ -143,7 +167,8 @@ def print_capacity(
         lines.append(
             f"{n:>7} | {cells[0].c:>5} | {ref.tokens_per_s:>8.0f} | {s.ratio:>8.2f} | "
             f"{added_ms:>+8.1f} | {s.cores:>5.2f} | {s.ratio * n / s.cores:>9.1f} | "
-            f"{'yes' if ok else 'no':>4}"
+            f"{'yes' if ok else 'no':>4} | {_ms(s.queue_wait_p99_s):>9} | "
+            f"{_ms(s.unseen_p50_s):>10}"
         )
     if final:
         print()
@@ -153,7 +178,8 @@ def print_capacity(
         )
         print(
             f"{'workers':>7} | {'c':>5} | {'direct/s':>8} | {'× direct':>8} | "
-            f"{'+p99 ms':>8} | {'cores':>5} | {'per core':>9} | {'pass':>4}"
+            f"{'+p99 ms':>8} | {'cores':>5} | {'per core':>9} | {'pass':>4} | "
+            f"{'queue p99':>9} | {'unseen p50':>10}"
         )
         print("\n".join(lines))
         if passed_n:
@@ -168,4 +194,5 @@ def print_capacity(
             "per core = workers' worth of tokens carried (× direct · workers) ÷ fairgate's "
             "cores: what its CPU alone would carry with spare cores for the rest"
         )
+        _explain_columns()
     return ok

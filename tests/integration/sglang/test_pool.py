@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from fairgate import AsyncClient
 
 from service.engines.pool import WorkerPool
@@ -93,4 +94,45 @@ async def test_least_loaded_routing_and_prefix_affinity(
         await asyncio.gather(*tasks)
     load = await pool.load()
     assert load.running_requests == 0
+    await assert_no_sglang_leaks(app, *workers)
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+async def test_pool_admits_every_workers_slots_without_queueing(
+    start_server: StartServer, start_sim: StartSim, store: str, request: pytest.FixtureRequest
+) -> None:
+    """Two workers of 6 slots: 12 streams all run at once (the gateway's limit is the
+    pool's, not one worker's); the 13th waits in the gateway, not on a worker."""
+    workers = [await start_sim(time_scale=1.0, max_running_requests=6) for _ in range(2)]
+    shared: dict[str, str] = {}
+    if store == "redis":
+        shared = {"store": "redis", "redis_url": request.getfixturevalue("redis_url")}
+    app = await start_server(**sglang_settings(*workers, **shared))
+    pool = _pool(app)
+    model = app.models.resolve("")
+    assert model is not None
+    d = model.dispatcher
+    assert d.budget.limits.max_requests == 12
+    async with AsyncClient(app.address) as c:
+        tasks = [
+            asyncio.create_task(c.complete(f"p{i}", max_tokens=2000, ignore_eos=True))
+            for i in range(12)
+        ]
+        await eventually(lambda: d.stats().in_flight == 12, what="12 admitted")
+        stats = d.stats()
+        assert (stats.queued, stats.in_flight, stats.admitted_total) == (0, 12, 12)
+        # Each worker runs its 6 (after their prefill); none waits for a slot there.
+        await eventually(
+            lambda: [len(s.engine.core.running) for s in workers] == [6, 6], what="6 per worker"
+        )
+        assert [w.in_flight for w in pool.workers] == [6, 6]
+        load = await pool.load()
+        assert (load.running_requests, load.waiting_requests) == (12, 0)
+        extra = asyncio.create_task(c.complete("p12", max_tokens=2, ignore_eos=True))
+        await eventually(lambda: d.stats().queued == 1, what="the 13th queued in the gateway")
+        assert d.stats().in_flight == 12
+        assert sum(s.engine.stats.started for s in workers) == 12
+        for t in [*tasks, extra]:
+            t.cancel()
+        await asyncio.gather(*tasks, extra, return_exceptions=True)
     await assert_no_sglang_leaks(app, *workers)

@@ -56,6 +56,25 @@ def test_failed_requests_count_and_leave_the_ttft_out() -> None:
     assert s.failures == 1 and s.requests == 3 and s.ttft_p99_s == pytest.approx(0.01)
 
 
+def test_gateway_timings_split_the_ttft_into_queue_and_before_the_handler(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Client TTFT 1.0 s of which fairgate measured 0.03 s from its handler's start,
+    # 0.002 s of it in its queue: 0.97 s passed before the handler ran.
+    gw = Cell("fg grpc", 64, 1.0, [Sample(1.0, 10, True, "", 0.03, 0.002)] * 3, 0.5, 0.0)
+    gw.samples.append(Sample(5.0, 0, False, "UNAVAILABLE"))  # left out
+    direct = [_cell("direct", 1.0, [0.1], 0.0, c=64)]
+    s = summarize([gw], direct)
+    assert s.queue_wait_p99_s == pytest.approx(0.002)
+    assert s.unseen_p50_s == pytest.approx(0.97)
+    d = summarize(direct, direct)  # other clients do not say: unknown, not zero
+    assert math.isnan(d.queue_wait_p99_s) and math.isnan(d.unseen_p50_s)
+    print_capacity([(1, [*direct, gw])], 5.0, 0.95, final=True)
+    out = capsys.readouterr().out
+    assert "| queue p99 | unseen p50" in out
+    assert "|      +2.0 |     +970.0" in out
+
+
 def test_capacity_stops_at_the_first_worker_count_over_the_bounds(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
