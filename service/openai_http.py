@@ -143,9 +143,7 @@ class OpenAIFront:
         )
         await site.start()
         self._runner = runner
-        sockets = getattr(site._server, "sockets", None) or ()
-        if sockets:
-            self.port = sockets[0].getsockname()[1]
+        self.port = runner.addresses[0][1]  # the bound port when 0 was asked for
 
     async def stop(self) -> None:
         """Close the port; `App.stop` drains (service/drain.py) before calling this."""

@@ -26,10 +26,7 @@ class MetricsEndpoint:
         site = web.TCPSite(runner, self.host, self.port)
         await site.start()
         self._runner = runner
-        server = site._server  # the bound port when 0 was asked for
-        sockets = getattr(server, "sockets", None) or ()
-        if sockets:
-            self.port = sockets[0].getsockname()[1]
+        self.port = runner.addresses[0][1]  # the bound port when 0 was asked for
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from fairgate.bench.common import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 420.0
@@ -87,13 +88,6 @@ def otel_overlay() -> Path:
     staging.rename(target)
     (target / ".done").write_text("ok")
     return target
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass(slots=True)

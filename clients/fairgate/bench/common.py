@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -50,11 +51,23 @@ async def child_server(module: str, *args: str) -> AsyncIterator[ServerProcess]:
         yield ServerProcess(f"127.0.0.1:{int(line.split()[1])}", proc.pid)
     finally:
         proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        await reap(proc)
+
+
+async def reap(proc: asyncio.subprocess.Process, timeout_s: float = 10.0) -> None:
+    """Wait for a child asked to stop; kill it if it is still there after `timeout_s`."""
+    try:
+        await asyncio.wait_for(proc.wait(), timeout=timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+def free_port() -> int:
+    """A loopback port free right now (the caller binds it soon after)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @asynccontextmanager

@@ -28,7 +28,6 @@ import asyncio
 import math
 import os
 import shutil
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import aiohttp
 
-from fairgate.bench.common import child_server, server_child
+from fairgate.bench.common import child_server, free_port, reap, server_child
 from fairgate.bench.gateway_clients import (
     Caller,
     GrpcClient,
@@ -125,12 +124,6 @@ def find_smg(explicit: str) -> str | None:
     return str(beside) if beside.exists() else shutil.which("smg")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @asynccontextmanager
 async def sim_workers(
     n: int, time_scale: float, max_running: int, incremental: bool = False
@@ -156,7 +149,7 @@ async def sim_workers(
 
 @asynccontextmanager
 async def smg_gateway(binary: str, worker_urls: Sequence[str]) -> AsyncIterator[tuple[str, int]]:
-    port = _free_port()
+    port = free_port()
     proc = await asyncio.create_subprocess_exec(
         binary,
         "launch",
@@ -188,11 +181,7 @@ async def smg_gateway(binary: str, worker_urls: Sequence[str]) -> AsyncIterator[
     finally:
         if proc.returncode is None:
             proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), timeout=10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+            await reap(proc)
 
 
 @asynccontextmanager
@@ -209,7 +198,7 @@ async def targets_for(
         targets = [Target("direct", direct, None)]
         redis = stack.enter_context(local_redis(needs_redis(variants)))
         for i, v in enumerate(variants):
-            http_port = _free_port()
+            http_port = free_port()
             shared = redis_settings(v, redis)
             server = await stack.enter_async_context(
                 server_child(

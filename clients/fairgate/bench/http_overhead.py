@@ -14,13 +14,12 @@ printed per protocol with the ratio HTTP ÷ gRPC.
 from __future__ import annotations
 
 import asyncio
-import socket
 from dataclasses import dataclass
 
 import aiohttp
 
 from fairgate.aio import AsyncClient
-from fairgate.bench.common import server_child
+from fairgate.bench.common import free_port, server_child
 from fairgate.types import Result
 
 PROMPT = [17] * 16
@@ -80,14 +79,8 @@ async def _http_round(url: str, n: int, concurrency: int, tokens: int) -> int:
     return total
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def measure(requests: int, concurrency: int, tokens: int, rounds: int) -> tuple[Tally, Tally]:
-    http_port = _free_port()
+    http_port = free_port()
     async with server_child(
         "fairgate",
         sim_time_scale=0,

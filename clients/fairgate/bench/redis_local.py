@@ -19,6 +19,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from fairgate.bench.common import free_port
+
 
 def find_redis_server() -> str | None:
     env = os.environ.get("FAIRGATE_REDIS_SERVER")
@@ -32,12 +34,6 @@ def find_redis_server() -> str | None:
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)
     return shutil.which("redis-server")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:

@@ -112,9 +112,7 @@ class SimServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
-        server = site._server
-        assert isinstance(server, asyncio.base_events.Server)
-        self.port = server.sockets[0].getsockname()[1]
+        self.port = self._runner.addresses[0][1]
         return self.port
 
     async def stop(self) -> None:

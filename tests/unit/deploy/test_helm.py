@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tomllib
@@ -23,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fairgate.bench.common import free_port
 
 from scheduler.tenancy.tenant_file import load_tenants
 from service.app import SERVICE_NAME
@@ -400,13 +400,6 @@ def test_validators_catch_a_broken_render(helm: str, tmp_path: Path) -> None:
     assert validate(good.replace("kind: ServiceMonitor", "kind: PodMonitor", 1)) != 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_wait_for_engine_holds_the_pod_until_an_engine_answers(rendered: dict[str, Any]) -> None:
     """The init container's program, run as rendered: it waits while no engine
     answers /health and finishes once a real `fairgate sim-server` does."""
@@ -415,7 +408,7 @@ def test_wait_for_engine_holds_the_pod_until_an_engine_answers(rendered: dict[st
     (init,) = pod["initContainers"]
     assert init["envFrom"] == _container(_gateway(docs))["envFrom"]  # reads FAIRGATE_SGLANG_URLS
     assert init["command"][:2] == ["python", "-c"]
-    dead, live = _free_port(), _free_port()
+    dead, live = free_port(), free_port()
     urls = f"http://127.0.0.1:{dead},http://127.0.0.1:{live}"
     waiter = subprocess.Popen(
         [sys.executable, "-c", init["command"][2]],
