@@ -97,6 +97,7 @@ class Dispatcher:
         expire_deadlines: bool = False,
         reserve_fraction: float = 0.0,
         reserve_window_s: float = 10.0,
+        isolation: rules.Isolation = rules.Isolation.RESERVE,
         idle_ttl_s: float = 600.0,
     ) -> None:
         """`expire_deadlines`: reject a queued request with DeadlineExpired when
@@ -104,7 +105,9 @@ class Dispatcher:
         `reserve_fraction`: share of the engine kept for tenants below their
         fair share (see `FairShareReserve`; 0 turns it off; never applied under a
         baseline policy, `policy.fair` False); `reserve_window_s`: how long a
-        tenant counts as active after its last request left.
+        tenant counts as active after its last request left. `isolation`: keep
+        that share idle (RESERVE) or lend it beyond the engine's room to light
+        tenants, for an engine that preempts by priority (PREEMPT).
         `idle_ttl_s`: a tenant the registry does not configure (open mode: any
         id a caller names) is forgotten after this long idle, once its buckets
         are full again, so callers cannot grow the dispatcher's state at will."""
@@ -120,6 +123,7 @@ class Dispatcher:
             clock,
             reserve_window_s,
         )
+        self.isolation = isolation
         self._seq = itertools.count(1)
         self._entries: dict[int, _Entry] = {}
         # Paused tenant -> resume time (inf: at the next finish of one of its requests).
@@ -265,9 +269,9 @@ class Dispatcher:
         b, fraction = self.budget, self.reserve.fraction
         room = (b.limits, b.in_flight_requests, b.in_flight_kv_tokens, head.kv_tokens)
         load = None
-        if rules.needs_load(fraction, *room):
+        if rules.needs_load(fraction, *room, self.isolation):
             load = self.reserve.load(head.tenant_id, b.limits)
-        return rules.verdict(own_wait_s, *room, fraction, load)
+        return rules.verdict(own_wait_s, *room, fraction, load, self.isolation)
 
     def head_verdict(self) -> Verdict | None:
         """What the rules say of the next request in line now (None: nobody queued)."""

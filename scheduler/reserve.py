@@ -112,5 +112,9 @@ class FairShareReserve:
                 break
         mine = self._load.get(tenant_id) or _Load()
         return TenantLoad(
-            self.weight_of(tenant_id) / total, mine.in_flight, mine.kv_tokens, protects
+            self.weight_of(tenant_id) / total,
+            mine.in_flight,
+            mine.kv_tokens,
+            protects,
+            light(mine.queued),
         )

@@ -122,6 +122,31 @@ def fits(limits: AdmissionLimits, in_flight: int, in_flight_kv: int, kv_tokens: 
     return in_flight == 0 or in_flight_kv + kv_tokens <= limits.max_kv_tokens
 
 
+class Isolation(enum.Enum):
+    """How a light tenant gets engine room beside a flood that fills it (`verdict`)."""
+
+    # The last `fraction` of the room is kept, idle if need be, for tenants
+    # below their share: for engines that cannot preempt.
+    RESERVE = "reserve"
+    # The room is filled; a light tenant below its share may go up to `fraction`
+    # beyond it, and the engine retracts a heavy tenant's running request to make
+    # room (SGLang's priority preemption, `engine_priority`). Nothing idles; the
+    # retracted request's prefix is recomputed.
+    PREEMPT = "preempt"
+
+
+def fits_lent(
+    fraction: float, limits: AdmissionLimits, in_flight: int, in_flight_kv: int, kv_tokens: int
+) -> bool:
+    """Does `kv_tokens` more fit the room plus the `fraction` lent beyond it (PREEMPT)?"""
+    lent_requests = math.ceil(limits.max_requests * fraction)
+    lent_kv = limits.max_kv_tokens * fraction
+    return (
+        in_flight + 1 <= limits.max_requests + lent_requests
+        and in_flight_kv + kv_tokens <= limits.max_kv_tokens + lent_kv
+    )
+
+
 def in_reserve(
     fraction: float, limits: AdmissionLimits, in_flight: int, in_flight_kv: int, kv_tokens: int
 ) -> bool:
@@ -163,6 +188,9 @@ class TenantLoad:
     # of their own, are served in counter order anyway: holding room for them
     # would only idle it.
     protects: bool = True
+    # Is the candidate itself light (PREEMPT lends room beyond the engine's only
+    # to light tenants: a flood below its share must not retract its peers)?
+    light: bool = True
 
 
 # A tenant with at most this many requests queued is light: the reserve is kept
@@ -189,13 +217,27 @@ def order_key(counter: float, queued: int, light_credit: float) -> float:
     return counter - light_credit if light(queued) else counter
 
 
-def engine_priority(batch: bool, light_tenant: bool) -> int:
+def engine_priority(
+    batch: bool, light_tenant: bool, threshold: int | None = None, preempt: bool = False
+) -> int:
     """The priority sent to an engine that schedules by priority (SGLang: larger
     first). A light tenant's request is prefilled before the heavy tenants' queued
     prompts (admitted at once, it would otherwise wait in the engine behind them);
-    interactive before batch within each. At most 3 apart: below SGLang's
-    preemption threshold (10), so nothing running is retracted."""
-    return (2 if light_tenant else 0) + (0 if batch else 1)
+    interactive before batch within each.
+
+    `threshold`: the engine retracts a running request for a newcomer whose
+    priority exceeds it by more than this (SGLang's
+    --priority-scheduling-preemption-threshold; None: it never preempts). With
+    `preempt` (Isolation.PREEMPT) a light tenant's priorities clear it over every
+    heavy one's, and nothing else does; otherwise every gap stays within it, so
+    nothing running is retracted."""
+    step = 0 if batch else 1
+    if preempt and threshold is not None:
+        if threshold < 1:
+            step = 0  # a gap of 1 would preempt: one class only
+        return step + (threshold + 2 if light_tenant else 0)  # gaps: threshold + 1 or more
+    p = step + (2 if light_tenant else 0)
+    return p if threshold is None else min(p, threshold)
 
 
 def waiting_below_share(
@@ -227,17 +269,31 @@ def verdict(
     kv_tokens: int,
     reserve_fraction: float,
     load: TenantLoad | None,
+    isolation: Isolation = Isolation.RESERVE,
 ) -> Verdict:
     """The one order of the checks on the head of the next tenant in line.
 
-    `load` is needed only when the request would enter the reserve; callers
+    `load` is needed only when the reserve (or the lent room) applies; callers
     that compute it lazily pass None and ask `needs_load` first.
     """
     if own_wait_s > 0:
         return Verdict.OWN_LIMIT
-    if not fits(limits, in_flight, in_flight_kv, kv_tokens):
+    room = fits(limits, in_flight, in_flight_kv, kv_tokens)
+    if isolation is Isolation.PREEMPT:
+        if room:
+            return Verdict.ADMIT
+        if not needs_load(reserve_fraction, limits, in_flight, in_flight_kv, kv_tokens, isolation):
+            return Verdict.FULL
+        if load is None:
+            raise ValueError("the lent room applies: pass the tenant's load")
+        if load.light and below_share(
+            load.share, limits, load.in_flight, load.kv_tokens, kv_tokens
+        ):
+            return Verdict.ADMIT
         return Verdict.FULL
-    if needs_load(reserve_fraction, limits, in_flight, in_flight_kv, kv_tokens):
+    if not room:
+        return Verdict.FULL
+    if needs_load(reserve_fraction, limits, in_flight, in_flight_kv, kv_tokens, isolation):
         if load is None:
             raise ValueError("the reserve applies: pass the tenant's load")
         below = below_share(load.share, limits, load.in_flight, load.kv_tokens, kv_tokens)
@@ -247,11 +303,21 @@ def verdict(
 
 
 def needs_load(
-    reserve_fraction: float, limits: AdmissionLimits, in_flight: int, in_flight_kv: int, kv: int
+    reserve_fraction: float,
+    limits: AdmissionLimits,
+    in_flight: int,
+    in_flight_kv: int,
+    kv: int,
+    isolation: Isolation = Isolation.RESERVE,
 ) -> bool:
-    """Does the reserve apply to this admission (so `verdict` needs the tenant's load)?"""
+    """Does the reserve (RESERVE) or the lent room (PREEMPT) apply to this
+    admission, so that `verdict` needs the tenant's load?"""
     if reserve_fraction <= 0:
         return False
+    if isolation is Isolation.PREEMPT:
+        return not fits(limits, in_flight, in_flight_kv, kv) and fits_lent(
+            reserve_fraction, limits, in_flight, in_flight_kv, kv
+        )
     return in_reserve(reserve_fraction, limits, in_flight, in_flight_kv, kv)
 
 

@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import MonotonicClock
 from scheduler.gate import AdmissionGate
@@ -55,6 +56,20 @@ def admission_limits(cap: EngineCapacity, settings: Settings) -> AdmissionLimits
         max_requests=max(1, int(cap.max_running_requests * settings.running_target_fraction)),
         max_kv_tokens=max(1, int(cap.max_total_tokens * settings.kv_target_fraction)),
     )
+
+
+def isolation_for(setting: str, cap: EngineCapacity) -> rules.Isolation:
+    """Settings' fair_isolation against what the engine can do."""
+    if setting == "reserve":
+        return rules.Isolation.RESERVE
+    if cap.preempt_threshold is None:
+        if setting == "preempt":
+            raise ValueError(
+                "fair_isolation=preempt needs an engine that preempts by priority (SGLang "
+                "with --enable-priority-scheduling and without --disable-priority-preemption)"
+            )
+        return rules.Isolation.RESERVE
+    return rules.Isolation.PREEMPT
 
 
 def load_tenant_registry(settings: Settings) -> TenantRegistry:
@@ -129,8 +144,15 @@ class App:
             rate_limit_per_s=settings.rate_limit_per_s,
             rate_limit_burst=settings.rate_limit_burst or None,
         )
+        isolation = isolation_for(settings.fair_isolation, cap)
         dispatcher = await build_dispatcher(
-            settings, options, admission_limits(cap, settings), clock, tenants, model_name
+            settings,
+            options,
+            admission_limits(cap, settings),
+            clock,
+            tenants,
+            model_name,
+            isolation,
         )
         tokenizer = load_tokenizer(settings.tokenizer_path or None, cap.vocab_size)
         model = ServedModel(
@@ -145,6 +167,8 @@ class App:
             # say it, and one token id past the embedding table kills its scheduler.
             vocab_size=tokenizer.vocab_size if tokenizer.exact else cap.vocab_size,
             chat_template=load_chat_template(settings.chat_template_path, settings.tokenizer_path),
+            preempt_threshold=cap.preempt_threshold,
+            isolation=isolation,
         )
         models = ModelRegistry([model], default=model_name)
         telemetry.watch_model(model)

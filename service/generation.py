@@ -141,7 +141,12 @@ class Generation:
                 prompt_text=params.prompt_text,
                 max_tokens=params.max_tokens,
                 sampling=params.sampling,
-                priority=rules.engine_priority(params.priority is Priority.BATCH, queued.light),
+                priority=rules.engine_priority(
+                    params.priority is Priority.BATCH,
+                    queued.light,
+                    params.model.preempt_threshold,
+                    params.model.isolation is rules.Isolation.PREEMPT,
+                ),
             )
             obs.admitted(engine_req, dispatcher.budget)
             drain, key = self.drain, id(queued)

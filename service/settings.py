@@ -20,6 +20,7 @@ ENGINES = ("simulator", "sglang-http", "sglang")
 AUTH_MODES = ("auto", "api-key", "dev-header")
 STORES = ("memory", "redis")
 FAILURE_MODES = ("open", "closed")
+ISOLATIONS = ("auto", "preempt", "reserve")
 # Server processes per node (`workers`): beyond the cores of any node we run on.
 MAX_WORKERS = 256
 
@@ -43,6 +44,8 @@ class Settings:
     # SGLang's --enable-priority-scheduling (fairgate's engine priorities order
     # the simulator's prefills).
     sim_priority_scheduling: bool = False
+    # SGLang's --disable-priority-preemption (else a priority gap above 10 preempts).
+    sim_disable_priority_preemption: bool = False
     # SGLang over HTTP (engine = "sglang-http"): comma-separated base URLs;
     # more than one makes a worker pool.
     sglang_urls: str = ""
@@ -97,6 +100,11 @@ class Settings:
     # How long a tenant still counts as one to keep the reserve for after its
     # last request left (a light tenant between two requests).
     fair_reserve_window_s: float = 10.0
+    # How the reserve's share is given to light tenants: "preempt" lends it beyond
+    # the engine's room and lets the engine retract a flood's running request
+    # (SGLang with --enable-priority-scheduling, preemption on); "reserve" keeps
+    # it idle for them; "auto": preempt where the engine can, else reserve.
+    fair_isolation: str = "auto"
     # How far ahead (weighted tokens per unit of weight) a light tenant, one with
     # a few requests queued at most, is ordered: its own last request must not
     # make it wait behind tenants queued all along. Adds as much to the fairness
@@ -196,6 +204,8 @@ class Settings:
             problems.append("fair_reserve_fraction must be in [0, 1)")
         if not 0 <= self.fair_reserve_window_s <= 3600:
             problems.append("fair_reserve_window_s must be in [0, 3600]")
+        if self.fair_isolation not in ISOLATIONS:
+            problems.append(f"fair_isolation must be one of {', '.join(ISOLATIONS)}")
         if not 0 <= self.fair_light_credit <= 1e9:
             problems.append("fair_light_credit must be in [0, 1e9]")
         # The same finite ranges as tenants' weights and quotas (scheduler/tenancy/tenants.py).

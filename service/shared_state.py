@@ -9,6 +9,7 @@ import socket
 import uuid
 from typing import Literal
 
+from scheduler import rules
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.dispatcher import Dispatcher
@@ -54,6 +55,7 @@ async def build_dispatcher(
     clock: Clock,
     tenants: TenantRegistry,
     model_name: str,
+    isolation: rules.Isolation = rules.Isolation.RESERVE,
 ) -> AdmissionGate:
     if settings.store == "memory":
         return Dispatcher(
@@ -63,6 +65,7 @@ async def build_dispatcher(
             tenants=tenants,
             reserve_fraction=settings.fair_reserve_fraction,
             reserve_window_s=settings.fair_reserve_window_s,
+            isolation=isolation,
         )
     if settings.policy != "vtc":
         raise ValueError("store=redis shares the vtc policy's state; set policy=vtc")
@@ -87,6 +90,7 @@ async def build_dispatcher(
             replicas=settings.replica_processes,
             reserve_fraction=settings.fair_reserve_fraction,
             reserve_window_s=settings.fair_reserve_window_s,
+            isolation=isolation,
             light_credit=settings.fair_light_credit,
             w_in=settings.vtc_w_in,
             w_out=settings.vtc_w_out,

@@ -29,6 +29,7 @@ async def start_sim() -> AsyncIterator[StartSim]:
         enable_priority_scheduling: bool = False,
         **config: Any,
     ) -> SimServer:
+        config.setdefault("priority_scheduling", enable_priority_scheduling)
         sim_config = SimConfig(cost=preset(), **config)
         server = SimServer(
             SimulatedEngine(sim_config, time_scale=time_scale),

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
+from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.ordering.vtc import DEFAULT_BATCH_EVERY_N
 from scheduler.quotas import TenantUsage
@@ -26,6 +27,7 @@ class SharedOptions:
     # long a tenant stays one to keep it for after its last request left.
     reserve_fraction: float = 0.0
     reserve_window_s: float = 10.0
+    isolation: rules.Isolation = rules.Isolation.RESERVE
     # VTC order: a light tenant goes this far ahead (rules.order_key).
     light_credit: float = 0.0
     w_in: float = 1.0
@@ -49,6 +51,7 @@ class SharedOptions:
             w_in=self.w_in,
             reserve_fraction=self.reserve_fraction,
             reserve_window_s=self.reserve_window_s,
+            isolation=self.isolation,
             light_credit=self.light_credit,
         )
 

@@ -229,19 +229,10 @@ class MemoryStore:
                 self.concurrency.get(c.tenant_id, 0), c.max_concurrent, bucket_wait
             )
             load = None
-            if rules.needs_load(
-                step.reserve_fraction, lim, self.in_flight, self.in_flight_kv, c.kv_tokens
-            ):
+            room = (lim, self.in_flight, self.in_flight_kv, c.kv_tokens)
+            if rules.needs_load(step.reserve_fraction, *room, step.isolation):
                 load = self._reserve_load(step, c.tenant_id, now_s)
-            v = rules.verdict(
-                own_wait_s,
-                lim,
-                self.in_flight,
-                self.in_flight_kv,
-                c.kv_tokens,
-                step.reserve_fraction,
-                load,
-            )
+            v = rules.verdict(own_wait_s, *room, step.reserve_fraction, load, step.isolation)
             if v is Verdict.OWN_LIMIT:
                 out.blocked[i] = own_wait_s
                 continue
@@ -270,7 +261,8 @@ class MemoryStore:
         anywhere (backlogged on a replica, in flight, offered in this step, or
         seen within the window; weights summed in name order, as the Redis script
         does, so both round alike), and whether a tenant with nothing queued is
-        below its share (someone to keep the reserve for)."""
+        below its share (someone to keep the reserve for); the candidate is light
+        by the same sums."""
         # Queue lengths summed over the replicas a tenant is backlogged on (one
         # whose length is unknown counts as heavy); a candidate's own if in none.
         heavy = rules.LIGHT_QUEUE + 1
@@ -299,6 +291,7 @@ class MemoryStore:
             self.concurrency.get(tenant, 0),
             self.kv_by_tenant.get(tenant, 0),
             protects,
+            rules.light(queued.get(tenant, 0)),
         )
 
     async def reserve(

@@ -87,7 +87,8 @@ local lease_ttl, bl_ttl, done_ttl = num(ARGV[3]), num(ARGV[4]), num(ARGV[5])
 local max_req, max_kv, w_in = num(ARGV[6]), num(ARGV[7]), num(ARGV[8])
 local reserve_fraction, reserve_window = num(ARGV[9]), num(ARGV[10]) * 1000
 local light_credit = num(ARGV[11])
-local i = 12
+local preempt = ARGV[12] == '1'  -- rules.Isolation.PREEMPT
+local i = 13
 -- still active for the reserve a while after its last request left (memory_store.py)
 local function seen(tenant)
   if reserve_window > 0 then redis.call('ZADD', RC, now + reserve_window, tenant) end
@@ -222,6 +223,12 @@ local function in_reserve(n_now, kv_now, c)
   local reserve_kv = max_kv * reserve_fraction
   return n_now + 1 > max_req - reserve_req or kv_now + c.kv > max_kv - reserve_kv
 end
+-- rules.fits_lent: within the room plus the fraction lent beyond it (PREEMPT)
+local function fits_lent(n_now, kv_now, c)
+  local lent_req = math.ceil(max_req * reserve_fraction)
+  local lent_kv = max_kv * reserve_fraction
+  return n_now + 1 <= max_req + lent_req and kv_now + c.kv <= max_kv + lent_kv
+end
 -- the tenants active anywhere (backlogged on a replica, in flight, offered now, or
 -- seen within the window), which of them are queued, and their weights' sum in
 -- name order (memory_store.py: _reserve_load)
@@ -304,10 +311,25 @@ for _, c in ipairs(cands) do
     end
   end
   if not skip then
-    if n >= max_req or (n > 0 and kv + c.kv > max_kv) then full = 1; break end
-    -- held out of the reserve: the round stops (rules.verdict: HOLD)
-    if reserve_fraction > 0 and in_reserve(n, kv, c) and held_out(c) then
-      table.insert(held, tostring(c.idx)); break
+    local room = not (n >= max_req or (n > 0 and kv + c.kv > max_kv))
+    if preempt then
+      -- rules.verdict, PREEMPT: beyond the room only a light candidate below its
+      -- share (fleet-wide queue sums, as the reserve judges them), within the lent room
+      if not room then
+        local lend = false
+        if reserve_fraction > 0 and fits_lent(n, kv, c) then
+          local a = get_active()
+          local share = (tonumber(redis.call('HGET', W, c.tenant)) or 1) / a.total
+          lend = (a.queued[c.tenant] or 0) <= LIGHT_QUEUE and below(c.tenant, share, c.kv)
+        end
+        if not lend then full = 1; break end
+      end
+    else
+      if not room then full = 1; break end
+      -- held out of the reserve: the round stops (rules.verdict: HOLD)
+      if reserve_fraction > 0 and in_reserve(n, kv, c) and held_out(c) then
+        table.insert(held, tostring(c.idx)); break
+      end
     end
   end
   if not skip then

@@ -68,6 +68,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
+from scheduler import rules
 from scheduler.errors import StoreUnavailable
 from scheduler.shared.options import FleetSeen, SeenLevel
 from scheduler.state.redis_scripts import RESERVE, SNAPSHOT, STEP
@@ -219,6 +220,7 @@ class RedisStore:
             repr(float(step.reserve_fraction)),
             repr(float(step.reserve_window_s)),
             repr(float(step.light_credit)),
+            "1" if step.isolation is rules.Isolation.PREEMPT else "0",
         ]
         tenants: set[str] = set()
         args.append(str(len(step.settlements)))

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.tenancy.tenants import TenantConfig, TenantQuotas
 
@@ -117,6 +118,9 @@ class Step:
     # How long a tenant counts as active (one to keep the reserve for) after its
     # last request left or it stopped being backlogged on a replica.
     reserve_window_s: float = 0.0
+    # RESERVE keeps that fraction; PREEMPT lends it beyond the room to light
+    # tenants below their share (the engine retracts a flood's request).
+    isolation: rules.Isolation = rules.Isolation.RESERVE
     # Counter order: a light candidate goes this far ahead (rules.order_key).
     light_credit: float = 0.0
     settlements: list[Settlement] = field(default_factory=list)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from service.engines.protocol import Engine
+from service.engines.sglang_chunks import SGLANG_PREEMPTION_THRESHOLD
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.engine import SimulatedEngine
 from service.engines.simulator.hardware import preset
@@ -21,6 +22,9 @@ def build_engine(settings: Settings) -> tuple[Engine, str]:
             seed=settings.sim_seed,
             kv_capacity_tokens=settings.sim_kv_capacity_tokens or None,
             priority_scheduling=settings.sim_priority_scheduling,
+            priority_preemption_threshold=(
+                None if settings.sim_disable_priority_preemption else SGLANG_PREEMPTION_THRESHOLD
+            ),
         )
         engine = SimulatedEngine(
             config, time_scale=settings.sim_time_scale, coalesce=settings.stream_coalesce

@@ -28,7 +28,7 @@ import logging
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -235,6 +235,8 @@ class WorkerPool:
             max_total_tokens=sum(c.max_total_tokens for c in caps),
             max_context_tokens=self._context_tokens,
             vocab_size=self._vocab_size,
+            # A priority gap preempts on every worker only above the largest threshold.
+            preempt_threshold=_common_threshold(c.preempt_threshold for c in caps),
         )
 
     async def load(self) -> EngineLoad:
@@ -251,3 +253,11 @@ class WorkerPool:
     @property
     def in_flight(self) -> int:
         return sum(w.in_flight for w in self.workers)
+
+
+def _common_threshold(thresholds: Iterable[int | None]) -> int | None:
+    """The preemption threshold of a pool: None if any worker does not preempt."""
+    known = list(thresholds)
+    if not known or any(t is None for t in known):
+        return None
+    return max(t for t in known if t is not None)

@@ -66,6 +66,8 @@ class EngineChunk:
     finish: FinishKind | None = None
     stop_matched: str = ""
     message: str = ""
+    # Times the engine retracted the request so far (SGLang's num_retractions).
+    retractions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,10 @@ class EngineCapacity:
     max_total_tokens: int
     max_context_tokens: int
     vocab_size: int
+    # The engine retracts a running request for a newcomer whose priority exceeds
+    # it by more than this (SGLang: --enable-priority-scheduling, preemption on,
+    # --priority-scheduling-preemption-threshold); None: it never does.
+    preempt_threshold: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

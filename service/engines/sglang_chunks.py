@@ -14,9 +14,13 @@ string is never partly sent to the client.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from service.engines.protocol import EngineChunk, EngineError, EngineRequest, FinishKind
+
+log = logging.getLogger(__name__)
 
 
 class UpstreamError(EngineError):
@@ -171,6 +175,30 @@ def sampling_params(req: EngineRequest) -> dict[str, Any]:
     if s.repetition_penalty != 1.0:
         params["repetition_penalty"] = s.repetition_penalty
     return params
+
+
+# SGLang's --priority-scheduling-preemption-threshold when a server omits it.
+SGLANG_PREEMPTION_THRESHOLD = 10
+
+
+def priority_options(get: Callable[[str], Any]) -> tuple[bool, int | None]:
+    """(send priorities?, preemption threshold or None) from SGLang's server args.
+
+    Priorities go only to a server that schedules by them (to one that does not
+    they may abort the request) and only where larger means sooner: with
+    --schedule-low-priority-values-first fairgate's numbers would do the opposite
+    (and a flood's request would preempt a light tenant's), so none are sent."""
+    if get("enable_priority_scheduling") is not True:
+        return False, None
+    if get("schedule_low_priority_values_first") is True:
+        log.warning(
+            "SGLang runs --schedule-low-priority-values-first: fairgate sends no priorities"
+        )
+        return False, None
+    if get("disable_priority_preemption") is True:
+        return True, None
+    threshold = get("priority_scheduling_preemption_threshold")
+    return True, threshold if isinstance(threshold, int) else SGLANG_PREEMPTION_THRESHOLD
 
 
 def find_key(info: dict[str, Any], key: str) -> Any:

@@ -19,6 +19,7 @@ token such errors are retryable, and this adapter retries them itself
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import uuid
@@ -42,6 +43,7 @@ from service.engines.sglang_chunks import (
     UpstreamError,
     find_key,
     merge_chunks,
+    priority_options,
     sampling_params,
 )
 
@@ -121,11 +123,12 @@ class SglangHttpEngine:
         incremental = find_key(info, "incremental_streaming_output")
         if isinstance(incremental, bool):
             self.incremental = incremental
-        self.send_priority = find_key(info, "enable_priority_scheduling") is True
+        self.send_priority, threshold = priority_options(lambda key: find_key(info, key))
         self.served_model_name = str(
             find_key(info, "served_model_name") or find_key(info, "model_path") or ""
         )
-        self._capacity = capacity_from_server_info(info, model_info)
+        cap = capacity_from_server_info(info, model_info)
+        self._capacity = dataclasses.replace(cap, preempt_threshold=threshold)
         return self._capacity
 
     async def aclose(self) -> None:

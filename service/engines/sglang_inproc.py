@@ -25,7 +25,12 @@ from service.engines.protocol import (
     EngineLoad,
     EngineRequest,
 )
-from service.engines.sglang_chunks import ChunkDecoder, find_key, sampling_params
+from service.engines.sglang_chunks import (
+    ChunkDecoder,
+    find_key,
+    priority_options,
+    sampling_params,
+)
 from service.engines.sglang_http import DEFAULT_VOCAB_SIZE
 from service.settings import Settings
 
@@ -66,6 +71,7 @@ class SglangInprocEngine:
         if self.engine is None:
             self.engine = self._factory()
         args = getattr(self.engine, "server_args", None)
+        threshold: int | None = None
         if args is not None:
             self.served_model_name = str(
                 getattr(args, "served_model_name", "") or getattr(args, "model_path", "")
@@ -74,7 +80,7 @@ class SglangInprocEngine:
             if isinstance(inc, bool):
                 self.incremental = inc
             # Sending a priority to a server without priority scheduling may abort it.
-            self.send_priority = getattr(args, "enable_priority_scheduling", False) is True
+            self.send_priority, threshold = priority_options(lambda key: getattr(args, key, None))
         tm = self.engine.tokenizer_manager
         # The scheduler's start-up report (the first load snapshot can still be empty).
         info = _scheduler_info(self.engine)
@@ -97,6 +103,7 @@ class SglangInprocEngine:
             max_total_tokens=kv,
             max_context_tokens=min(context, kv),
             vocab_size=int(vocab),
+            preempt_threshold=threshold,
         )
 
     def capacity(self) -> EngineCapacity:

@@ -51,7 +51,7 @@ from fairgate.bench.redis_local import RedisServer, find_redis_server
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
 from scheduler.rules import vtc_bound
-from service.settings import Settings
+from service.settings import ISOLATIONS, Settings
 
 W_IN, W_OUT = 1.0, 2.0
 MODEL = "llama-3.1-8b-int4"
@@ -61,37 +61,46 @@ SOLO = "victim solo"
 
 @dataclass(frozen=True)
 class Policy:
-    """A policy to run; `vtc@0.0625` is vtc with that fair_reserve_fraction."""
+    """A policy to run: `vtc@0.0625` is vtc with that fair_reserve_fraction,
+    `vtc:reserve` / `vtc:preempt` with that fair_isolation (default: auto)."""
 
     name: str
     reserve_fraction: float | None = None
+    isolation: str | None = None
 
     @classmethod
     def parse(cls, spec: str) -> Policy:
-        name, _, frac = spec.strip().partition("@")
+        head, _, frac = spec.strip().partition("@")
+        name, _, isolation = head.partition(":")
         if name not in POLICIES:
             raise ValueError(f"unknown policy {name!r} (available: {', '.join(POLICIES)})")
-        if frac and name != "vtc":
-            raise ValueError(f"{spec!r}: only vtc takes a reserve fraction")
+        if (frac or isolation) and name != "vtc":
+            raise ValueError(f"{spec!r}: only vtc takes a reserve fraction or an isolation")
+        if isolation and isolation not in ISOLATIONS:
+            raise ValueError(f"{spec!r}: the isolation must be one of {', '.join(ISOLATIONS)}")
         try:
             fraction = float(frac) if frac else None
         except ValueError:
             raise ValueError(f"{spec!r}: the reserve fraction must be a number") from None
         if fraction is not None and not 0 <= fraction < 1:
             raise ValueError(f"{spec!r}: the reserve fraction must be in [0, 1)")
-        return cls(name, fraction)
+        return cls(name, fraction, isolation or None)
 
     @property
     def label(self) -> str:
-        return self.name if self.reserve_fraction is None else f"vtc@{self.reserve_fraction:g}"
+        label = self.name if self.isolation is None else f"{self.name}:{self.isolation}"
+        return label if self.reserve_fraction is None else f"{label}@{self.reserve_fraction:g}"
 
     def settings(self) -> dict[str, object]:
         # The baselines run as the engine would alone: no fair-share reserve.
         if self.name != "vtc":
             return {"policy": self.name, "fair_reserve_fraction": 0}
-        if self.reserve_fraction is None:
-            return {"policy": "vtc"}
-        return {"policy": "vtc", "fair_reserve_fraction": self.reserve_fraction}
+        out: dict[str, object] = {"policy": "vtc"}
+        if self.reserve_fraction is not None:
+            out["fair_reserve_fraction"] = self.reserve_fraction
+        if self.isolation is not None:
+            out["fair_isolation"] = self.isolation
+        return out
 
 
 DEFAULT_POLICIES = tuple(Policy(name) for name in POLICIES)

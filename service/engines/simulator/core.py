@@ -37,9 +37,13 @@ class SimConfig:
     seed: int = 0
     # SGLang's --enable-priority-scheduling: requests waiting for their prefill
     # go by priority (larger first), then arrival; a request whose prefill is
-    # under way (chunked) finishes it first. Never preempts (fairgate's
-    # priorities stay below SGLang's preemption threshold).
+    # under way (chunked) finishes it first.
     priority_scheduling: bool = False
+    # With it, a waiting request that finds no room retracts running requests
+    # whose priority it exceeds by more than this (lowest priority, then the
+    # latest arrival, first), as SGLang's --priority-scheduling-preemption-threshold
+    # (default 10); None: --disable-priority-preemption.
+    priority_preemption_threshold: int | None = 10
 
     @property
     def kv_capacity(self) -> int:
@@ -143,6 +147,9 @@ class SimCore:
         self._by_rid[req.rid] = req
         self._seq += 1
         req.seq = self._seq
+        self._enqueue(req)
+
+    def _enqueue(self, req: SimRequest) -> None:
         # Behind every request of its priority or more (FCFS among equals).
         at = len(self.waiting)
         while at > 0 and self.waiting[at - 1].priority < req.priority:
@@ -177,25 +184,60 @@ class SimCore:
     def _admit(self) -> None:
         cfg = self.config
         headroom = self.capacity - self.used_kv - sum(self._reserved(r) for r in self.running)
-        while self.waiting and len(self.running) < cfg.max_running_requests:
+        while self.waiting:
             head = self.waiting[0]
             need = self._reserved(head)
-            if need > headroom and self.running:
-                return
+            slots_full = len(self.running) >= cfg.max_running_requests
+            if slots_full or (need > headroom and self.running):
+                freed = self._preempt_by_priority(head, need - headroom, slots_full)
+                if freed is None:
+                    return
+                headroom += freed
             self.waiting.popleft()
             head.state = _State.PREFILL
             self.running.append(head)
             headroom -= need
 
+    def _preempt_by_priority(
+        self, head: SimRequest, tokens_short: float, slot_needed: bool
+    ) -> float | None:
+        """Retract running requests to make room for `head`, as SGLang's
+        priority preemption does; the KV tokens freed, or None (nothing retracted)
+        if no set of preemptible requests would make enough room."""
+        threshold = self.config.priority_preemption_threshold
+        if not self.config.priority_scheduling or threshold is None:
+            return None
+        chosen: list[SimRequest] = []
+        freed = 0.0
+        for r in sorted(self.running, key=lambda r: (r.priority, -r.seq)):
+            if head.priority - r.priority <= threshold:
+                break
+            if freed >= tokens_short and (chosen or not slot_needed):
+                break
+            chosen.append(r)
+            freed += r.in_kv + self._reserved(r)
+        if not chosen or freed < tokens_short:
+            return None
+        for r in chosen:
+            self.running.remove(r)
+            self._retract(r)
+            self._enqueue(r)
+        return freed
+
+    def _retract(self, victim: SimRequest) -> None:
+        """Free a running request's KV; it waits to be prefilled again (prompt and
+        the output so far), behind the waiting requests of its priority or more."""
+        self.used_kv -= victim.in_kv
+        victim.in_kv = 0
+        victim.state = _State.WAITING
+        victim.preemptions += 1
+        self.preemptions += 1
+
     def _preempt_for(self, extra_tokens: int) -> None:
         # Out of KV: retract the most recently admitted requests, as SGLang does.
         while self.used_kv + extra_tokens > self.capacity and len(self.running) > 1:
             victim = self.running.pop()
-            self.used_kv -= victim.in_kv
-            victim.in_kv = 0
-            victim.state = _State.WAITING
-            victim.preemptions += 1
-            self.preemptions += 1
+            self._retract(victim)
             self.waiting.appendleft(victim)
 
     def step(self) -> StepResult:

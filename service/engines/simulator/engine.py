@@ -123,6 +123,11 @@ class SimulatedEngine:
             max_total_tokens=self.core.capacity,
             max_context_tokens=self.core.max_context,
             vocab_size=self.config.vocab_size,
+            preempt_threshold=(
+                self.config.priority_preemption_threshold
+                if self.config.priority_scheduling
+                else None
+            ),
         )
 
     async def load(self) -> EngineLoad:
@@ -181,6 +186,7 @@ class SimulatedEngine:
                     chunk.text += em.text
                     chunk.token_ids.append(em.token_id)
                     chunk.completion_tokens = em.generated
+                    chunk.retractions = sreq.preemptions
                     if em.finish is not None:
                         chunk.finish, chunk.stop_matched = em.finish, em.stop_matched
                         done = True

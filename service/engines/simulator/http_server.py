@@ -26,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from service.engines.protocol import EngineError, EngineRequest, FinishKind
+from service.engines.sglang_chunks import SGLANG_PREEMPTION_THRESHOLD
 from service.engines.simulator.engine import SimulatedEngine
 from service.engines.simulator.sglang_info import VERSION, loads_body
 from service.engines.simulator.sglang_wire import (
@@ -226,6 +227,7 @@ class SimServer:
                     ids.extend(ch.token_ids)
                     meta["completion_tokens"] = ch.completion_tokens
                     meta["prompt_tokens"] = ch.prompt_tokens
+                    meta["num_retractions"] = ch.retractions
                     if ch.finish is not None:
                         meta["finish_reason"] = finish_reason(ch.finish, ch.stop_matched, req)
                         finish_meta(meta, started_s)
@@ -270,6 +272,13 @@ class SimServer:
             "chunked_prefill_size": cfg.chunked_prefill_size,
             "schedule_policy": "fcfs",
             "enable_priority_scheduling": self.enable_priority_scheduling,
+            "disable_priority_preemption": cfg.priority_preemption_threshold is None,
+            "schedule_low_priority_values_first": False,
+            "priority_scheduling_preemption_threshold": (
+                cfg.priority_preemption_threshold
+                if cfg.priority_preemption_threshold is not None
+                else SGLANG_PREEMPTION_THRESHOLD
+            ),
             "incremental_streaming_output": self.incremental_output,
             "enable_metrics": False,
             "enable_trace": False,
@@ -408,6 +417,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--incremental-streaming-output", action="store_true")
     p.add_argument("--enable-priority-scheduling", action="store_true")
+    p.add_argument("--disable-priority-preemption", action="store_true")
+    p.add_argument(
+        "--priority-scheduling-preemption-threshold", type=int, default=SGLANG_PREEMPTION_THRESHOLD
+    )
     p.add_argument("--announce", action="store_true", help="print PORT n; exit when stdin closes")
     # Fault switches for tests with real processes (see `Faults`).
     p.add_argument("--fault-garble-after-chunks", type=int, default=None)
@@ -420,6 +433,9 @@ def main(argv: list[str] | None = None) -> None:
         kv_capacity_tokens=a.kv_capacity_tokens or None,
         seed=a.seed,
         priority_scheduling=a.enable_priority_scheduling,
+        priority_preemption_threshold=(
+            None if a.disable_priority_preemption else a.priority_scheduling_preemption_threshold
+        ),
     )
 
     async def run() -> None:

@@ -21,7 +21,7 @@ from scheduler.dispatcher import Dispatcher
 from scheduler.errors import SchedulingError
 from scheduler.ordering.policy import QueuePolicy
 from scheduler.request import Priority, QueuedRequest
-from scheduler.rules import Verdict
+from scheduler.rules import Isolation, Verdict, engine_priority
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import ManualTimers
 from service.engines.protocol import SamplingOptions
@@ -52,6 +52,7 @@ class _Call:
     state: str = "new"  # queued, running, done, rejected, cancelled, expired
     output_tokens: int = 0
     admitted_s: float | None = None
+    first_token_s: float | None = None
     error: SchedulingError | None = None
     driver: Driver | None = None
 
@@ -107,6 +108,7 @@ class Driver:
         w_out: float = 2.0,
         clock: FakeClock | None = None,
         reserve_fraction: float = 0.0,
+        isolation: Isolation = Isolation.RESERVE,
     ) -> None:
         self.clock = clock or FakeClock()
         self.timers = ManualTimers(self.clock)
@@ -118,8 +120,12 @@ class Driver:
             timers=self.timers,
             expire_deadlines=True,
             reserve_fraction=reserve_fraction,
+            isolation=isolation,
         )
         self.core = SimCore(sim)
+        # The priorities fairgate sends the engine (generation.py does the same).
+        self._threshold = sim.priority_preemption_threshold if sim.priority_scheduling else None
+        self._preempt = isolation is Isolation.PREEMPT
         self.w_in, self.w_out = w_in, w_out
         reg = tenants or TenantRegistry.permissive()
         self._weight = reg.weight_of
@@ -260,8 +266,15 @@ class Driver:
             if call.state != "running":
                 continue
             sampling = SamplingOptions(ignore_eos=False)
+            priority = engine_priority(
+                call.req.priority is Priority.BATCH, call.req.light, self._threshold, self._preempt
+            )
             sim_req = self.core.make_request(
-                call.req.request_id, [1] * call.req.prompt_tokens, call.req.max_tokens, sampling
+                call.req.request_id,
+                [1] * call.req.prompt_tokens,
+                call.req.max_tokens,
+                sampling,
+                priority,
             )
             self.core.add(sim_req)
             self._running[call.req.request_id] = call
@@ -295,6 +308,8 @@ class Driver:
                 if call is None:
                     continue  # cancelled during the step
                 call.output_tokens += 1
+                if call.first_token_s is None:
+                    call.first_token_s = end_s
                 self.dispatcher.on_output_tokens(call.req, 1)
                 # A charge can reorder the fair queue and admit a request now.
                 self._start_admitted()

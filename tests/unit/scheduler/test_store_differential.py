@@ -6,7 +6,8 @@ withdrawals, output charges, settlements, and offers of candidates of mixed
 shapes and weights, some with max_concurrent or wait-mode buckets, light or
 heavy (queue lengths around `rules.LIGHT_QUEUE`, the candidates' and those
 announced for backlogged tenants, summed over replicas), with and without the
-fair-share reserve and the light tenants' credit. After every step both stores must agree on
+fair-share reserve (kept, or lent beyond the room: `Isolation`) and the light
+tenants' credit. After every step both stores must agree on
 what was admitted, held, blocked (and whether forever) and full, and on the
 counters. Buckets refill slowly enough that the two stores' clocks (injected
 vs Redis TIME) cannot change a verdict within a trace.
@@ -25,12 +26,12 @@ from hypothesis import strategies as st
 
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import MonotonicClock
-from scheduler.rules import LIGHT_QUEUE
+from scheduler.rules import LIGHT_QUEUE, Isolation
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.redis_store import RedisStore
 from scheduler.state.store import BucketLimits, Candidate, Settlement, Step, StepOutcome
 
-TENANTS = ["a", "b", "c", "d"]
+TENANTS = ["a", "b", "c", "d", "e", "f"]
 REPLICAS = ["r1", "r2"]
 SLOW = BucketLimits(requests_per_s=1e-4, requests_burst=3.0, tokens_per_s=1e-4, tokens_burst=900)
 
@@ -38,14 +39,17 @@ SLOW = BucketLimits(requests_per_s=1e-4, requests_burst=3.0, tokens_per_s=1e-4, 
 @st.composite
 def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Step]]]:
     limits = AdmissionLimits(draw(st.integers(2, 6)), draw(st.sampled_from([400, 1000, 3000])))
-    fraction = draw(st.sampled_from([0.0, 0.25, 0.5]))
+    isolation = draw(st.sampled_from([Isolation.RESERVE, Isolation.PREEMPT, Isolation.PREEMPT]))
+    fraction = draw(st.sampled_from([0.0, 0.25, 0.5, 0.5]))
     credit = draw(st.sampled_from([0.0, 150.0, 4096.0]))
     weights = {t: draw(st.sampled_from([1.0, 1.0, 2.0, 4.0])) for t in TENANTS}
     steps: list[tuple[str, Step]] = []
     admitted: list[tuple[str, str]] = []  # (lease, tenant) candidates offered so far
     for k in range(draw(st.integers(5, 30))):
         replica = draw(st.sampled_from(REPLICAS))
-        step = Step(limits, w_in=1.0, reserve_fraction=fraction, light_credit=credit)
+        step = Step(
+            limits, w_in=1.0, reserve_fraction=fraction, isolation=isolation, light_credit=credit
+        )
         kind = draw(st.sampled_from(["offer", "offer", "offer", "announce", "charge", "settle"]))
         if kind == "announce":
             step.announce = sorted(set(draw(st.lists(st.sampled_from(TENANTS), max_size=3))))
@@ -100,7 +104,7 @@ def redis_url_once(redis_url: str) -> Iterator[str]:
 @pytest.mark.timeout(600)
 def test_memory_and_redis_make_the_same_decisions(redis_url_once: str) -> None:
     @settings(
-        max_examples=40,
+        max_examples=80,
         deadline=None,
         derandomize=True,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

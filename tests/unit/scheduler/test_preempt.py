@@ -1,0 +1,238 @@
+"""Isolation by preemption (rules.Isolation.PREEMPT): the rule alone, the engine
+priorities that go with it, the simulator's model of SGLang's priority
+preemption, and a light tenant beside a flood on the discrete-event driver."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from scheduler import rules
+from scheduler.budget import AdmissionBudget, AdmissionLimits
+from scheduler.ordering.vtc import VtcPolicy
+from scheduler.request import QueuedRequest
+from scheduler.reserve import FairShareReserve
+from scheduler.rules import Isolation, Verdict, needs_load, verdict
+from service.engines.protocol import FinishKind, SamplingOptions
+from service.engines.simulator.core import SimConfig, SimCore
+from service.engines.simulator.hardware import preset
+from tests.unit.scheduler.sim_driver import Arrival, Driver
+
+PREEMPT = Isolation.PREEMPT
+
+
+def _req(tenant: str, kv: int = 100) -> QueuedRequest:
+    return QueuedRequest(f"{tenant}-{random.random()}", tenant, kv // 2, kv - kv // 2)
+
+
+def _fill(reserve: FairShareReserve, budget: AdmissionBudget, tenant: str, n: int) -> None:
+    for _ in range(n):
+        r = _req(tenant)
+        reserve.on_queued(r)
+        reserve.on_admitted(r)
+        budget.reserve(r)
+
+
+def _verdict(
+    reserve: FairShareReserve, budget: AdmissionBudget, req: QueuedRequest, queued: int = 1
+) -> Verdict:
+    for _ in range(queued):  # the candidate's own queue (it is one of them)
+        reserve.on_queued(_req(req.tenant_id))
+    room = (budget.limits, budget.in_flight_requests, budget.in_flight_kv_tokens, req.kv_tokens)
+    load = None
+    if needs_load(reserve.fraction, *room, PREEMPT):
+        load = reserve.load(req.tenant_id, budget.limits)
+    return verdict(0.0, *room, reserve.fraction, load, PREEMPT)
+
+
+def test_nothing_is_kept_idle_the_engine_fills() -> None:
+    budget = AdmissionBudget(AdmissionLimits(16, 100_000))
+    reserve = FairShareReserve(0.125, lambda t: 1.0)
+    _fill(reserve, budget, "flood", 15)
+    _fill(reserve, budget, "victim", 1)  # light, below its share: RESERVE would hold
+    assert _verdict(reserve, budget, _req("flood"), queued=9) is Verdict.FULL
+    budget = AdmissionBudget(AdmissionLimits(16, 100_000))
+    reserve = FairShareReserve(0.125, lambda t: 1.0)
+    _fill(reserve, budget, "flood", 14)
+    _fill(reserve, budget, "victim", 1)
+    assert _verdict(reserve, budget, _req("flood"), queued=9) is Verdict.ADMIT  # the 16th
+
+
+def test_a_light_tenant_below_its_share_goes_beyond_a_full_engine() -> None:
+    budget = AdmissionBudget(AdmissionLimits(16, 100_000))
+    reserve = FairShareReserve(0.125, lambda t: 1.0)  # 2 slots lent beyond the 16
+    _fill(reserve, budget, "flood", 16)
+    assert _verdict(reserve, budget, _req("victim")) is Verdict.ADMIT
+    _fill(reserve, budget, "victim", 1)
+    assert _verdict(reserve, budget, _req("victim")) is Verdict.ADMIT  # 18th: still lent
+    _fill(reserve, budget, "victim", 1)
+    assert _verdict(reserve, budget, _req("victim")) is Verdict.FULL  # beyond the lent room
+
+
+def test_heavy_or_over_share_tenants_get_no_lent_room() -> None:
+    budget = AdmissionBudget(AdmissionLimits(16, 100_000))
+    reserve = FairShareReserve(0.125, lambda t: 1.0)
+    _fill(reserve, budget, "flood", 16)
+    # A tenant with a queue of its own: it would retract its peers' requests.
+    assert _verdict(reserve, budget, _req("other"), rules.LIGHT_QUEUE + 1) is Verdict.FULL
+    budget = AdmissionBudget(AdmissionLimits(4, 100_000))
+    reserve = FairShareReserve(0.5, lambda t: 1.0)
+    _fill(reserve, budget, "flood", 2)
+    _fill(reserve, budget, "light", 2)  # at its half already
+    assert _verdict(reserve, budget, _req("light")) is Verdict.FULL
+
+
+def test_lent_kv_and_zero_fraction() -> None:
+    budget = AdmissionBudget(AdmissionLimits(100, 1000))
+    reserve = FairShareReserve(0.1, lambda t: 1.0)  # 100 KV tokens lent
+    _fill(reserve, budget, "flood", 10)  # the KV is full
+    assert _verdict(reserve, budget, _req("victim", kv=100)) is Verdict.ADMIT
+    assert _verdict(reserve, budget, _req("victim", kv=101)) is Verdict.FULL
+    off = FairShareReserve(0.0, lambda t: 1.0)
+    assert _verdict(off, budget, _req("victim")) is Verdict.FULL
+
+
+@pytest.mark.parametrize("threshold", [0, 1, 2, 3, 5, 10, 12])
+def test_engine_priorities_preempt_exactly_for_light_tenants(threshold: int) -> None:
+    def p(batch: bool, light: bool, preempt: bool) -> int:
+        return rules.engine_priority(batch, light, threshold, preempt)
+
+    for preempt in (True, False):
+        lights = [p(b, True, preempt) for b in (False, True)]
+        heavies = [p(b, False, preempt) for b in (False, True)]
+        # Within a class, nothing is ever retracted.
+        assert max(lights) - min(lights) <= threshold
+        assert max(heavies) - min(heavies) <= threshold
+        gaps = [light - heavy for light in lights for heavy in heavies]
+        if preempt:  # every light request over every heavy one
+            assert min(gaps) > threshold
+        else:  # no gap preempts, light still first where the threshold allows
+            assert max(gaps) <= threshold and min(gaps) >= 0
+    # Interactive before batch where the threshold leaves room for it.
+    if threshold >= 1:
+        assert p(False, False, True) > p(True, False, True)
+
+
+def _core(slots: int, threshold: int | None = 10, kv: int = 100_000) -> SimCore:
+    return SimCore(
+        SimConfig(
+            cost=preset(),
+            max_running_requests=slots,
+            kv_capacity_tokens=kv,
+            priority_scheduling=True,
+            priority_preemption_threshold=threshold,
+        )
+    )
+
+
+def _add(core: SimCore, rid: str, priority: int, prompt: int = 16, out: int = 64) -> None:
+    sampling = SamplingOptions(ignore_eos=True)
+    core.add(core.make_request(rid, [1] * prompt, out, sampling, priority))
+
+
+def _run(core: SimCore) -> dict[str, int]:
+    """Step to the end; rid -> the step its last token came in."""
+    done: dict[str, int] = {}
+    for step in range(10_000):
+        if core.idle:
+            return done
+        for em in core.step().emissions:
+            if em.finish is FinishKind.LENGTH:
+                done[em.rid] = step
+    raise AssertionError("the simulator does not finish")
+
+
+def test_sim_retracts_the_latest_lowest_priority_request_for_a_large_gap() -> None:
+    core = _core(slots=4)
+    for i in range(4):
+        _add(core, f"low-{i}", 0)
+    core.step()
+    _add(core, "urgent", 20, out=8)
+    core.step()
+    running = {r.rid for r in core.running}
+    assert "urgent" in running and "low-3" not in running  # the latest arrival went
+    retracted = core._by_rid["low-3"]
+    assert retracted.preemptions == 1 and retracted.in_kv == 0 and retracted.generated == 1
+    done = _run(core)
+    assert done["urgent"] < min(done[f"low-{i}"] for i in range(4))
+    assert set(done) == {"urgent", *(f"low-{i}" for i in range(4))}  # all in full
+    assert core.used_kv == 0 and core.preemptions == 1
+
+
+@pytest.mark.parametrize("priority,threshold", [(10, 10), (20, None), (2, 2), (3, 2)])
+def test_sim_preempts_only_above_the_threshold_and_the_lowest_priority_first(
+    priority: int, threshold: int | None
+) -> None:
+    core = _core(slots=2, threshold=threshold)
+    _add(core, "low-0", 0)
+    _add(core, "low-1", 1)
+    core.step()
+    _add(core, "high", priority)
+    core.step()
+    preempts = threshold is not None and priority > threshold  # over low-0
+    running = {r.rid for r in core.running}
+    assert running == ({"high", "low-1"} if preempts else {"low-0", "low-1"})
+    _run(core)
+    assert core.preemptions == (1 if preempts else 0)
+
+
+def test_sim_retracts_as_many_as_the_kv_needs_or_none() -> None:
+    # Each low request reserves its prompt + part of its output: the urgent one
+    # needs the room of two of them.
+    core = _core(slots=8, kv=1000)
+    for i in range(3):
+        _add(core, f"low-{i}", 0, prompt=200, out=100)
+    core.step()
+    _add(core, "urgent", 20, prompt=500, out=50)
+    core.step()
+    assert "urgent" in {r.rid for r in core.running}
+    assert core.preemptions == 2
+    assert [r.rid for r in core.running if r.rid.startswith("low")] == ["low-0"]
+    _run(core)
+
+
+def _victim_beside_flood(isolation: Isolation, fraction: float) -> tuple[list[float], Driver]:
+    rng = random.Random(7)
+    arrivals = []
+    for tenant, rate in (("victim", 1.0), ("flood", 60.0)):
+        t = rng.expovariate(rate)
+        while t < 14.0:
+            arrivals.append(Arrival(t, tenant, 256, 256))
+            t += rng.expovariate(rate)
+    arrivals.sort(key=lambda a: a.at_s)
+    # fairgate's room is the engine's: the flood fills every slot.
+    sim = SimConfig(
+        cost=preset(), max_running_requests=32, kv_capacity_tokens=40_000, priority_scheduling=True
+    )
+    drv = Driver(
+        VtcPolicy(light_credit=4096.0),
+        AdmissionLimits(32, 36_000),
+        sim,
+        reserve_fraction=fraction,
+        isolation=isolation,
+    )
+    drv.run(arrivals)
+    ttfts = sorted(
+        c.first_token_s - c.arrival.at_s
+        for c in drv.calls
+        if c.arrival.tenant_id == "victim" and c.arrival.at_s > 6.0 and c.first_token_s is not None
+    )
+    return ttfts, drv
+
+
+def test_preemption_lets_a_victim_in_at_once_and_keeps_the_engine_full() -> None:
+    plain, plain_drv = _victim_beside_flood(Isolation.RESERVE, 0.0)
+    preempt, drv = _victim_beside_flood(PREEMPT, 1 / 8)
+    assert len(plain) == len(preempt) >= 6
+    # Without it the victim waits for a flood request to end; with it, one is
+    # retracted for it (the engine's priority preemption) and it starts at once.
+    assert max(plain) > 1.0
+    assert max(preempt) < 0.3
+    assert drv.core.preemptions >= len(preempt)
+    # Every request still ran to the end; the dispatcher's books are closed.
+    assert all(c.state == "done" for c in drv.calls)
+    assert drv.dispatcher.in_flight == 0 and drv.dispatcher.budget.in_flight_kv_tokens == 0
+    flood = [c for c in drv.calls if c.arrival.tenant_id == "flood"]
+    assert sum(c.output_tokens for c in flood) == 256 * len(flood)
+    assert plain_drv.core.preemptions == 0
