@@ -257,6 +257,7 @@ class Dispatcher:
                 return  # full, or the reserve is kept: nobody jumps the head
             if self.policy.pop_next() is not head:
                 raise AssertionError("policy pop_next disagrees with peek_next")
+            head.lent = not self.budget.fits(head)
             self.budget.reserve(head)
             head.light = self.policy.fair and rules.light(self.reserve.queued(head.tenant_id))
             self.reserve.on_admitted(head)

@@ -31,8 +31,11 @@ class QueuedRequest:
     # Set by the dispatcher: arrival order, used to break ties.
     seq: int = field(default=0)
     # Set at admission under a fair policy: its tenant was light (`rules.light`),
-    # so the engine prefills it first (`rules.engine_priority`).
+    # so the engine prefills it first (`rules.engine_priority`); and whether it
+    # went beyond the engine's room (Isolation.PREEMPT), so the engine retracts a
+    # running request for it.
     light: bool = False
+    lent: bool = False
 
     @property
     def kv_tokens(self) -> int:

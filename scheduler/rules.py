@@ -130,8 +130,8 @@ class Isolation(enum.Enum):
     RESERVE = "reserve"
     # The room is filled; a light tenant below its share may go up to `fraction`
     # beyond it, and the engine retracts a heavy tenant's running request to make
-    # room (SGLang's priority preemption, `engine_priority`). Nothing idles; the
-    # retracted request's prefix is recomputed.
+    # room (SGLang's priority preemption: the lent request's `engine_priority`).
+    # Nothing idles; the retracted request's prefix and output are recomputed.
     PREEMPT = "preempt"
 
 
@@ -218,7 +218,7 @@ def order_key(counter: float, queued: int, light_credit: float) -> float:
 
 
 def engine_priority(
-    batch: bool, light_tenant: bool, threshold: int | None = None, preempt: bool = False
+    batch: bool, light_tenant: bool, threshold: int | None = None, lent: bool = False
 ) -> int:
     """The priority sent to an engine that schedules by priority (SGLang: larger
     first). A light tenant's request is prefilled before the heavy tenants' queued
@@ -227,17 +227,19 @@ def engine_priority(
 
     `threshold`: the engine retracts a running request for a newcomer whose
     priority exceeds it by more than this (SGLang's
-    --priority-scheduling-preemption-threshold; None: it never preempts). With
-    `preempt` (Isolation.PREEMPT) a light tenant's priorities clear it over every
-    heavy one's, and nothing else does; otherwise every gap stays within it, so
-    nothing running is retracted."""
+    --priority-scheduling-preemption-threshold; None: it never preempts). Those
+    priorities stay within it, so nothing running is retracted — except for a
+    request admitted `lent` room beyond the engine's (Isolation.PREEMPT): its
+    priority clears every other by more than the threshold."""
     step = 0 if batch else 1
-    if preempt and threshold is not None:
-        if threshold < 1:
-            step = 0  # a gap of 1 would preempt: one class only
-        return step + (threshold + 2 if light_tenant else 0)  # gaps: threshold + 1 or more
     p = step + (2 if light_tenant else 0)
-    return p if threshold is None else min(p, threshold)
+    if threshold is None:
+        return p
+    if not lent:
+        return min(p, threshold)
+    if threshold < 1:
+        return 1  # over every other (all 0); a gap of 1 would preempt among lent ones
+    return threshold + 1 + min(3, threshold) + step  # lent batch - the top = threshold + 1
 
 
 def waiting_below_share(
@@ -286,8 +288,13 @@ def verdict(
             return Verdict.FULL
         if load is None:
             raise ValueError("the lent room applies: pass the tenant's load")
-        if load.light and below_share(
-            load.share, limits, load.in_flight, load.kv_tokens, kv_tokens
+        # Lent only to take room from others (a tenant alone would only queue in
+        # the engine behind itself) and only while below its share.
+        shared = load.share < 1.0 - EPSILON
+        if (
+            load.light
+            and shared
+            and below_share(load.share, limits, load.in_flight, load.kv_tokens, kv_tokens)
         ):
             return Verdict.ADMIT
         return Verdict.FULL

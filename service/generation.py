@@ -145,7 +145,7 @@ class Generation:
                     params.priority is Priority.BATCH,
                     queued.light,
                     params.model.preempt_threshold,
-                    params.model.isolation is rules.Isolation.PREEMPT,
+                    queued.lent,
                 ),
             )
             obs.admitted(engine_req, dispatcher.budget)

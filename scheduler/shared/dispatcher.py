@@ -359,7 +359,9 @@ class SharedDispatcher:
             self._failover.took(s.tenant_id, -s.refund_requests, -s.refund_tokens)
 
     # -- decisions made (by the store, or the fail-open fallback) ---------------------
-    def after_offer(self, admitted: list[str], step: Step, decided_by: Place) -> None:
+    def after_offer(
+        self, admitted: list[str], step: Step, decided_by: Place, lent: bool = False
+    ) -> None:
         """Start what was admitted (its lease is where `decided_by` says); settle what
         was dropped while the step was away."""
         for c in step.candidates:
@@ -369,6 +371,7 @@ class SharedDispatcher:
             if c.lease_id in admitted:
                 entry.lease_at = decided_by
                 entry.req.light = rules.light(c.queued)
+                entry.req.lent = lent
                 if c.take_buckets:
                     entry.buckets_at = entry.lease_at
                     entry.requests_taken, entry.tokens_taken = entry.taken(float(c.kv_tokens))

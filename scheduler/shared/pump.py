@@ -48,7 +48,9 @@ log = logging.getLogger("scheduler.shared.dispatcher")
 class Offers(Protocol):
     """Where the pump's decisions land (the dispatcher)."""
 
-    def after_offer(self, admitted: list[str], step: Step, decided_by: Place) -> None:
+    def after_offer(
+        self, admitted: list[str], step: Step, decided_by: Place, lent: bool = False
+    ) -> None:
         """Start what was admitted (its lease is in the store `decided_by`); settle what
         was dropped while the step was away."""
         ...
@@ -304,7 +306,7 @@ class Pump:
             # Held out of the reserve: room or shares change when a request
             # ends (a local finish kicks the pump; others' are polled).
             self._full_until_s = now_s + self._options.poll_s
-        self._offers.after_offer(admitted, step, Place.SHARED)
+        self._offers.after_offer(admitted, step, Place.SHARED, out.lent)
         self._failover.saw(out)
         if admitted:
             self._wake.set()
@@ -361,4 +363,4 @@ class Pump:
             self._outbox.charge(
                 c.tenant_id, rules.admission_charge(self._options.w_in, c.prompt_tokens, c.weight)
             )
-            self._offers.after_offer([c.lease_id], step, Place.LOCAL)
+            self._offers.after_offer([c.lease_id], step, Place.LOCAL, out.lent)

@@ -242,6 +242,7 @@ class MemoryStore:
             if v is Verdict.HOLD:
                 out.held.append(i)
                 return
+            out.lent = not rules.fits(*room)
             if c.take_buckets:
                 self._add(c.tenant_id, -1.0, -float(c.kv_tokens), c.buckets, now_s)
             counter = out.counters[c.tenant_id]

@@ -295,7 +295,7 @@ table.sort(cands, function(a, b)
   if a.last ~= b.last then return a.last < b.last end
   return a.idx < b.idx
 end)
-local admitted, full, blocked, held = -1, 0, {}, {}
+local admitted, full, blocked, held, lent = -1, 0, {}, {}, 0
 local n = tonumber(redis.call('HGET', IN, 'n')) or 0
 local kv = tonumber(redis.call('HGET', IN, 'kv')) or 0
 for _, c in ipairs(cands) do
@@ -313,16 +313,19 @@ for _, c in ipairs(cands) do
   if not skip then
     local room = not (n >= max_req or (n > 0 and kv + c.kv > max_kv))
     if preempt then
-      -- rules.verdict, PREEMPT: beyond the room only a light candidate below its
-      -- share (fleet-wide queue sums, as the reserve judges them), within the lent room
+      -- rules.verdict, PREEMPT: beyond the room only a light candidate that is not
+      -- alone and is below its share (fleet-wide queue sums, as the reserve judges
+      -- them), within the lent room
       if not room then
         local lend = false
         if reserve_fraction > 0 and fits_lent(n, kv, c) then
           local a = get_active()
           local share = (tonumber(redis.call('HGET', W, c.tenant)) or 1) / a.total
-          lend = (a.queued[c.tenant] or 0) <= LIGHT_QUEUE and below(c.tenant, share, c.kv)
+          local light = (a.queued[c.tenant] or 0) <= LIGHT_QUEUE
+          lend = light and share < 1 - 1e-9 and below(c.tenant, share, c.kv)
         end
         if not lend then full = 1; break end
+        lent = 1
       end
     else
       if not room then full = 1; break end
@@ -348,7 +351,7 @@ for _, c in ipairs(cands) do
 end
 local flat = {}
 for tenant, c in pairs(counters) do table.insert(flat, tenant); table.insert(flat, fmt(c)) end
-return {admitted, full, blocked, flat, settled, state_lost, n, held}
+return {admitted, full, blocked, flat, settled, state_lost, n, held, lent}
 """
 )
 

@@ -255,7 +255,7 @@ class RedisStore:
             args += [str(c.kv_tokens), "1" if c.take_buckets else "0", *_limits(c.buckets)]
             args += [_num(c.max_concurrent), str(c.queued)]
         raw = await self._eval(_STEP, self._keys(tenants), args)
-        admitted, full, blocked, flat, settled, state_lost, n, held = raw
+        admitted, full, blocked, flat, settled, state_lost, n, held, lent = raw
         out = StepOutcome(
             admitted=None if int(admitted) < 0 else int(admitted),
             full=bool(int(full)),
@@ -263,6 +263,7 @@ class RedisStore:
             state_lost=bool(int(state_lost)),
             in_flight=int(n),
             held=[int(_s(x)) for x in held],
+            lent=bool(int(lent)),
         )
         for k in range(0, len(blocked), 2):
             w = float(_s(blocked[k + 1]))

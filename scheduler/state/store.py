@@ -179,6 +179,8 @@ class StepOutcome:
     state_lost: bool = False
     # Fleet-wide in-flight requests after the step.
     in_flight: int = 0
+    # The admitted candidate went beyond the room, into what PREEMPT lends.
+    lent: bool = False
 
 
 @dataclass(slots=True)

@@ -1,11 +1,12 @@
 """What SGLang's --enable-priority-scheduling does with the priorities fairgate sends.
 
-fairgate sends `priority` 0-3 (`rules.engine_priority`: a light tenant's request
-2 above a heavy one's, interactive 1 above batch) when /server_info says
-priority scheduling is on. SGLang 0.5.23 preempts a running request only when the
+fairgate sends priorities when /server_info says priority scheduling is on
+(`rules.engine_priority`). SGLang 0.5.23 preempts a running request only when the
 newcomer's priority exceeds it by more than `priority_scheduling_preemption_threshold`
-(default 10), so fairgate's priorities only order SGLang's waiting queue. The
-findings are written up in docs/sglang.md.
+(default 10): with fair_isolation=reserve fairgate's priorities stay within it and
+only order SGLang's waiting queue; with preempt a light tenant's clear it. Each
+check runs on the real server and on the stand-in (`sim-server` with the same
+flags), which must behave alike. The findings are written up in docs/sglang.md.
 """
 
 from __future__ import annotations
@@ -18,12 +19,33 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import pytest
 
 from scheduler import rules
+from service.engines.sglang_chunks import find_key, priority_options
 from tests.sglang.helpers import assert_sglang_idle, wait_running
 from tests.sglang.real_server import RealSglang
+from tests.sglang_helpers import StartSim
 
 SLOTS = 4  # sglang_b runs --max-running-requests 4
+# Long enough to still run when the late requests come (real: tiny CPU model;
+# stand-in: the 4090 model in real time, ~10 ms a token at 4 running).
+LOW_TOKENS = {"real": 1200, "stand-in": 400}
+
+
+@pytest.fixture(params=["real", "stand-in"])
+async def server_b(request: pytest.FixtureRequest, start_sim: StartSim) -> tuple[str, str]:
+    """(kind, URL) of SGLang with sglang_b's flags, or the stand-in with the same."""
+    if request.param == "real":
+        real: RealSglang = request.getfixturevalue("sglang_b")
+        return "real", real.url
+    sim = await start_sim(
+        time_scale=1.0,
+        incremental_output=True,
+        enable_priority_scheduling=True,
+        max_running_requests=SLOTS,
+    )
+    return "stand-in", sim.url
 
 
 @dataclass(slots=True)
@@ -56,9 +78,11 @@ async def _stream(s: aiohttp.ClientSession, url: str, rid: str, priority: int, n
 
 
 async def _saturate_then(
-    url: str, late: list[tuple[str, int]], low_tokens: int = 1200
+    server: tuple[str, str], late: list[tuple[str, int]]
 ) -> dict[str, Outcome]:
     """Fill every slot with priority-0 streams, then send `late` (rid, priority) in order."""
+    kind, url = server
+    low_tokens = LOW_TOKENS[kind]
     async with aiohttp.ClientSession() as s:
         lows = [
             asyncio.create_task(_stream(s, url, f"low-{i}", 0, low_tokens)) for i in range(SLOTS)
@@ -73,11 +97,27 @@ async def _saturate_then(
     return {o.rid: o for o in done}
 
 
-async def test_fairgates_priorities_do_not_preempt(sglang_b: RealSglang) -> None:
+async def test_server_info_says_how_it_preempts(server_b: tuple[str, str]) -> None:
+    async with aiohttp.ClientSession() as s, s.get(server_b[1] + "/server_info") as resp:
+        info = await resp.json()
+    keys = (
+        "enable_priority_scheduling",
+        "disable_priority_preemption",
+        "schedule_low_priority_values_first",
+        "priority_scheduling_preemption_threshold",
+    )
+    assert [find_key(info, k) for k in keys] == [True, False, False, 10]
+    assert priority_options(lambda k: find_key(info, k)) == (True, 10)
+
+
+async def test_reserve_mode_priorities_do_not_preempt(server_b: tuple[str, str]) -> None:
     # fairgate's widest gap: a light tenant's interactive request over heavy batch.
-    top, bottom = rules.engine_priority(False, True), rules.engine_priority(True, False)
+    def prio(batch: bool, light: bool) -> int:
+        return rules.engine_priority(batch, light, 10)
+
+    top, bottom = prio(False, True), prio(True, False)
     assert bottom == 0  # what _saturate_then fills the slots with
-    got = await _saturate_then(sglang_b.url, [("interactive", top)])
+    got = await _saturate_then(server_b, [("interactive", top)])
     first_low_done = min(got[f"low-{i}"].done_s for i in range(SLOTS))
     # Below the preemption threshold: it waits for a slot.
     assert got["interactive"].first_token_s >= first_low_done
@@ -85,15 +125,20 @@ async def test_fairgates_priorities_do_not_preempt(sglang_b: RealSglang) -> None
     assert all(got[f"low-{i}"].meta["finish_reason"]["type"] == "length" for i in range(SLOTS))
 
 
-async def test_priority_orders_sglangs_waiting_queue(sglang_b: RealSglang) -> None:
+async def test_priority_orders_sglangs_waiting_queue(server_b: tuple[str, str]) -> None:
     # A batch request arrives first, an interactive one after it: when a slot
     # frees, SGLang starts the interactive one first (FCFS would not).
-    got = await _saturate_then(sglang_b.url, [("batch", 0), ("interactive", 1)])
+    got = await _saturate_then(server_b, [("batch", 0), ("interactive", 1)])
     assert got["interactive"].first_token_s < got["batch"].first_token_s
 
 
-async def test_a_priority_gap_above_the_threshold_preempts(sglang_b: RealSglang) -> None:
-    got = await _saturate_then(sglang_b.url, [("urgent", 20)])
+@pytest.mark.parametrize("batch", [True, False])
+async def test_a_lent_requests_priority_preempts(server_b: tuple[str, str], batch: bool) -> None:
+    # fair_isolation=preempt: a request admitted beyond the room (batch: the
+    # narrowest gap) over the highest priority fairgate sends within it.
+    top = rules.engine_priority(False, True, 10)
+    lent = rules.engine_priority(batch, True, 10, lent=True)
+    got = await _saturate_then(server_b, [("urgent", lent - top)])
     lows = [got[f"low-{i}"] for i in range(SLOTS)]
     # Served at once: done before any of the running low-priority streams.
     assert got["urgent"].done_s < min(o.done_s for o in lows)
@@ -101,4 +146,4 @@ async def test_a_priority_gap_above_the_threshold_preempts(sglang_b: RealSglang)
     # room; it still finishes in full, as do the others.
     assert sum(o.meta["num_retractions"] for o in lows) >= 1
     assert all(o.meta["finish_reason"]["type"] == "length" for o in lows)
-    assert all(o.meta["completion_tokens"] == 1200 for o in lows)
+    assert all(o.meta["completion_tokens"] == LOW_TOKENS[server_b[0]] for o in lows)

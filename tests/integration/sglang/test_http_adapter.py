@@ -277,10 +277,11 @@ async def test_light_tenants_requests_reach_sglang_with_a_higher_priority(
     # One engine slot: the tenant's first request is admitted at once (its tenant
     # light), the next ones while 6 and 5 are queued (heavy), the rest while at
     # most rules.LIGHT_QUEUE = 4 are (light again). The baselines mark nothing light.
+    # fair_isolation=reserve: priorities within the stand-in's preemption threshold.
     stand_in = await start_sim(
         enable_priority_scheduling=True, time_scale=0.2, max_running_requests=1
     )
-    app = await start_server(**sglang_settings(stand_in), policy=policy)
+    app = await start_server(**sglang_settings(stand_in), policy=policy, fair_isolation="reserve")
     async with AsyncClient(app.address, tenant="t") as c:
         # Long enough (~1 s) for the others to queue behind it.
         first = asyncio.create_task(c.complete([300] * 4, max_tokens=600, ignore_eos=True))
@@ -294,8 +295,47 @@ async def test_light_tenants_requests_reach_sglang_with_a_higher_priority(
         await eventually(lambda: model.dispatcher.stats().queued == 6, what="6 queued")
         await asyncio.gather(first, *rest)
     sent = [body["priority"] for body in stand_in.record.requests]
-    light, heavy = rules.engine_priority(False, True), rules.engine_priority(False, False)
+    light, heavy = rules.engine_priority(False, True, 10), rules.engine_priority(False, False, 10)
     if policy == "vtc":
         assert sent == [light, heavy, heavy, light, light, light, light]
     else:
         assert sent == [heavy] * 7
+
+
+async def test_a_light_tenant_goes_beyond_a_full_engine_which_retracts_a_flood_request(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    # fair_isolation=auto with a stand-in that preempts above 10 (SGLang's
+    # default): a flood fills both slots and queues more; a light tenant's
+    # request is admitted beyond the room (1/8 of 2 slots lent: 1) with a
+    # priority above the threshold, and the engine retracts a flood request.
+    stand_in = await start_sim(
+        enable_priority_scheduling=True, time_scale=0.2, max_running_requests=2
+    )
+    app = await start_server(**sglang_settings(stand_in))
+    model = app.models.resolve("")
+    assert model is not None and model.preempt_threshold == 10
+    async with (
+        AsyncClient(app.address, tenant="flood") as f,
+        AsyncClient(app.address, tenant="light") as v,
+    ):
+        flood = [
+            asyncio.create_task(f.complete([300] * 4, max_tokens=2000, ignore_eos=True))
+            for _ in range(8)
+        ]
+        await eventually(lambda: model.dispatcher.stats().queued == 6, what="the flood queued")
+        await eventually(lambda: len(stand_in.engine.core.running) == 2, what="flood running")
+        light = await v.complete([300] * 4, max_tokens=4, ignore_eos=True)
+        # It ran while both flood requests still held their slots in fairgate.
+        assert model.dispatcher.stats().queued == 6
+        assert stand_in.engine.core.preemptions == 1
+        assert light.result.usage.completion_tokens == 4
+        for task in flood:  # what follows is the flood's (and SGLang's) business
+            task.cancel()
+        await asyncio.gather(*flood, return_exceptions=True)
+    # The flood's first two went light (its queue was short then), within the
+    # threshold; the light tenant's went lent, above it.
+    sent = [body["priority"] for body in stand_in.record.requests]
+    light_p = rules.engine_priority(False, True, 10)
+    assert sent == [light_p, light_p, rules.engine_priority(False, True, 10, lent=True)]
+    await assert_no_sglang_leaks(app, stand_in)

@@ -94,24 +94,23 @@ def test_lent_kv_and_zero_fraction() -> None:
 
 
 @pytest.mark.parametrize("threshold", [0, 1, 2, 3, 5, 10, 12])
-def test_engine_priorities_preempt_exactly_for_light_tenants(threshold: int) -> None:
-    def p(batch: bool, light: bool, preempt: bool) -> int:
-        return rules.engine_priority(batch, light, threshold, preempt)
+def test_engine_priorities_preempt_exactly_for_lent_requests(threshold: int) -> None:
+    def p(batch: bool, light: bool, lent: bool = False) -> int:
+        return rules.engine_priority(batch, light, threshold, lent)
 
-    for preempt in (True, False):
-        lights = [p(b, True, preempt) for b in (False, True)]
-        heavies = [p(b, False, preempt) for b in (False, True)]
-        # Within a class, nothing is ever retracted.
-        assert max(lights) - min(lights) <= threshold
-        assert max(heavies) - min(heavies) <= threshold
-        gaps = [light - heavy for light in lights for heavy in heavies]
-        if preempt:  # every light request over every heavy one
-            assert min(gaps) > threshold
-        else:  # no gap preempts, light still first where the threshold allows
-            assert max(gaps) <= threshold and min(gaps) >= 0
-    # Interactive before batch where the threshold leaves room for it.
-    if threshold >= 1:
-        assert p(False, False, True) > p(True, False, True)
+    within = [p(b, light) for b in (False, True) for light in (False, True)]
+    lent = [p(b, True, lent=True) for b in (False, True)]
+    # Within the room nothing is ever retracted; light before heavy, interactive
+    # before batch, where the threshold leaves room for it.
+    assert max(within) - min(within) <= threshold
+    assert p(True, True) >= p(False, False) and p(False, False) >= p(True, False)
+    # A lent request retracts any of those, never another lent one.
+    assert min(lent) - max(within) > threshold
+    assert max(lent) - min(lent) <= threshold
+    if threshold >= 3:
+        assert len(set(within)) == 4
+    # An engine that never preempts: just the order.
+    assert rules.engine_priority(False, True, None, True) == rules.engine_priority(False, True)
 
 
 def _core(slots: int, threshold: int | None = 10, kv: int = 100_000) -> SimCore:

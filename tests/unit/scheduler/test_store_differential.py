@@ -93,7 +93,7 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
 def verdicts(out: StepOutcome) -> tuple[object, ...]:
     blocked = sorted((i, math.isinf(w)) for i, w in out.blocked.items())
     counters = {t: round(c, 6) for t, c in out.counters.items()}
-    return out.admitted, out.full, sorted(out.held), blocked, counters, out.in_flight
+    return out.admitted, out.full, sorted(out.held), blocked, counters, out.in_flight, out.lent
 
 
 @pytest.fixture
