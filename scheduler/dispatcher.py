@@ -143,6 +143,7 @@ class Dispatcher:
         self.forgotten_total = 0
         # Rounds stopped to keep the fair-share reserve for a tenant below its share.
         self.reserve_holds_total = 0
+        self.lent_total = 0
 
     @property
     def queued(self) -> int:
@@ -258,6 +259,7 @@ class Dispatcher:
             if self.policy.pop_next() is not head:
                 raise AssertionError("policy pop_next disagrees with peek_next")
             head.lent = not self.budget.fits(head)
+            self.lent_total += head.lent
             self.budget.reserve(head)
             head.light = self.policy.fair and rules.light(self.reserve.queued(head.tenant_id))
             self.reserve.on_admitted(head)
@@ -422,6 +424,7 @@ class Dispatcher:
             expired_total=self.expired_total,
             store="memory",
             reserve_holds_total=self.reserve_holds_total,
+            lent_total=self.lent_total,
             tenants=ledger_tenants(self.quotas, counter, set(self._paused_until), include),
         )
 

@@ -107,6 +107,9 @@ class GateStats:
     # Candidates held out of the fair-share reserve (reserve.py).
     reserve_holds_total: int
     tenants: tuple[TenantStats, ...]
+    # Admissions beyond the engine's room (Isolation.PREEMPT): each one has the
+    # engine retract a running request if it is full.
+    lent_total: int = 0
 
     def tenant(self, tenant_id: str) -> TenantStats | None:
         for t in self.tenants:

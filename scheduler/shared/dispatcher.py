@@ -84,6 +84,7 @@ class SharedDispatcher:
         # This replica's in-flight requests (the fleet's count lives in the store).
         self.budget = AdmissionBudget(limits)
         self.admitted_total = 0
+        self.lent_total = 0
         self._local = LocalQueues(options.batch_every_n, options.light_credit)
         self._entries = Entries()
         self._seq = itertools.count(1)
@@ -372,6 +373,7 @@ class SharedDispatcher:
                 entry.lease_at = decided_by
                 entry.req.light = rules.light(c.queued)
                 entry.req.lent = lent
+                self.lent_total += lent
                 if c.take_buckets:
                     entry.buckets_at = entry.lease_at
                     entry.requests_taken, entry.tokens_taken = entry.taken(float(c.kv_tokens))
@@ -427,6 +429,8 @@ class SharedDispatcher:
             self._local,
             self.quotas.tenants,
             self.budget,
-            GateTotals(self.admitted_total, self.reserve_holds_total, self.health.mode),
+            GateTotals(
+                self.admitted_total, self.reserve_holds_total, self.health.mode, self.lent_total
+            ),
             include,
         )

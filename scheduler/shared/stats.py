@@ -83,6 +83,7 @@ class GateTotals:
     admitted_total: int
     reserve_holds_total: int
     store: StoreMode
+    lent_total: int = 0
 
 
 class SharedStats:
@@ -182,4 +183,5 @@ class SharedStats:
             store=totals.store,
             reserve_holds_total=totals.reserve_holds_total,
             tenants=tuple(out),
+            lent_total=totals.lent_total,
         )

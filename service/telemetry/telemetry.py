@@ -127,6 +127,13 @@ class Telemetry:
             "{request}",
             "Requests admitted to the engine (and the admission limit)",
         )
+        m.create_observable_counter(
+            "fairgate.engine.lent_admissions",
+            [self._lent_admissions],
+            "{request}",
+            "Admissions beyond the engine's room for light tenants (fair_isolation=preempt): "
+            "the engine retracts a running request for each that finds it full",
+        )
         m.create_observable_gauge(
             "fairgate.engine.kv_tokens",
             [self._engine_kv_tokens],
@@ -265,6 +272,11 @@ class Telemetry:
             attrs = {n.GEN_AI_REQUEST_MODEL: model.name, n.ENGINE_KIND: model.engine.kind}
             yield Observation(stats.in_flight, {**attrs, "fairgate.kind": "used"})
             yield Observation(stats.limits.max_requests, {**attrs, "fairgate.kind": "limit"})
+
+    def _lent_admissions(self, _: CallbackOptions) -> Iterable[Observation]:
+        for model in list(self._models):
+            attrs = {n.GEN_AI_REQUEST_MODEL: model.name, n.ENGINE_KIND: model.engine.kind}
+            yield Observation(model.dispatcher.stats().lent_total, attrs)
 
     def _engine_kv_tokens(self, _: CallbackOptions) -> Iterable[Observation]:
         for model in list(self._models):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
+import pytest
+
 from service.app import App
 
 FAIRGATE = [sys.executable, "-m", "fairgate.cli.main"]
@@ -61,6 +63,20 @@ async def test_serve_refuses_a_bad_tenants_file(tmp_path) -> None:  # type: igno
     code, _, err = await _run("serve", "--tenants", str(bad), "--listen", "127.0.0.1:0")
     assert code == 2
     assert "tenant 'x'" in err and "weight" in err and "Traceback" not in err
+
+
+async def test_serve_refuses_preemption_the_engine_cannot_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The simulator without priority scheduling preempts nothing.
+    monkeypatch.setenv("FAIRGATE_FAIR_ISOLATION", "preempt")
+    code, _, err = await _run("serve", "--listen", "127.0.0.1:0")
+    assert code == 2
+    assert "fair_isolation=preempt needs an engine that preempts" in err
+    assert "Traceback" not in err
+    monkeypatch.setenv("FAIRGATE_FAIR_ISOLATION", "sometimes")
+    code, _, err = await _run("serve", "--listen", "127.0.0.1:0")
+    assert code == 2 and "fair_isolation must be one of auto, preempt, reserve" in err
 
 
 async def test_bench_store_prints_both_stores(redis_url: str) -> None:

@@ -329,6 +329,7 @@ async def test_a_light_tenant_goes_beyond_a_full_engine_which_retracts_a_flood_r
         # It ran while both flood requests still held their slots in fairgate.
         assert model.dispatcher.stats().queued == 6
         assert stand_in.engine.core.preemptions == 1
+        assert model.dispatcher.stats().lent_total == 1
         assert light.result.usage.completion_tokens == 4
         for task in flood:  # what follows is the flood's (and SGLang's) business
             task.cancel()

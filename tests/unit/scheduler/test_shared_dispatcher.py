@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import FakeClock, MonotonicClock
 from scheduler.errors import QueueTimeout, QuotaExceeded
@@ -166,6 +167,37 @@ async def test_without_the_reserve_the_victim_waits(
     assert not second.done()  # the engine is full: v2 waits for a flood request to end
     drv.finish(drv.running("flood")[0])
     await eventually(second.done, what="v2 takes the next free slot")
+
+
+async def test_preempt_lends_the_room_beyond_a_full_fleet_to_a_light_tenant(
+    make_store: MakeStore, drivers: list[Driver]
+) -> None:
+    # Isolation.PREEMPT: the flood (on r1) fills all 8 slots, alone it is lent
+    # nothing; the victim (on r2) is admitted at once beyond them, marked lent
+    # (its engine priority has the engine retract a flood request), up to the
+    # lent 1/8 (one slot).
+    store = await make_store()
+    limits = AdmissionLimits(8, 100_000)
+    lend = {"reserve_fraction": 1 / 8, "isolation": rules.Isolation.PREEMPT}
+    flood = await start(drivers, store, limits, replica="r1", **lend)
+    victim = await start(drivers, store, limits, replica="r2", **lend)
+    for k in range(12):
+        flood.submit(f"f{k}", "flood")
+    await eventually(lambda: flood.d.in_flight == 8, what="the flood fills the engine alone")
+    decisions = flood.d.decisions_total
+    await eventually(lambda: flood.d.decisions_total > decisions + 1, what="the flood retries")
+    assert flood.d.in_flight == 8 and flood.d.stats().lent_total == 0
+    await victim.submit("v1", "victim")
+    assert victim.reqs["v1"].lent and victim.d.stats().lent_total == 1
+    v2 = victim.submit("v2", "victim")
+    decisions = victim.d.decisions_total
+    await eventually(lambda: victim.d.decisions_total > decisions, what="v2 is considered")
+    assert not v2.done()  # beyond the lent room: it waits for a request to end
+    flood.finish(flood.running("flood")[0])
+    await eventually(v2.done, what="v2 takes the freed slot")
+    # v1 still holds a slot of the 8: v2 is lent again, the flood waits.
+    assert victim.reqs["v2"].lent and victim.d.stats().lent_total == 2
+    assert len(flood.running("flood")) == 7 and flood.d.stats().queued == 4
 
 
 # -- fail-open: this replica's share of the limits ------------------------------------
