@@ -136,3 +136,24 @@ async def test_pool_admits_every_workers_slots_without_queueing(
             t.cancel()
         await asyncio.gather(*tasks, extra, return_exceptions=True)
     await assert_no_sglang_leaks(app, *workers)
+
+
+@pytest.mark.parametrize(
+    ("thresholds", "expected"), [((10, 10), 10), ((10, 3), 10), ((10, None), None)]
+)
+async def test_a_pool_preempts_by_priority_only_if_every_worker_does(
+    start_server: StartServer,
+    start_sim: StartSim,
+    thresholds: tuple[int | None, int | None],
+    expected: int | None,
+) -> None:
+    # A lent request's priority must clear the largest threshold; one worker that
+    # cannot preempt makes the pool keep the reserve (fair_isolation=auto).
+    workers = [
+        await start_sim(enable_priority_scheduling=True, priority_preemption_threshold=t)
+        for t in thresholds
+    ]
+    app = await start_server(**sglang_settings(*workers))
+    model = app.models.resolve("")
+    assert model is not None
+    assert _pool(app).capacity().preempt_threshold == expected == model.preempt_threshold

@@ -7,7 +7,12 @@ from typing import Any
 import pytest
 
 from service.engines.protocol import EngineError, EngineRequest, FinishKind, SamplingOptions
-from service.engines.sglang_chunks import ChunkDecoder, find_key, sampling_params
+from service.engines.sglang_chunks import (
+    ChunkDecoder,
+    find_key,
+    priority_options,
+    sampling_params,
+)
 from service.settings import Settings
 
 
@@ -97,6 +102,30 @@ def test_sampling_params_and_server_info_lookup() -> None:
     assert find_key(
         {"schedule": {"enable_priority_scheduling": True}}, "enable_priority_scheduling"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ({}, (False, None)),
+        ({"enable_priority_scheduling": False}, (False, None)),
+        ({"enable_priority_scheduling": True}, (True, 10)),  # SGLang's default threshold
+        (
+            {"enable_priority_scheduling": True, "priority_scheduling_preemption_threshold": 3},
+            (True, 3),
+        ),
+        ({"enable_priority_scheduling": True, "disable_priority_preemption": True}, (True, None)),
+        # Lower values first would invert fairgate's numbers: none are sent.
+        (
+            {"enable_priority_scheduling": True, "schedule_low_priority_values_first": True},
+            (False, None),
+        ),
+    ],
+)
+def test_priority_options_from_server_args(
+    args: dict[str, object], expected: tuple[bool, int | None]
+) -> None:
+    assert priority_options(args.get) == expected
 
 
 def test_sglang_settings_validation() -> None:
