@@ -7,8 +7,10 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from fairgate.bench.common import source_checkout
 from fairgate.bench.gateway import Variant, parse_variant, requests_for
 from fairgate.bench.gateway_clients import Sample
 from fairgate.bench.gateway_report import Cell, print_capacity, summarize
@@ -23,6 +25,38 @@ def test_variants_parse_label_and_settings() -> None:
     for bad in (":x=1", "v:novalue", ""):
         with pytest.raises(ValueError, match="bad variant"):
             parse_variant(bad)
+
+
+def _checkout(root: Path, marker: str) -> Path:
+    for package in ("service", "scheduler", "clients/fairgate"):
+        (root / package).mkdir(parents=True)
+        (root / package / "__init__.py").write_text(f"MARKER = {marker!r}\n")
+    return root
+
+
+def test_a_variant_can_run_from_another_checkout(tmp_path: Path) -> None:
+    other = _checkout(tmp_path / "before", "before")
+    v = parse_variant(f"before:src={other},event_loop=asyncio")
+    assert v == Variant("before", {"event_loop": "asyncio"}, str(other))
+    # The child imports the three packages from that checkout, not the installed ones.
+    code = "import service as s, scheduler as d, fairgate as f; print(s.MARKER, d.MARKER, f.MARKER)"
+    env, cwd = source_checkout(v.src)
+    assert cwd == str(other)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.split() == ["before"] * 3
+    assert source_checkout("") == ({}, None)
+
+
+def test_a_source_that_is_not_a_checkout_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a fairgate checkout"):
+        parse_variant(f"x:src={tmp_path}")
 
 
 def test_requests_are_whole_waves_covering_the_budget() -> None:
