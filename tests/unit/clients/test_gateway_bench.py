@@ -3,6 +3,7 @@ the capacity rule, and the /proc readings of a process tree."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from fairgate.bench.common import source_checkout
 from fairgate.bench.gateway import Variant, parse_variant, requests_for
-from fairgate.bench.gateway_clients import Sample
+from fairgate.bench.gateway_clients import Sample, _Gaps
 from fairgate.bench.gateway_report import Cell, print_capacity, summarize
 from fairgate.bench.procstat import descendants, tree_cpu_s, tree_rss_bytes
 
@@ -81,6 +82,24 @@ def test_summary_ratios_pair_cells_of_the_same_repetition() -> None:
     assert s.cores == pytest.approx(0.1)
     assert (s.failures, s.requests, s.rss_mb) == (0, 8, 100)
     assert s.ttft_p50_s == pytest.approx(0.012) and s.ttft_p99_s == pytest.approx(0.020)
+
+
+def test_inter_message_gaps_are_pooled_over_requests() -> None:
+    cell = _cell("gw", 1.0, [0.01, 0.01], 0.1)
+    cell.samples[0].itl_s = [0.010] * 100
+    cell.samples[1].itl_s = [0.020] * 98 + [0.030, 0.040]
+    failed = Sample(5.0, 0, False, "UNAVAILABLE", itl_s=[9.0] * 50)  # left out
+    cell.samples.append(failed)
+    s = summarize([cell], [_cell("direct", 1.0, [0.01], 0.0)])
+    assert s.itl_p50_s == pytest.approx(0.010)
+    assert s.itl_p99_s == pytest.approx(0.020)  # rank 198 of 200
+
+
+def test_gaps_start_at_the_second_message() -> None:
+    gaps = _Gaps()
+    times = [gaps.message() for _ in range(4)]
+    assert len(gaps.gaps_s) == 3
+    assert gaps.gaps_s == pytest.approx([b - a for a, b in itertools.pairwise(times)])
 
 
 def test_failed_requests_count_and_leave_the_ttft_out() -> None:
