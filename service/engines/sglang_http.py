@@ -405,6 +405,11 @@ async def _event_batches(
         watchdog.waiting = False
         if not piece:
             break
+        # aiohttp hands a waiting reader one HTTP chunk (one SSE event) and parses
+        # the rest of the socket read lazily, as the reader drains its buffer: take
+        # everything already received, so it goes out as one chunk.
+        while more := content.read_nowait():
+            piece += more
         buf = buf + piece if buf else piece
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
