@@ -107,14 +107,18 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             await errors.abort(context, exc)
         await context.send_initial_metadata((("x-request-id", request_id),))
         outcome: Outcome | None = None
+        return_ids = request.return_token_ids
         try:
             async with aclosing(generation.stream()) as events:
                 async for event in events:
                     if isinstance(event, Delta):
-                        delta = pb.TokenDelta(text=event.text, index=event.index)
-                        if request.return_token_ids:
+                        # Filled in place: a TokenDelta passed to the constructor is copied.
+                        response = pb.GenerateResponse()
+                        delta = response.delta
+                        delta.text, delta.index = event.text, event.index
+                        if return_ids:
                             delta.token_ids.extend(event.token_ids)
-                        yield pb.GenerateResponse(delta=delta)
+                        yield response
                     else:
                         outcome = event
         except (errors.ServiceError, SchedulingError, EngineError) as exc:

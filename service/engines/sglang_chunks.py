@@ -45,7 +45,7 @@ class ChunkDecoder:
         self.req = req
         self.incremental = incremental
         self.upstream_text = ""  # all text the engine sent, reassembled
-        self.upstream_ids: list[int] = []
+        self.upstream_id_count = 0  # token ids the engine sent
         self.emitted_chars = 0
         self.completion_tokens = 0
         self.finished = False
@@ -72,18 +72,18 @@ class ChunkDecoder:
         cached = _int(meta, "cached_tokens", 0)
         if self.incremental:
             self.upstream_text += text
-            new_ids = ids
-            self.upstream_ids.extend(ids)
+            new_ids = ids  # parsed for this chunk alone: no copy needed
         else:
             # SGLang trims a matched stop string from the final cumulative text.
             trimmed = finish is not None and self.upstream_text.startswith(text)
             if not text.startswith(self.upstream_text) and not trimmed:
                 raise UpstreamError("malformed SGLang stream: cumulative text went backwards")
             self.upstream_text = text
-            new_ids = ids[len(self.upstream_ids) :]
-            self.upstream_ids = list(ids)
-        if not all(isinstance(t, int) for t in new_ids):
-            raise UpstreamError("malformed SGLang chunk: output_ids must be integers")
+            new_ids = ids[self.upstream_id_count :]
+        self.upstream_id_count += len(new_ids)
+        for t in new_ids:  # usually one id: a plain loop is the cheapest check
+            if type(t) is not int:
+                raise UpstreamError("malformed SGLang chunk: output_ids must be integers")
         if completion < self.completion_tokens:
             raise UpstreamError("malformed SGLang stream: completion_tokens went backwards")
         self.completion_tokens = completion
@@ -97,7 +97,7 @@ class ChunkDecoder:
             self.emitted_chars = end
         chunk = EngineChunk(
             text=new_text,
-            token_ids=[int(t) for t in new_ids],
+            token_ids=new_ids,
             completion_tokens=completion,
             prompt_tokens=prompt,
             cached_tokens=cached,

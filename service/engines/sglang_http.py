@@ -37,6 +37,7 @@ from service.engines.protocol import (
     EngineLoad,
     EngineRequest,
 )
+from service.engines.read_watchdog import ReadWatchdog
 from service.engines.sglang_chunks import (
     ChunkDecoder,
     RequestRefused,
@@ -73,8 +74,9 @@ class SglangHttpConfig:
     health_timeout_s: float = 10.0
     # Send the events of one read as one chunk (else one chunk per SSE event).
     coalesce: bool = True
-    # Coalescing: after sending a chunk, wait this long so that tokens arriving meanwhile go out
-    # as one message (0: send what each read brings). The first token is never held.
+    # Coalescing: after sending a chunk, stop reading the stream this long so that the tokens
+    # arriving meanwhile wait in the socket and go out as one message, read and parsed once
+    # (0: send what each read brings). The first token is never held.
     coalesce_window_s: float = 0.0
 
 
@@ -93,6 +95,10 @@ class SglangHttpEngine:
         self._abort_tasks: set[asyncio.Task[None]] = set()
         self._rids: dict[str, str] = {}  # request id -> SGLang rid of its live attempt
         self.in_flight = 0
+        # /generate streams: no sock_read (a timer re-created per read); ReadWatchdog instead.
+        self._stream_timeout = aiohttp.ClientTimeout(
+            total=None, connect=config.connect_timeout_s, sock_read=None
+        )
 
     # -- lifecycle ------------------------------------------------------------
     @property
@@ -230,13 +236,22 @@ class SglangHttpEngine:
         headers = {k: v for k, v in req.trace_headers.items() if k in ("traceparent", "tracestate")}
         headers["Content-Type"] = "application/json"
         resp: aiohttp.ClientResponse | None = None
+        watchdog: ReadWatchdog | None = None
         self.in_flight += 1
         try:
             try:
-                resp = await self.session.post(
-                    self.url + "/generate", data=orjson.dumps(self._body(req, rid)), headers=headers
-                )
-            except (aiohttp.ClientError, TimeoutError) as exc:
+                # The silence before the headers counts against the read timeout too.
+                async with asyncio.timeout(self.config.read_timeout_s):
+                    resp = await self.session.post(
+                        self.url + "/generate",
+                        data=orjson.dumps(self._body(req, rid)),
+                        headers=headers,
+                        timeout=self._stream_timeout,
+                    )
+            except TimeoutError as exc:
+                silence = f"no data for {self.config.read_timeout_s:g} s"
+                raise WorkerDown(f"{self.url}: {silence} (no headers)", retryable=True) from exc
+            except aiohttp.ClientError as exc:
                 raise WorkerDown(f"{self.url}: cannot reach SGLang: {exc}", retryable=True) from exc
             if resp.status != 200:
                 text = (await resp.text())[:500]
@@ -245,8 +260,10 @@ class SglangHttpEngine:
                     f"{self.url}/generate answered HTTP {resp.status}: {text}",
                     retryable=resp.status >= 500,
                 )
+            # The read timeout, watched without a timer per read (read_watchdog.py).
+            watchdog = ReadWatchdog(resp.content, self.config.read_timeout_s)
             coalesce, window_s = self.config.coalesce, self.config.coalesce_window_s
-            async for payloads in _event_batches(resp, self.url):
+            async for payloads in _event_batches(resp, self.url, watchdog):
                 # Coalescing: everything that arrived in one read goes out as one chunk.
                 for group in [payloads] if coalesce else [[p] for p in payloads]:
                     chunk, ended, error = self._decode_batch(decoder, group)
@@ -254,7 +271,7 @@ class SglangHttpEngine:
                         yield chunk
                         if window_s > 0 and not ended:
                             # Let the next tokens gather (the first was not held).
-                            await asyncio.sleep(window_s)
+                            await _gather_window(resp, window_s)
                     if error is not None:
                         if decoder.completion_tokens:
                             error.retryable = False  # tokens reached the consumer
@@ -275,6 +292,8 @@ class SglangHttpEngine:
             ) from exc
         finally:
             self.in_flight -= 1
+            if watchdog is not None:
+                watchdog.cancel()
             if resp is not None:
                 if decoder.finished:
                     self._release_later(resp)
@@ -359,16 +378,41 @@ class SglangHttpEngine:
         return body
 
 
+async def _gather_window(resp: aiohttp.ClientResponse, window_s: float) -> None:
+    """Stop reading `resp` for `window_s`: what the worker sends meanwhile waits in
+    the socket, then arrives in one read (one parse, one chunk)."""
+    protocol = resp.connection.protocol if resp.connection is not None else None
+    if protocol is None:
+        await asyncio.sleep(window_s)
+        return
+    protocol.pause_reading()
+    try:
+        await asyncio.sleep(window_s)
+    finally:
+        protocol.resume_reading()
+
+
 async def _event_batches(
-    resp: aiohttp.ClientResponse, url: str
+    resp: aiohttp.ClientResponse, url: str, watchdog: ReadWatchdog
 ) -> AsyncGenerator[list[bytes], None]:
     """SSE `data:` payloads, all those complete in one read at a time.
 
     Splits on blank lines, tolerates CRLF and comments; the common event (one
-    `data: ` line) takes a fast path.
+    `data: ` line) takes a fast path. Marks its waits for the read watchdog.
     """
     buf = b""
-    async for piece in resp.content.iter_any():
+    content = resp.content
+    while True:
+        watchdog.waiting = True
+        piece = await content.readany()
+        watchdog.waiting = False
+        if not piece:
+            break
+        # aiohttp hands a waiting reader one HTTP chunk (one SSE event) and parses
+        # the rest of the socket read lazily, as the reader drains its buffer: take
+        # everything already received, so it goes out as one chunk.
+        while more := content.read_nowait():
+            piece += more
         buf = buf + piece if buf else piece
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")

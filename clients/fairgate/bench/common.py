@@ -7,7 +7,7 @@ import math
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -30,10 +30,13 @@ class ServerProcess:
 
 
 @asynccontextmanager
-async def child_server(module: str, *args: str) -> AsyncIterator[ServerProcess]:
+async def child_server(
+    module: str, *args: str, env: Mapping[str, str] | None = None, cwd: str | None = None
+) -> AsyncIterator[ServerProcess]:
     """Run `python -m module args` until the block ends; yield its loopback address and pid.
 
     The child prints `PORT <n>` when ready and exits when its stdin closes.
+    `env`: variables added to this process's environment for the child.
     """
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -42,6 +45,8 @@ async def child_server(module: str, *args: str) -> AsyncIterator[ServerProcess]:
         *args,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, **env} if env else None,
+        cwd=cwd,
     )
     assert proc.stdout is not None and proc.stdin is not None
     try:
@@ -70,11 +75,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def source_checkout(src: str) -> tuple[dict[str, str], str | None]:
+    """Environment and working directory that make a child import fairgate
+    (`clients/`, `service/`, `scheduler/`) from the checkout `src` instead of the
+    installed one: PYTHONPATH comes before the editable install's finder, and the
+    working directory (first on `-m`'s path) is `src`. "" → nothing changes."""
+    if not src:
+        return {}, None
+    root = os.path.abspath(src)
+    for needed in ("service", "scheduler", os.path.join("clients", "fairgate")):
+        if not os.path.isdir(os.path.join(root, needed)):
+            raise ValueError(f"{src}: not a fairgate checkout (no {needed}/)")
+    path = [os.path.join(root, "clients"), root, os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(p for p in path if p)}, root
+
+
 @asynccontextmanager
 async def server_child(mode: str, **settings: object) -> AsyncIterator[ServerProcess]:
-    """Start `fairgate.bench.servers` in a child process; yield its address and pid."""
+    """Start `fairgate.bench.servers` in a child process; yield its address and pid.
+    The key `src` (not a setting): run it from that fairgate checkout (`source_checkout`)."""
+    env, cwd = source_checkout(str(settings.pop("src", "")))
     args = [f"{k}={v}" for k, v in settings.items()]
-    async with child_server("fairgate.bench.servers", mode, *args) as server:
+    async with child_server("fairgate.bench.servers", mode, *args, env=env, cwd=cwd) as server:
         yield server
 
 

@@ -12,7 +12,9 @@ failures. Direct is the reference for the ratios and the added TTFT.
 
 fairgate *variants* (`LABEL:key=value,...`, settings as in FAIRGATE_*) run as
 extra targets in the same run, so an optimisation toggled by a setting is
-measured side by side with the default.
+measured side by side with the default. The key `src=DIR` runs a variant from
+another fairgate checkout (say `git worktree add /tmp/before HEAD~3`), so code
+before and after a change is measured in one interleaved run.
 
 `capacity` adds real-time workers one at a time (`per_worker_c` streams each,
 up to `max_workers`), marks each count that keeps fairgate's added TTFT p99
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import aiohttp
 
-from fairgate.bench.common import child_server, free_port, reap, server_child
+from fairgate.bench.common import child_server, free_port, reap, server_child, source_checkout
 from fairgate.bench.gateway_clients import (
     Caller,
     GrpcClient,
@@ -56,15 +58,20 @@ MODES = {"zero": 0.0, "real": 1.0}
 class Variant:
     label: str
     settings: dict[str, str] = field(default_factory=dict)
+    src: str = ""  # another fairgate checkout to run this variant from ("": this one)
 
 
 def parse_variant(text: str) -> Variant:
-    """`LABEL` or `LABEL:key=value,key=value` (fairgate settings, lower case)."""
+    """`LABEL` or `LABEL:key=value,key=value` (fairgate settings, lower case;
+    `src=DIR`: run from that checkout)."""
     label, _, rest = text.partition(":")
     pairs = [p.split("=", 1) for p in rest.split(",") if p]
     if not label or any(len(p) != 2 for p in pairs):
         raise ValueError(f"bad variant {text!r}: expected LABEL[:key=value,...]")
-    return Variant(label, {k: v for k, v in pairs})
+    settings = {k: v for k, v in pairs}
+    src = settings.pop("src", "")
+    source_checkout(src)  # a bad checkout fails here, before any process starts
+    return Variant(label, settings, src)
 
 
 @dataclass
@@ -203,6 +210,7 @@ async def targets_for(
             server = await stack.enter_async_context(
                 server_child(
                     "fairgate",
+                    src=v.src,
                     engine="sglang-http",
                     sglang_urls=",".join(worker_urls),
                     http_listen=f"127.0.0.1:{http_port}",

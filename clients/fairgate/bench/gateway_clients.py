@@ -6,8 +6,10 @@ as the protocol allows (the load generator shares the machine with the gateway):
 - `grpc`: fairgate's `Generate` through the generated stub;
 - `openai`: `POST /v1/completions` with `stream: true` (fairgate's HTTP front).
 
-Each returns a `Sample`: time to the first streamed message, output tokens
-(the engine's final count), and whether it finished normally. The first
+Each returns a `Sample`: time to the first streamed message, the gaps between
+streamed messages (inter-token latency as `vllm bench serve` counts it: a
+message may carry several tokens), output tokens (the engine's final count),
+and whether it finished normally. The first
 message is taken as the first token: all three send one only once output exists.
 fairgate's gRPC result also says what the gateway measured itself (its TTFT
 from the handler's start, and the wait in its fair queue), so the benchmark can
@@ -21,7 +23,7 @@ import json
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import cycle
 
 import aiohttp
@@ -43,9 +45,29 @@ class Sample:
     # out) and fair-queue wait, from the result's timings.
     gateway_ttft_s: float = math.nan
     queue_wait_s: float = math.nan
+    # Gaps between consecutive streamed messages (s).
+    itl_s: list[float] = field(default_factory=list)
 
 
 Caller = Callable[[int], Awaitable[Sample]]
+
+
+class _Gaps:
+    """The times between consecutive streamed messages of one request."""
+
+    __slots__ = ("_last_s", "gaps_s")
+
+    def __init__(self) -> None:
+        self._last_s = math.nan
+        self.gaps_s: list[float] = []
+
+    def message(self) -> float:
+        """A message arrived: record the gap since the previous one; return now."""
+        now_s = time.perf_counter()
+        if self._last_s == self._last_s:  # not NaN: not the first
+            self.gaps_s.append(now_s - self._last_s)
+        self._last_s = now_s
+        return now_s
 
 
 def _failed(start_s: float, error: str) -> Sample:
@@ -71,6 +93,7 @@ class SglangClient:
         start = time.perf_counter()
         first: float | None = None
         last = b""
+        gaps = _Gaps()
         try:
             async with self._session.post(next(self._urls), json=body) as r:
                 if r.status != 200:
@@ -80,8 +103,9 @@ class SglangClient:
                         continue
                     if line.startswith(b"data: [DONE]"):
                         break
+                    now = gaps.message()
                     if first is None:
-                        first = time.perf_counter()
+                        first = now
                     last = line
         except (aiohttp.ClientError, TimeoutError) as exc:
             return _failed(start, type(exc).__name__)
@@ -89,7 +113,8 @@ class SglangClient:
             return _failed(start, "NO_OUTPUT")
         meta = json.loads(last[5:])["meta_info"]
         finish = (meta.get("finish_reason") or {}).get("type")
-        return Sample(first - start, int(meta["completion_tokens"]), finish == "length", "")
+        ok = finish == "length"
+        return Sample(first - start, int(meta["completion_tokens"]), ok, "", itl_s=gaps.gaps_s)
 
     async def aclose(self) -> None:
         await self._session.close()
@@ -114,10 +139,13 @@ class GrpcClient:
         start = time.perf_counter()
         first: float | None = None
         result: pb.GenerateResult | None = None
+        gaps = _Gaps()
         try:
             async for resp in next(self._stubs).Generate(request):
-                if first is None:
-                    first = time.perf_counter()
+                if resp.HasField("delta"):
+                    now = gaps.message()
+                    if first is None:
+                        first = now
                 if resp.HasField("result"):
                     result = resp.result
         except grpc.RpcError as exc:
@@ -138,6 +166,7 @@ class GrpcClient:
             "",
             gateway_ttft_s,
             t.queue_wait.ToTimedelta().total_seconds(),
+            gaps.gaps_s,
         )
 
     async def aclose(self) -> None:
@@ -164,6 +193,7 @@ class OpenAiClient:
         start = time.perf_counter()
         first: float | None = None
         usage = b""
+        gaps = _Gaps()
         try:
             async with self._session.post(self._url, json=body) as r:
                 if r.status != 200:
@@ -171,16 +201,19 @@ class OpenAiClient:
                 async for line in r.content:
                     if not line.startswith(b"data: {"):
                         continue
-                    if first is None:
-                        first = time.perf_counter()
                     if b'"usage":{' in line:
                         usage = line
+                        if b'"choices":[]' in line:
+                            continue  # the usage-only chunk carries no token
+                    now = gaps.message()
+                    if first is None:
+                        first = now
         except (aiohttp.ClientError, TimeoutError) as exc:
             return _failed(start, type(exc).__name__)
         if first is None or not usage:
             return _failed(start, "NO_USAGE")
         tokens_out = int(json.loads(usage[6:])["usage"]["completion_tokens"])
-        return Sample(first - start, tokens_out, tokens_out == tokens, "")
+        return Sample(first - start, tokens_out, tokens_out == tokens, "", itl_s=gaps.gaps_s)
 
     async def aclose(self) -> None:
         await self._session.close()

@@ -51,6 +51,10 @@ class Summary:
     # the client's TTFT before its handler ran (gRPC accepting the call, transport).
     queue_wait_p99_s: float = math.nan
     unseen_p50_s: float = math.nan
+    # Gaps between streamed messages, over every request (one message may carry
+    # several tokens: coalescing trades these for CPU).
+    itl_p50_s: float = math.nan
+    itl_p99_s: float = math.nan
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -60,6 +64,7 @@ def _pct(values: Sequence[float], q: float) -> float:
 
 def summarize(cells: Sequence[Cell], direct: Sequence[Cell]) -> Summary:
     ttfts = [s.ttft_s for cell in cells for s in cell.samples if s.ok]
+    itls = [gap for cell in cells for s in cell.samples if s.ok for gap in s.itl_s]
     tokens = sum(cell.tokens for cell in cells)
     ratios = [
         mine.tokens_per_s / ref.tokens_per_s
@@ -80,6 +85,8 @@ def summarize(cells: Sequence[Cell], direct: Sequence[Cell]) -> Summary:
         unseen_p50_s=_pct(
             [s.ttft_s - s.gateway_ttft_s for c in cells for s in c.samples if s.ok], 50
         ),
+        itl_p50_s=percentile(itls, 50),
+        itl_p99_s=percentile(itls, 99),
     )
 
 
@@ -102,7 +109,7 @@ def print_mode(mode: str, workers: int, tokens: int, reps: int, cells: Sequence[
         f"{'c':>5} | {'target':<22} | {'tok/s':>8} | {'× direct':>8} | "
         f"{'TTFT p50 ms':>11} | {'p99 ms':>8} | {'+p50 ms':>8} | {'+p99 ms':>8} | "
         f"{'µs CPU/tok':>10} | {'cores':>5} | {'RSS MB':>6} | {'failed':>6} | "
-        f"{'queue p99':>9} | {'unseen p50':>10}"
+        f"{'queue p99':>9} | {'unseen p50':>10} | {'ITL p50/p99 ms':>14}"
     )
     print(header)
     print("-" * len(header))
@@ -121,7 +128,8 @@ def print_mode(mode: str, workers: int, tokens: int, reps: int, cells: Sequence[
                 f"{s.cpu_us_per_token if gateway else math.nan:>10.1f} | "
                 f"{s.cores if gateway else math.nan:>5.2f} | {s.rss_mb:>6.0f} | "
                 f"{s.failures:>3}/{s.requests} | {_ms(s.queue_wait_p99_s):>9} | "
-                f"{_ms(s.unseen_p50_s):>10}"
+                f"{_ms(s.unseen_p50_s):>10} | "
+                f"{f'{s.itl_p50_s * 1e3:.1f}/{s.itl_p99_s * 1e3:.1f}':>14}"
             )
     _explain_columns()
 
@@ -130,7 +138,8 @@ def _explain_columns() -> None:
     print(
         "queue p99 = fairgate's fair-queue wait (its admission limits); unseen p50 = the "
         "client's TTFT minus fairgate's own (from its handler's start): gRPC accepting the "
-        "call, which grows when fairgate's event loop is saturated (ms; gRPC targets only)"
+        "call, which grows when fairgate's event loop is saturated (ms; gRPC targets only); "
+        "ITL = gaps between streamed messages (a message may carry several tokens)"
     )
 
 

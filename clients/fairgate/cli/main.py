@@ -354,7 +354,8 @@ def bench_gateway(
     variant: Annotated[
         list[str] | None,
         typer.Option(
-            help="fairgate variant LABEL[:setting=value,...] (repeatable; default: fairgate)"
+            help="fairgate variant LABEL[:setting=value,...] (repeatable; default: fairgate);"
+            " src=DIR runs it from another fairgate checkout"
         ),
     ] = None,
     http: Annotated[

@@ -3,14 +3,17 @@ the capacity rule, and the /proc readings of a process tree."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from fairgate.bench.common import source_checkout
 from fairgate.bench.gateway import Variant, parse_variant, requests_for
-from fairgate.bench.gateway_clients import Sample
+from fairgate.bench.gateway_clients import Sample, _Gaps
 from fairgate.bench.gateway_report import Cell, print_capacity, summarize
 from fairgate.bench.procstat import descendants, tree_cpu_s, tree_rss_bytes
 
@@ -23,6 +26,38 @@ def test_variants_parse_label_and_settings() -> None:
     for bad in (":x=1", "v:novalue", ""):
         with pytest.raises(ValueError, match="bad variant"):
             parse_variant(bad)
+
+
+def _checkout(root: Path, marker: str) -> Path:
+    for package in ("service", "scheduler", "clients/fairgate"):
+        (root / package).mkdir(parents=True)
+        (root / package / "__init__.py").write_text(f"MARKER = {marker!r}\n")
+    return root
+
+
+def test_a_variant_can_run_from_another_checkout(tmp_path: Path) -> None:
+    other = _checkout(tmp_path / "before", "before")
+    v = parse_variant(f"before:src={other},event_loop=asyncio")
+    assert v == Variant("before", {"event_loop": "asyncio"}, str(other))
+    # The child imports the three packages from that checkout, not the installed ones.
+    code = "import service as s, scheduler as d, fairgate as f; print(s.MARKER, d.MARKER, f.MARKER)"
+    env, cwd = source_checkout(v.src)
+    assert cwd == str(other)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.split() == ["before"] * 3
+    assert source_checkout("") == ({}, None)
+
+
+def test_a_source_that_is_not_a_checkout_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a fairgate checkout"):
+        parse_variant(f"x:src={tmp_path}")
 
 
 def test_requests_are_whole_waves_covering_the_budget() -> None:
@@ -47,6 +82,24 @@ def test_summary_ratios_pair_cells_of_the_same_repetition() -> None:
     assert s.cores == pytest.approx(0.1)
     assert (s.failures, s.requests, s.rss_mb) == (0, 8, 100)
     assert s.ttft_p50_s == pytest.approx(0.012) and s.ttft_p99_s == pytest.approx(0.020)
+
+
+def test_inter_message_gaps_are_pooled_over_requests() -> None:
+    cell = _cell("gw", 1.0, [0.01, 0.01], 0.1)
+    cell.samples[0].itl_s = [0.010] * 100
+    cell.samples[1].itl_s = [0.020] * 98 + [0.030, 0.040]
+    failed = Sample(5.0, 0, False, "UNAVAILABLE", itl_s=[9.0] * 50)  # left out
+    cell.samples.append(failed)
+    s = summarize([cell], [_cell("direct", 1.0, [0.01], 0.0)])
+    assert s.itl_p50_s == pytest.approx(0.010)
+    assert s.itl_p99_s == pytest.approx(0.020)  # rank 198 of 200
+
+
+def test_gaps_start_at_the_second_message() -> None:
+    gaps = _Gaps()
+    times = [gaps.message() for _ in range(4)]
+    assert len(gaps.gaps_s) == 3
+    assert gaps.gaps_s == pytest.approx([b - a for a, b in itertools.pairwise(times)])
 
 
 def test_failed_requests_count_and_leave_the_ttft_out() -> None:
