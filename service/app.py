@@ -168,6 +168,7 @@ class App:
             vocab_size=tokenizer.vocab_size if tokenizer.exact else cap.vocab_size,
             chat_template=load_chat_template(settings.chat_template_path, settings.tokenizer_path),
             preempt_threshold=cap.preempt_threshold,
+            isolation=isolation,
         )
         models = ModelRegistry([model], default=model_name)
         telemetry.watch_model(model)

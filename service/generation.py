@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from scheduler import rules
 from scheduler.errors import RequestTooLarge
 from scheduler.request import Priority, QueuedRequest
+from scheduler.rules import Isolation
 from service.drain import Drain, ServerDraining
 from service.engines.protocol import EngineError, EngineRequest, FinishKind
 from service.telemetry import Telemetry
@@ -146,6 +147,7 @@ class Generation:
                     queued.light,
                     params.model.preempt_threshold,
                     queued.lent,
+                    queued.prompt_tokens if params.model.isolation is Isolation.PREEMPT else None,
                 ),
             )
             obs.admitted(engine_req, dispatcher.budget)

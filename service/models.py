@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from scheduler import rules
 from scheduler.gate import AdmissionGate
 from service.chat_template import ChatTemplate
 from service.engines.protocol import Engine
@@ -24,9 +25,10 @@ class ServedModel:
     vocab_size: int
     # Renders chat messages into the prompt; None: chat input is refused.
     chat_template: ChatTemplate | None = None
-    # The engine's priority-preemption threshold (None: it never preempts), for
-    # rules.engine_priority.
+    # The engine's priority-preemption threshold (None: it never preempts) and
+    # whether light tenants are lent room beyond it, for rules.engine_priority.
     preempt_threshold: int | None = None
+    isolation: rules.Isolation = rules.Isolation.RESERVE
 
 
 class ModelRegistry:

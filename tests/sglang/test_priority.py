@@ -78,14 +78,16 @@ async def _stream(s: aiohttp.ClientSession, url: str, rid: str, priority: int, n
 
 
 async def _saturate_then(
-    server: tuple[str, str], late: list[tuple[str, int]]
+    server: tuple[str, str], late: list[tuple[str, int]], lows_at: tuple[int, ...] = (0,) * SLOTS
 ) -> dict[str, Outcome]:
-    """Fill every slot with priority-0 streams, then send `late` (rid, priority) in order."""
+    """Fill every slot with streams (`lows_at`: their priorities, 0 unless given),
+    then send `late` (rid, priority) in order."""
     kind, url = server
     low_tokens = LOW_TOKENS[kind]
     async with aiohttp.ClientSession() as s:
         lows = [
-            asyncio.create_task(_stream(s, url, f"low-{i}", 0, low_tokens)) for i in range(SLOTS)
+            asyncio.create_task(_stream(s, url, f"low-{i}", lows_at[i], low_tokens))
+            for i in range(SLOTS)
         ]
         await wait_running(url, SLOTS)
         later = []
@@ -147,3 +149,14 @@ async def test_a_lent_requests_priority_preempts(server_b: tuple[str, str], batc
     assert sum(o.meta["num_retractions"] for o in lows) >= 1
     assert all(o.meta["finish_reason"]["type"] == "length" for o in lows)
     assert all(o.meta["completion_tokens"] == LOW_TOKENS[server_b[0]] for o in lows)
+
+
+async def test_the_lowest_priority_running_request_is_the_one_retracted(
+    server_b: tuple[str, str],
+) -> None:
+    # What rules.engine_priority's cost tiers rely on: the engine gives up the
+    # lowest priority first (here not the latest arrival), so fairgate can make
+    # the cheapest request to recompute the one retracted.
+    got = await _saturate_then(server_b, [("urgent", 20)], lows_at=(2, 0, 2, 2))
+    retractions = [got[f"low-{i}"].meta["num_retractions"] for i in range(SLOTS)]
+    assert retractions == [0, 1, 0, 0]

@@ -337,6 +337,7 @@ async def test_a_light_tenant_goes_beyond_a_full_engine_which_retracts_a_flood_r
     # The flood's first two went light (its queue was short then), within the
     # threshold; the light tenant's went lent, above it.
     sent = [body["priority"] for body in stand_in.record.requests]
-    light_p = rules.engine_priority(False, True, 10)
-    assert sent == [light_p, light_p, rules.engine_priority(False, True, 10, lent=True)]
+    light_p = rules.engine_priority(False, True, 10, prompt_tokens=4)
+    lent_p = rules.engine_priority(False, True, 10, lent=True, prompt_tokens=4)
+    assert sent == [light_p, light_p, lent_p]
     await assert_no_sglang_leaks(app, stand_in)

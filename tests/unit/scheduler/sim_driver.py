@@ -125,6 +125,7 @@ class Driver:
         self.core = SimCore(sim)
         # The priorities fairgate sends the engine (generation.py does the same).
         self._threshold = sim.priority_preemption_threshold if sim.priority_scheduling else None
+        self._tiered = isolation is Isolation.PREEMPT
         self.w_in, self.w_out = w_in, w_out
         reg = tenants or TenantRegistry.permissive()
         self._weight = reg.weight_of
@@ -266,7 +267,11 @@ class Driver:
                 continue
             sampling = SamplingOptions(ignore_eos=False)
             priority = engine_priority(
-                call.req.priority is Priority.BATCH, call.req.light, self._threshold, call.req.lent
+                call.req.priority is Priority.BATCH,
+                call.req.light,
+                self._threshold,
+                call.req.lent,
+                call.req.prompt_tokens if self._tiered else None,
             )
             sim_req = self.core.make_request(
                 call.req.request_id,

@@ -93,24 +93,45 @@ def test_lent_kv_and_zero_fraction() -> None:
     assert _verdict(off, budget, _req("victim")) is Verdict.FULL
 
 
-@pytest.mark.parametrize("threshold", [0, 1, 2, 3, 5, 10, 12])
-def test_engine_priorities_preempt_exactly_for_lent_requests(threshold: int) -> None:
-    def p(batch: bool, light: bool, lent: bool = False) -> int:
-        return rules.engine_priority(batch, light, threshold, lent)
+@pytest.mark.parametrize("threshold", [0, 1, 2, 3, 5, 9, 10, 12])
+@pytest.mark.parametrize("tiered", [False, True])
+def test_engine_priorities_preempt_exactly_for_lent_requests(threshold: int, tiered: bool) -> None:
+    prompts = [1, 127, 128, 600, 5000] if tiered else [None]
 
-    within = [p(b, light) for b in (False, True) for light in (False, True)]
-    lent = [p(b, True, lent=True) for b in (False, True)]
-    # Within the room nothing is ever retracted; light before heavy, interactive
-    # before batch, where the threshold leaves room for it.
+    def p(batch: bool, light: bool, lent: bool = False, prompt: int | None = None) -> int:
+        return rules.engine_priority(batch, light, threshold, lent, prompt)
+
+    within = [
+        p(b, light, False, n) for b in (False, True) for light in (False, True) for n in prompts
+    ]
+    lent = [p(b, True, True, n) for b in (False, True) for n in prompts]
+    # Within the room nothing is ever retracted; a lent request retracts any of
+    # those, never another lent one.
     assert max(within) - min(within) <= threshold
-    assert p(True, True) >= p(False, False) and p(False, False) >= p(True, False)
-    # A lent request retracts any of those, never another lent one.
     assert min(lent) - max(within) > threshold
     assert max(lent) - min(lent) <= threshold
-    if threshold >= 3:
-        assert len(set(within)) == 4
+    # Light before heavy, interactive before batch, where the threshold leaves room.
+    if threshold >= (9 if tiered else 3):
+        heavy = [p(b, False, False, n) for b in (False, True) for n in prompts]
+        assert p(True, True, False, prompts[0]) > max(heavy)
+        assert p(False, True) > p(True, True)
+        assert min(p(False, False, False, n) for n in prompts) > max(
+            p(True, False, False, n) for n in prompts
+        )
     # An engine that never preempts: just the order.
     assert rules.engine_priority(False, True, None, True) == rules.engine_priority(False, True)
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_tiers_put_the_cheapest_to_recompute_lowest(batch: bool) -> None:
+    # The engine retracts the lowest priority first: among heavy requests, the
+    # shortest prompt (SGLang prefills a retracted request's prompt again).
+    order = [rules.engine_priority(batch, False, 10, prompt_tokens=n) for n in (1, 200, 1000, 3000)]
+    assert order == sorted(order) and len(set(order)) == 4
+    assert [rules.engine_priority(batch, False, 10, prompt_tokens=n) for n in (127, 128)] == [
+        order[0],
+        order[0] + 1,
+    ]
 
 
 def _core(slots: int, threshold: int | None = 10, kv: int = 100_000) -> SimCore:
