@@ -59,10 +59,24 @@ def test_trace_is_seeded_and_mixes_the_shapes() -> None:
     assert set(SHAPES) == {"fixed", "long_prompt", "long_output", "chat"}
 
 
-@pytest.mark.parametrize("spec", ["lifo", "fcfs@0.1", "vtc@x", "vtc@1", "vtc@-0.1"])
+@pytest.mark.parametrize(
+    "spec", ["lifo", "fcfs@0.1", "vtc@x", "vtc@1", "vtc@-0.1", "vtc:sometimes", "fcfs:reserve"]
+)
 def test_bad_policy_spec_is_refused(spec: str) -> None:
     with pytest.raises(ValueError):
         Policy.parse(spec)
+
+
+def test_policy_spec_names_the_isolation_and_the_fraction() -> None:
+    p = Policy.parse("vtc:reserve@0.0625")
+    assert p.label == "vtc:reserve@0.0625"
+    assert p.settings() == {
+        "policy": "vtc",
+        "fair_reserve_fraction": 0.0625,
+        "fair_isolation": "reserve",
+    }
+    assert Policy.parse("vtc").settings() == {"policy": "vtc"}
+    assert Policy.parse("fcfs").settings() == {"policy": "fcfs", "fair_reserve_fraction": 0}
 
 
 async def test_mixed_scenario_replays_one_trace_for_every_policy(tmp_path: Path) -> None:

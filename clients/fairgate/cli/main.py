@@ -290,7 +290,11 @@ def bench_fairness(
     time_scale: Annotated[float, typer.Option(help="simulator time scale")] = 0.5,
     seed: Annotated[int, typer.Option(help="arrival trace seed")] = 1,
     policies: Annotated[
-        str, typer.Option(help="comma-separated; vtc@F runs vtc with fair_reserve_fraction F")
+        str,
+        typer.Option(
+            help="comma-separated; vtc@F runs vtc with fair_reserve_fraction F, "
+            "vtc:reserve / vtc:preempt with that fair_isolation (default auto)"
+        ),
     ] = "fcfs,rate-limit,vtc",
     replicas: Annotated[
         int, typer.Option(min=1, help="vtc on N fairgate replicas sharing Redis and one engine")
