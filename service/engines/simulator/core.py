@@ -193,7 +193,10 @@ class SimCore:
                 if freed is None:
                     return
                 headroom += freed
-            self.waiting.popleft()
+            if self.waiting[0] is head:
+                self.waiting.popleft()
+            else:  # a negative threshold can queue a retracted request before it
+                self.waiting.remove(head)
             head.state = _State.PREFILL
             self.running.append(head)
             headroom -= need

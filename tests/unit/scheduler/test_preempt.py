@@ -256,3 +256,17 @@ def test_preemption_lets_a_victim_in_at_once_and_keeps_the_engine_full() -> None
     flood = [c for c in drv.calls if c.arrival.tenant_id == "flood"]
     assert sum(c.output_tokens for c in flood) == 256 * len(flood)
     assert plain_drv.core.preemptions == 0
+
+
+def test_sim_with_a_negative_threshold_admits_the_request_it_preempted_for() -> None:
+    # SGLang takes any int: at -2 a newcomer one priority *below* may preempt, and
+    # the retracted request then queues ahead of it.
+    core = _core(slots=2, threshold=-2)
+    _add(core, "a", 1)
+    _add(core, "b", 1)
+    core.step()
+    _add(core, "lower", 0)
+    core.step()
+    assert {r.rid for r in core.running} == {"a", "lower"}
+    assert [r.rid for r in core.waiting] == ["b"]
+    _run(core)
