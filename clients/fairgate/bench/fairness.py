@@ -47,6 +47,7 @@ from fairgate.bench.fairness_scenarios import (
     Scenario,
     scenarios,
 )
+from fairgate.bench.fairness_virtual import replay as replay_virtual
 from fairgate.bench.redis_local import RedisServer, find_redis_server
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
@@ -329,6 +330,7 @@ async def run_scenario(
     seed: int,
     policies: tuple[Policy, ...] = DEFAULT_POLICIES,
     replicas: int = 1,
+    virtual: bool = False,
 ) -> tuple[float, dict[str, RunResult]]:
     trace = sc.trace(seed)
     bound = bound_for(trace)
@@ -349,8 +351,13 @@ async def run_scenario(
                 "rate_limit_per_s": sum(load.shape.capacity_rps for load in sc.tenants.values())
                 / len(sc.tenants) ** 2,
             }
-            async with _gateways(policy, n, common, time_scale, seed) as addresses:
-                records = await _replay(addresses, tr, time_scale, seconds)
+            if virtual:
+                del common["tenants_file"]  # the weights go in directly
+                settings = Settings(**common, sim_model=MODEL, sim_seed=seed)  # type: ignore[arg-type]
+                records = replay_virtual(tr, sc.weights, settings, seconds)
+            else:
+                async with _gateways(policy, n, common, time_scale, seed) as addresses:
+                    records = await _replay(addresses, tr, time_scale, seconds)
             out[label] = analyse(sc, records, seconds, bound, label, n)
             print(f"  ran scenario {sc.key} / {label} on {n} replica(s): {len(records)} requests")
     return bound, out
@@ -393,16 +400,20 @@ async def main(
     seed: int,
     policies: tuple[Policy, ...] = DEFAULT_POLICIES,
     replicas: int = 1,
+    virtual: bool = False,
 ) -> dict[str, Any]:
     all_sc = scenarios(seconds)
     unknown = [k for k in keys if k not in all_sc]
     if unknown:
         raise ValueError(f"unknown scenario(s) {unknown} (available: {''.join(all_sc)})")
+    if virtual and replicas > 1:
+        raise ValueError("--virtual replays one replica (the store runs the same rules)")
     if replicas > 1:
         policies = tuple(p for p in policies if p.name != "rate-limit")
     shapes = ", ".join(f"{s.name} ~{s.capacity_rps:g} req/s" for s in SHAPES.values())
+    clock = "virtual (simulated time, no processes)" if virtual else f"time scale {time_scale:g}"
     print(
-        f"fairness benchmark: {seconds:g} simulated s per run, time scale {time_scale:g}, "
+        f"fairness benchmark: {seconds:g} simulated s per run, {clock}, "
         f"seed {seed}, vtc on {replicas} replica(s); engine {MAX_RUNNING_REQUESTS} slots, "
         f"{M_TOKENS} KV tokens admitted at most (M); engine capacity per shape: {shapes}.\n"
         f"VTC bound = 2*max(w_in*L_in, w_out*M) + light credit, L_in the longest prompt sent"
@@ -415,7 +426,7 @@ async def main(
     out: dict[str, Any] = {}
     for key in keys:
         bound, results = await run_scenario(
-            all_sc[key], seconds, time_scale, seed, policies, replicas
+            all_sc[key], seconds, time_scale, seed, policies, replicas, virtual
         )
         out[key] = report(all_sc[key], bound, results)
         print_report(key, out[key])

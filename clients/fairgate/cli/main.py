@@ -300,6 +300,13 @@ def bench_fairness(
         int, typer.Option(min=1, help="vtc on N fairgate replicas sharing Redis and one engine")
     ] = 1,
     json_out: Annotated[str, typer.Option("--json", help="also write the report here")] = "",
+    virtual: Annotated[
+        bool,
+        typer.Option(
+            help="replay on simulated time in this process (the same rules and engine "
+            "model; no gRPC, no load-dependent noise; one replica)"
+        ),
+    ] = False,
 ) -> None:
     """Fair (VTC) vs FCFS vs per-tenant rate limits on the same arrival traces."""
     from fairgate.bench.fairness import Policy
@@ -314,7 +321,11 @@ def bench_fairness(
     known = scenario_table(seconds)
     if not scenarios or any(k not in known for k in scenarios):
         raise typer.BadParameter(f"use keys among {''.join(known)}", param_hint="--scenarios")
-    report = asyncio.run(fairness_main(scenarios, seconds, time_scale, seed, chosen, replicas))
+    if virtual and replicas > 1:
+        raise typer.BadParameter("--virtual replays one replica", param_hint="--replicas")
+    report = asyncio.run(
+        fairness_main(scenarios, seconds, time_scale, seed, chosen, replicas, virtual)
+    )
     if json_out:
         write_json(json_out, report)
 

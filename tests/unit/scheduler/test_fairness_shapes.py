@@ -16,6 +16,7 @@ import math
 import random
 
 import pytest
+from fairgate.bench.event_driver import Arrival, Driver
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +26,6 @@ from scheduler.rules import Isolation, vtc_bound
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
-from tests.unit.scheduler.sim_driver import Arrival, Driver
 
 TENANTS = ["long_prompt", "long_output", "chat1", "chat2"]
 SHAPES = ["long_prompt", "long_output", "chat"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from fairgate.bench.event_driver import Arrival, Driver
 
 from scheduler import rules
 from scheduler.budget import AdmissionBudget, AdmissionLimits
@@ -17,7 +18,6 @@ from scheduler.rules import Isolation, Verdict, needs_load, verdict
 from service.engines.protocol import FinishKind, SamplingOptions
 from service.engines.simulator.core import SimConfig, SimCore
 from service.engines.simulator.hardware import preset
-from tests.unit.scheduler.sim_driver import Arrival, Driver
 
 PREEMPT = Isolation.PREEMPT
 

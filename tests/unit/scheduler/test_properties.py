@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from fairgate.bench.event_driver import Arrival, Driver
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +18,6 @@ from scheduler.request import Priority
 from scheduler.tenancy.tenants import OVER_QUOTA_MODES, TenantConfig, TenantQuotas, TenantRegistry
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
-from tests.unit.scheduler.sim_driver import Arrival, Driver
 
 COST = preset()
 TENANTS = ["a", "b", "c", "d"]

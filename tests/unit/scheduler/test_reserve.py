@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from fairgate.bench.event_driver import Arrival, Driver
 
 from scheduler import rules
 from scheduler.budget import AdmissionBudget, AdmissionLimits
@@ -17,7 +18,6 @@ from scheduler.reserve import FairShareReserve
 from scheduler.rules import Verdict, needs_load, verdict
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
-from tests.unit.scheduler.sim_driver import Arrival, Driver
 
 
 def _req(tenant: str, kv: int = 100) -> QueuedRequest:

@@ -5,6 +5,11 @@ engine (SimCore) advances by whole steps, each as long as its modelled
 duration. Events that fall inside a step are handled at their own time, then
 the step's tokens are reported at its end. After every dispatcher call the
 driver checks work conservation and that every paused tenant will be woken.
+
+The scheduler's property tests drive it, and `fairgate bench fairness
+--virtual` replays its traces through it: the same admission rules and engine
+model as a live run, on simulated time, so the numbers do not depend on the
+machine's load and repeat exactly.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ class _Call:
     output_tokens: int = 0
     admitted_s: float | None = None
     first_token_s: float | None = None
+    # When each output token arrived (the end of the engine step that made it).
+    token_times_s: list[float] = field(default_factory=list)
+    done_s: float | None = None
     error: SchedulingError | None = None
     driver: Driver | None = None
 
@@ -288,14 +296,18 @@ class Driver:
         self.core.abort(call.req.request_id)
         del self._running[call.req.request_id]
         call.state = "done"
+        call.done_s = self.clock.now_s()
         self.dispatcher.finish(call.req)
         self._start_admitted()
         self.check()
 
-    def run(self, arrivals: list[Arrival], max_steps: int = 200_000) -> None:
+    def run(
+        self, arrivals: list[Arrival], max_steps: int = 200_000, until_s: float = math.inf
+    ) -> None:
+        """Until every request has ended, or the first engine step past `until_s`."""
         for a in arrivals:
             self._push(a.at_s, "arrive", a)
-        while True:
+        while self.clock.now_s() < until_s:
             if self.core.idle:
                 if self._next_event_s() == math.inf:
                     break
@@ -312,6 +324,7 @@ class Driver:
                 if call is None:
                     continue  # cancelled during the step
                 call.output_tokens += 1
+                call.token_times_s.append(end_s)
                 if call.first_token_s is None:
                     call.first_token_s = end_s
                 self.dispatcher.on_output_tokens(call.req, 1)
@@ -322,4 +335,5 @@ class Driver:
                 fail = call.arrival.fail_after_tokens
                 if em.finish is not None or (fail is not None and call.output_tokens >= fail):
                     self._end(call)
-        assert not self.backlogged(), "requests left queued with nothing to wake them"
+        if until_s == math.inf:
+            assert not self.backlogged(), "requests left queued with nothing to wake them"
