@@ -116,3 +116,22 @@ async def test_two_replicas_share_redis_and_one_engine() -> None:
     served = sum(row["output_tokens"] for row in runs["vtc"]["tenants"].values())
     assert served > 0
     assert not math.isnan(runs["vtc"]["gap_over_bound"])
+
+
+async def test_virtual_replay_repeats_exactly_and_runs_the_same_rules() -> None:
+    # --virtual: the same trace through the policy, Dispatcher and SimCore on
+    # simulated time. Twice the same report (no wall clock anywhere); FCFS
+    # starves the victim, VTC (preempt: the simulator's engine can) does not.
+    policies = (Policy("fcfs"), Policy("vtc"), Policy.parse("vtc:reserve"))
+    one = await main("f", seconds=15.0, time_scale=1.0, seed=3, policies=policies, virtual=True)
+    two = await main("f", seconds=15.0, time_scale=1.0, seed=3, policies=policies, virtual=True)
+    assert one == two
+    runs = one["f"]["runs"]
+    assert set(runs) == {"fcfs", "vtc", "vtc:reserve", SOLO}
+    assert len({runs[p.label]["trace_digest"] for p in policies}) == 1
+    assert runs["fcfs"]["victim_p99_over_solo"] > 10 * runs["vtc"]["victim_p99_over_solo"]
+    assert runs["vtc"]["gap_over_bound"] < runs["fcfs"]["gap_over_bound"]
+    with pytest.raises(ValueError, match="one replica"):
+        await main(
+            "f", seconds=1.0, time_scale=1.0, seed=3, policies=policies, replicas=2, virtual=True
+        )
