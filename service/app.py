@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import grpc
 from fairgate.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
@@ -14,7 +15,7 @@ from grpc_reflection.v1alpha import reflection
 
 from scheduler import rules
 from scheduler.budget import AdmissionLimits
-from scheduler.clock import MonotonicClock
+from scheduler.clock import Clock, MonotonicClock
 from scheduler.gate import AdmissionGate
 from scheduler.ordering.policies import PolicyOptions
 from scheduler.tenancy.tenant_file import load_tenants
@@ -55,6 +56,25 @@ def admission_limits(cap: EngineCapacity, settings: Settings) -> AdmissionLimits
     return AdmissionLimits(
         max_requests=max(1, int(cap.max_running_requests * settings.running_target_fraction)),
         max_kv_tokens=max(1, int(cap.max_total_tokens * settings.kv_target_fraction)),
+    )
+
+
+def policy_options(
+    settings: Settings,
+    clock: Clock,
+    tenants: TenantRegistry,
+    weight_of: Callable[[str], float] | None = None,
+) -> PolicyOptions:
+    """The queue policy's options from the settings."""
+    return PolicyOptions(
+        clock=clock,
+        tenants=tenants,
+        weight_of=weight_of,
+        vtc_w_in=settings.vtc_w_in,
+        vtc_w_out=settings.vtc_w_out,
+        light_credit=settings.fair_light_credit,
+        rate_limit_per_s=settings.rate_limit_per_s,
+        rate_limit_burst=settings.rate_limit_burst or None,
     )
 
 
@@ -134,16 +154,7 @@ class App:
             await directory.seed_from_file(settings.tenants_file)
         await directory.refresh()
         tenants = directory.registry
-        options = PolicyOptions(
-            clock=clock,
-            tenants=tenants,
-            weight_of=directory.weight_of,
-            vtc_w_in=settings.vtc_w_in,
-            vtc_w_out=settings.vtc_w_out,
-            light_credit=settings.fair_light_credit,
-            rate_limit_per_s=settings.rate_limit_per_s,
-            rate_limit_burst=settings.rate_limit_burst or None,
-        )
+        options = policy_options(settings, clock, tenants, directory.weight_of)
         isolation = isolation_for(settings.fair_isolation, cap)
         dispatcher = await build_dispatcher(
             settings,

@@ -19,9 +19,9 @@ from fairgate.bench.event_driver import Driver
 from fairgate.bench.fairness_metrics import RequestRecord
 from fairgate.bench.fairness_scenarios import KV_CAPACITY_TOKENS, MAX_RUNNING_REQUESTS, Arrival
 from scheduler.clock import FakeClock
-from scheduler.ordering.policies import PolicyOptions, make_policy
+from scheduler.ordering.policies import make_policy
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
-from service.app import admission_limits, isolation_for
+from service.app import admission_limits, isolation_for, policy_options
 from service.engines.protocol import EngineCapacity
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
@@ -38,15 +38,7 @@ def replay(
     (policy, reserve, isolation, light credit, rate limits, the simulator's preset)."""
     clock = FakeClock()
     tenants = TenantRegistry([TenantConfig(t, weight=w) for t, w in weights.items()])
-    options = PolicyOptions(
-        clock=clock,
-        tenants=tenants,
-        vtc_w_in=settings.vtc_w_in,
-        vtc_w_out=settings.vtc_w_out,
-        light_credit=settings.fair_light_credit,
-        rate_limit_per_s=settings.rate_limit_per_s,
-        rate_limit_burst=settings.rate_limit_burst or None,
-    )
+    options = policy_options(settings, clock, tenants)
     # As the live run's engine: SGLang with --enable-priority-scheduling.
     sim = SimConfig(
         cost=preset(settings.sim_gpu, settings.sim_model),

@@ -184,25 +184,35 @@ class SimCore:
     def _admit(self) -> None:
         cfg = self.config
         headroom = self.capacity - self.used_kv - sum(self._reserved(r) for r in self.running)
+        # As SGLang's scheduling pass: only what ran before it may be retracted,
+        # and what it retracts waits again only after it (no retraction ping-pong).
+        preemptible = list(self.running)
+        retracted: list[SimRequest] = []
         while self.waiting:
             head = self.waiting[0]
             need = self._reserved(head)
             slots_full = len(self.running) >= cfg.max_running_requests
             if slots_full or (need > headroom and self.running):
-                freed = self._preempt_by_priority(head, need - headroom, slots_full)
+                freed = self._preempt_by_priority(
+                    head, need - headroom, slots_full, preemptible, retracted
+                )
                 if freed is None:
-                    return
+                    break
                 headroom += freed
-            if self.waiting[0] is head:
-                self.waiting.popleft()
-            else:  # a negative threshold can queue a retracted request before it
-                self.waiting.remove(head)
+            self.waiting.popleft()
             head.state = _State.PREFILL
             self.running.append(head)
             headroom -= need
+        for r in retracted:
+            self._enqueue(r)
 
     def _preempt_by_priority(
-        self, head: SimRequest, tokens_short: float, slot_needed: bool
+        self,
+        head: SimRequest,
+        tokens_short: float,
+        slot_needed: bool,
+        preemptible: list[SimRequest],
+        retracted: list[SimRequest],
     ) -> float | None:
         """Retract running requests to make room for `head`, as SGLang's
         priority preemption does; the KV tokens freed, or None (nothing retracted)
@@ -212,7 +222,7 @@ class SimCore:
             return None
         chosen: list[SimRequest] = []
         freed = 0.0
-        for r in sorted(self.running, key=lambda r: (r.priority, -r.seq)):
+        for r in sorted(preemptible, key=lambda r: (r.priority, -r.seq)):
             if head.priority - r.priority <= threshold:
                 break
             if freed >= tokens_short and (chosen or not slot_needed):
@@ -222,9 +232,10 @@ class SimCore:
         if not chosen or freed < tokens_short:
             return None
         for r in chosen:
+            preemptible.remove(r)
             self.running.remove(r)
             self._retract(r)
-            self._enqueue(r)
+            retracted.append(r)
         return freed
 
     def _retract(self, victim: SimRequest) -> None:

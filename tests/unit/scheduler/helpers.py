@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+from scheduler.budget import AdmissionBudget
 from scheduler.errors import SchedulingError
 from scheduler.request import Priority, QueuedRequest
+from scheduler.reserve import FairShareReserve
 
 _ids = itertools.count(1)
 
@@ -47,3 +49,17 @@ class Waiter:
 
     def rejected(self, error: SchedulingError) -> None:
         self.errors.append(error)
+
+
+def kv_req(tenant: str, kv: int = 100) -> QueuedRequest:
+    """A request holding `kv` KV tokens (half prompt, half output)."""
+    return QueuedRequest(f"{tenant}-{next(_ids)}", tenant, kv // 2, kv - kv // 2)
+
+
+def fill(reserve: FairShareReserve, budget: AdmissionBudget, tenant: str, n: int) -> None:
+    """`n` of `tenant`'s requests admitted: in flight in the budget and the reserve."""
+    for _ in range(n):
+        r = kv_req(tenant)
+        reserve.on_queued(r)
+        reserve.on_admitted(r)
+        budget.reserve(r)

@@ -18,27 +18,16 @@ from scheduler.rules import Isolation, Verdict, needs_load, verdict
 from service.engines.protocol import FinishKind, SamplingOptions
 from service.engines.simulator.core import SimConfig, SimCore
 from service.engines.simulator.hardware import preset
+from tests.unit.scheduler.helpers import fill, kv_req
 
 PREEMPT = Isolation.PREEMPT
-
-
-def _req(tenant: str, kv: int = 100) -> QueuedRequest:
-    return QueuedRequest(f"{tenant}-{random.random()}", tenant, kv // 2, kv - kv // 2)
-
-
-def _fill(reserve: FairShareReserve, budget: AdmissionBudget, tenant: str, n: int) -> None:
-    for _ in range(n):
-        r = _req(tenant)
-        reserve.on_queued(r)
-        reserve.on_admitted(r)
-        budget.reserve(r)
 
 
 def _verdict(
     reserve: FairShareReserve, budget: AdmissionBudget, req: QueuedRequest, queued: int = 1
 ) -> Verdict:
     for _ in range(queued):  # the candidate's own queue (it is one of them)
-        reserve.on_queued(_req(req.tenant_id))
+        reserve.on_queued(kv_req(req.tenant_id))
     room = (budget.limits, budget.in_flight_requests, budget.in_flight_kv_tokens, req.kv_tokens)
     load = None
     if needs_load(reserve.fraction, *room, PREEMPT):
@@ -49,48 +38,48 @@ def _verdict(
 def test_nothing_is_kept_idle_the_engine_fills() -> None:
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
     reserve = FairShareReserve(0.125, lambda t: 1.0)
-    _fill(reserve, budget, "flood", 15)
-    _fill(reserve, budget, "victim", 1)  # light, below its share: RESERVE would hold
-    assert _verdict(reserve, budget, _req("flood"), queued=9) is Verdict.FULL
+    fill(reserve, budget, "flood", 15)
+    fill(reserve, budget, "victim", 1)  # light, below its share: RESERVE would hold
+    assert _verdict(reserve, budget, kv_req("flood"), queued=9) is Verdict.FULL
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
     reserve = FairShareReserve(0.125, lambda t: 1.0)
-    _fill(reserve, budget, "flood", 14)
-    _fill(reserve, budget, "victim", 1)
-    assert _verdict(reserve, budget, _req("flood"), queued=9) is Verdict.ADMIT  # the 16th
+    fill(reserve, budget, "flood", 14)
+    fill(reserve, budget, "victim", 1)
+    assert _verdict(reserve, budget, kv_req("flood"), queued=9) is Verdict.ADMIT  # the 16th
 
 
 def test_a_light_tenant_below_its_share_goes_beyond_a_full_engine() -> None:
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
     reserve = FairShareReserve(0.125, lambda t: 1.0)  # 2 slots lent beyond the 16
-    _fill(reserve, budget, "flood", 16)
-    assert _verdict(reserve, budget, _req("victim")) is Verdict.ADMIT
-    _fill(reserve, budget, "victim", 1)
-    assert _verdict(reserve, budget, _req("victim")) is Verdict.ADMIT  # 18th: still lent
-    _fill(reserve, budget, "victim", 1)
-    assert _verdict(reserve, budget, _req("victim")) is Verdict.FULL  # beyond the lent room
+    fill(reserve, budget, "flood", 16)
+    assert _verdict(reserve, budget, kv_req("victim")) is Verdict.ADMIT
+    fill(reserve, budget, "victim", 1)
+    assert _verdict(reserve, budget, kv_req("victim")) is Verdict.ADMIT  # 18th: still lent
+    fill(reserve, budget, "victim", 1)
+    assert _verdict(reserve, budget, kv_req("victim")) is Verdict.FULL  # beyond the lent room
 
 
 def test_heavy_or_over_share_tenants_get_no_lent_room() -> None:
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
     reserve = FairShareReserve(0.125, lambda t: 1.0)
-    _fill(reserve, budget, "flood", 16)
+    fill(reserve, budget, "flood", 16)
     # A tenant with a queue of its own: it would retract its peers' requests.
-    assert _verdict(reserve, budget, _req("other"), rules.LIGHT_QUEUE + 1) is Verdict.FULL
+    assert _verdict(reserve, budget, kv_req("other"), rules.LIGHT_QUEUE + 1) is Verdict.FULL
     budget = AdmissionBudget(AdmissionLimits(4, 100_000))
     reserve = FairShareReserve(0.5, lambda t: 1.0)
-    _fill(reserve, budget, "flood", 2)
-    _fill(reserve, budget, "light", 2)  # at its half already
-    assert _verdict(reserve, budget, _req("light")) is Verdict.FULL
+    fill(reserve, budget, "flood", 2)
+    fill(reserve, budget, "light", 2)  # at its half already
+    assert _verdict(reserve, budget, kv_req("light")) is Verdict.FULL
 
 
 def test_lent_kv_and_zero_fraction() -> None:
     budget = AdmissionBudget(AdmissionLimits(100, 1000))
     reserve = FairShareReserve(0.1, lambda t: 1.0)  # 100 KV tokens lent
-    _fill(reserve, budget, "flood", 10)  # the KV is full
-    assert _verdict(reserve, budget, _req("victim", kv=100)) is Verdict.ADMIT
-    assert _verdict(reserve, budget, _req("victim", kv=101)) is Verdict.FULL
+    fill(reserve, budget, "flood", 10)  # the KV is full
+    assert _verdict(reserve, budget, kv_req("victim", kv=100)) is Verdict.ADMIT
+    assert _verdict(reserve, budget, kv_req("victim", kv=101)) is Verdict.FULL
     off = FairShareReserve(0.0, lambda t: 1.0)
-    assert _verdict(off, budget, _req("victim")) is Verdict.FULL
+    assert _verdict(off, budget, kv_req("victim")) is Verdict.FULL
 
 
 @pytest.mark.parametrize("threshold", [0, 1, 2, 3, 5, 9, 10, 12])
@@ -258,9 +247,10 @@ def test_preemption_lets_a_victim_in_at_once_and_keeps_the_engine_full() -> None
     assert plain_drv.core.preemptions == 0
 
 
-def test_sim_with_a_negative_threshold_admits_the_request_it_preempted_for() -> None:
-    # SGLang takes any int: at -2 a newcomer one priority *below* may preempt, and
-    # the retracted request then queues ahead of it.
+def test_sim_retracts_only_what_ran_before_the_pass_and_requeues_after_it() -> None:
+    # SGLang takes any int: at -2 a newcomer one priority *below* may preempt.
+    # Within one scheduling pass the retracted request does not come back (it
+    # would retract the newcomer in turn), as in SGLang's preempt_list.
     core = _core(slots=2, threshold=-2)
     _add(core, "a", 1)
     _add(core, "b", 1)
@@ -268,5 +258,4 @@ def test_sim_with_a_negative_threshold_admits_the_request_it_preempted_for() -> 
     _add(core, "lower", 0)
     core.step()
     assert {r.rid for r in core.running} == {"a", "lower"}
-    assert [r.rid for r in core.waiting] == ["b"]
-    _run(core)
+    assert [r.rid for r in core.waiting] == ["b"] and core.preemptions == 1

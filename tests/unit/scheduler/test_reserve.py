@@ -18,18 +18,7 @@ from scheduler.reserve import FairShareReserve
 from scheduler.rules import Verdict, needs_load, verdict
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
-
-
-def _req(tenant: str, kv: int = 100) -> QueuedRequest:
-    return QueuedRequest(f"{tenant}-{random.random()}", tenant, kv // 2, kv - kv // 2)
-
-
-def _fill(reserve: FairShareReserve, budget: AdmissionBudget, tenant: str, n: int) -> None:
-    for _ in range(n):
-        r = _req(tenant)
-        reserve.on_queued(r)
-        reserve.on_admitted(r)
-        budget.reserve(r)
+from tests.unit.scheduler.helpers import fill, kv_req
 
 
 def allows(reserve: FairShareReserve, req: QueuedRequest, budget: AdmissionBudget) -> bool:
@@ -43,18 +32,18 @@ def allows(reserve: FairShareReserve, req: QueuedRequest, budget: AdmissionBudge
 def test_outside_the_reserve_anyone_is_admitted() -> None:
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
     reserve = FairShareReserve(0.125, lambda t: 1.0)  # 2 of 16 slots
-    _fill(reserve, budget, "flood", 12)
-    _fill(reserve, budget, "victim", 1)
-    assert allows(reserve, _req("flood"), budget)  # 14th of 16: outside the reserve
+    fill(reserve, budget, "flood", 12)
+    fill(reserve, budget, "victim", 1)
+    assert allows(reserve, kv_req("flood"), budget)  # 14th of 16: outside the reserve
 
 
 def test_over_share_tenant_is_held_while_a_tenant_with_nothing_queued_is_below_its_share() -> None:
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
     reserve = FairShareReserve(0.125, lambda t: 1.0)
-    _fill(reserve, budget, "flood", 13)
-    _fill(reserve, budget, "victim", 1)  # in flight, nothing queued: kept room for
-    assert not allows(reserve, _req("flood"), budget)
-    assert allows(reserve, _req("victim"), budget)
+    fill(reserve, budget, "flood", 13)
+    fill(reserve, budget, "victim", 1)  # in flight, nothing queued: kept room for
+    assert not allows(reserve, kv_req("flood"), budget)
+    assert allows(reserve, kv_req("victim"), budget)
 
 
 def test_no_room_is_kept_for_heavy_tenants() -> None:
@@ -62,52 +51,52 @@ def test_no_room_is_kept_for_heavy_tenants() -> None:
     # room for it would only idle the reserve (issue #11: 0.86x FCFS throughput).
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
     reserve = FairShareReserve(0.125, lambda t: 1.0)
-    _fill(reserve, budget, "flood", 13)
-    _fill(reserve, budget, "other", 1)
+    fill(reserve, budget, "flood", 13)
+    fill(reserve, budget, "other", 1)
     for _ in range(rules.LIGHT_QUEUE):  # a few queued: still light, room is kept
-        reserve.on_queued(_req("other"))
-        assert not allows(reserve, _req("flood"), budget)
-    reserve.on_queued(_req("other"))  # one more: heavy
-    assert allows(reserve, _req("flood"), budget)
+        reserve.on_queued(kv_req("other"))
+        assert not allows(reserve, kv_req("flood"), budget)
+    reserve.on_queued(kv_req("other"))  # one more: heavy
+    assert allows(reserve, kv_req("flood"), budget)
 
 
 def test_a_recently_seen_tenant_is_kept_room_for_within_the_window() -> None:
     clock = FakeClock()
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
     reserve = FairShareReserve(0.125, lambda t: 1.0, clock, window_s=5.0)
-    _fill(reserve, budget, "flood", 14)
-    light = _req("light")
+    fill(reserve, budget, "flood", 14)
+    light = kv_req("light")
     reserve.on_queued(light)
     reserve.on_admitted(light)
     reserve.on_finished(light)  # gone idle: between two of its requests
-    assert not allows(reserve, _req("flood"), budget)
+    assert not allows(reserve, kv_req("flood"), budget)
     clock.advance(5.0)
-    assert allows(reserve, _req("flood"), budget)  # the window has passed: flood alone
+    assert allows(reserve, kv_req("flood"), budget)  # the window has passed: flood alone
 
 
 def test_a_tenant_alone_is_never_held() -> None:
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
     reserve = FairShareReserve(0.125, lambda t: 1.0)
-    _fill(reserve, budget, "flood", 15)
-    assert allows(reserve, _req("flood"), budget)
+    fill(reserve, budget, "flood", 15)
+    assert allows(reserve, kv_req("flood"), budget)
 
 
 def test_weights_set_the_share_and_kv_counts_too() -> None:
     budget = AdmissionBudget(AdmissionLimits(100, 1000))
     weights = {"big": 3.0, "small": 1.0}
     reserve = FairShareReserve(0.1, weights.__getitem__)
-    _fill(reserve, budget, "big", 8)  # 800 KV tokens: the next 100 enter the KV reserve
-    _fill(reserve, budget, "small", 1)
+    fill(reserve, budget, "big", 8)  # 800 KV tokens: the next 100 enter the KV reserve
+    fill(reserve, budget, "small", 1)
     # big's share is 3/4 = 750 KV tokens: over it, held; small is well below.
-    assert not allows(reserve, _req("big"), budget)
-    assert allows(reserve, _req("small"), budget)
+    assert not allows(reserve, kv_req("big"), budget)
+    assert allows(reserve, kv_req("small"), budget)
 
 
 def test_a_tenant_with_nothing_in_flight_is_never_held() -> None:
     budget = AdmissionBudget(AdmissionLimits(8, 1000))
     reserve = FairShareReserve(0.125, lambda t: 1.0)
-    _fill(reserve, budget, "a", 3)  # 300 KV tokens
-    big = _req("b", kv=600)  # above b's half of the KV, and into the KV reserve
+    fill(reserve, budget, "a", 3)  # 300 KV tokens
+    big = kv_req("b", kv=600)  # above b's half of the KV, and into the KV reserve
     reserve.on_queued(big)
     assert allows(reserve, big, budget)
 
@@ -115,10 +104,10 @@ def test_a_tenant_with_nothing_in_flight_is_never_held() -> None:
 def test_bookkeeping_returns_to_zero_and_zero_fraction_is_off() -> None:
     reserve = FairShareReserve(0.0, lambda t: 1.0)
     budget = AdmissionBudget(AdmissionLimits(1, 10))
-    r = _req("a")
+    r = kv_req("a")
     reserve.on_queued(r)
     reserve.on_admitted(r)
-    assert allows(reserve, _req("b"), budget)
+    assert allows(reserve, kv_req("b"), budget)
     reserve.on_finished(r)
     assert reserve._load == {} and reserve._seen == {}
     with pytest.raises(ValueError):
