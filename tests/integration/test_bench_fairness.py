@@ -135,3 +135,21 @@ async def test_virtual_replay_repeats_exactly_and_runs_the_same_rules() -> None:
         await main(
             "f", seconds=1.0, time_scale=1.0, seed=3, policies=policies, replicas=2, virtual=True
         )
+
+
+def test_many_traces_are_summarized_by_median_and_range() -> None:
+    from fairgate.bench.fairness_report import summarize
+    from fairgate.cli.main import _seed_list
+
+    assert _seed_list("1-3,7") == [1, 2, 3, 7]
+    for bad in ("", "a", "3-", "1-x"):
+        with pytest.raises(ValueError):
+            _seed_list(bad)
+
+    def rep(gap: float, jain: float) -> dict[str, object]:
+        return {"f": {"runs": {"vtc": {"gap_over_bound": gap, "jain": jain}}}}
+
+    out = summarize({1: rep(0.2, math.nan), 2: rep(0.1, 0.9), 3: rep(0.4, 1.0)})
+    gap = out["f"]["vtc"]["gap_over_bound"]
+    assert (gap["median"], gap["min"], gap["max"], gap["n"]) == (0.2, 0.1, 0.4, 3)
+    assert out["f"]["vtc"]["jain"]["n"] == 2  # NaN (never all backlogged) left out

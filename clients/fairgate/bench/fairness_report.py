@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +48,57 @@ def print_report(key: str, rep: dict[str, Any]) -> None:
 
 def write_json(path: str, report: dict[str, Any]) -> None:
     Path(path).write_text(json.dumps(report, indent=1))
+
+
+# What a many-trace summary reports, per scenario and policy: (column, key).
+SUMMARY_COLUMNS = (
+    ("Jain", "jain"),
+    ("gap/bound", "gap_over_bound"),
+    ("tput/FCFS", "throughput_over_fcfs"),
+    ("tok/FCFS", "tokens_over_fcfs"),
+    ("wsvc/FCFS", "service_over_fcfs"),
+    ("p99/solo", "victim_p99_over_solo"),
+)
+
+
+def summarize(reports: dict[int, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per scenario, policy and column: median, min and max over the seeds' reports
+    (NaN and missing values left out: Jain needs every tenant backlogged at once)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for report in reports.values():
+        for key, rep in report.items():
+            for label, run in rep["runs"].items():
+                cols = out.setdefault(key, {}).setdefault(label, {})
+                for _, field in SUMMARY_COLUMNS:
+                    x = run.get(field)
+                    if isinstance(x, int | float) and not math.isnan(x):
+                        cols.setdefault(field, []).append(float(x))
+    return {
+        key: {
+            label: {
+                field: {
+                    "median": statistics.median(xs),
+                    "min": min(xs),
+                    "max": max(xs),
+                    "n": len(xs),
+                }
+                for field, xs in cols.items()
+            }
+            for label, cols in by_label.items()
+        }
+        for key, by_label in out.items()
+    }
+
+
+def print_summary(summary: dict[str, dict[str, dict[str, Any]]], seeds: list[int]) -> None:
+    print(f"\nover {len(seeds)} traces (seeds {seeds[0]}-{seeds[-1]}): median (min-max)")
+    for key, by_label in summary.items():
+        print(f"({key})" + "".join(f" | {name:>21}" for name, _ in SUMMARY_COLUMNS))
+        for label, cols in by_label.items():
+            cells = []
+            for _, field in SUMMARY_COLUMNS:
+                c = cols.get(field)
+                cells.append(
+                    "-" if c is None else f"{c['median']:.3f} ({c['min']:.3f}-{c['max']:.3f})"
+                )
+            print(f"{label:>14}" + "".join(f" | {cell:>21}" for cell in cells))

@@ -307,11 +307,18 @@ def bench_fairness(
             "model; no gRPC, no load-dependent noise; one replica)"
         ),
     ] = False,
+    seeds: Annotated[
+        str,
+        typer.Option(
+            help="several traces, e.g. 1-10 or 1,4,7 (instead of --seed): each run, "
+            "then the median (min-max) of each ratio over them"
+        ),
+    ] = "",
 ) -> None:
     """Fair (VTC) vs FCFS vs per-tenant rate limits on the same arrival traces."""
     from fairgate.bench.fairness import Policy
     from fairgate.bench.fairness import main as fairness_main
-    from fairgate.bench.fairness_report import write_json
+    from fairgate.bench.fairness_report import print_summary, summarize, write_json
     from fairgate.bench.fairness_scenarios import scenarios as scenario_table
 
     try:
@@ -323,11 +330,35 @@ def bench_fairness(
         raise typer.BadParameter(f"use keys among {''.join(known)}", param_hint="--scenarios")
     if virtual and replicas > 1:
         raise typer.BadParameter("--virtual replays one replica", param_hint="--replicas")
-    report = asyncio.run(
-        fairness_main(scenarios, seconds, time_scale, seed, chosen, replicas, virtual)
-    )
+    try:
+        seed_list = _seed_list(seeds) if seeds else [seed]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--seeds") from None
+    reports = {
+        s: asyncio.run(fairness_main(scenarios, seconds, time_scale, s, chosen, replicas, virtual))
+        for s in seed_list
+    }
+    if len(seed_list) == 1:
+        report = reports[seed_list[0]]
+    else:
+        summary = summarize(reports)
+        print_summary(summary, seed_list)
+        report = {"seeds": {str(s): r for s, r in reports.items()}, "summary": summary}
     if json_out:
         write_json(json_out, report)
+
+
+def _seed_list(spec: str) -> list[int]:
+    """`1-10` or `1,4,7` -> the seeds, in order."""
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"{spec!r}: use ranges and lists of seeds such as 1-10 or 1,4,7")
+        out += list(range(int(lo), int(hi) + 1)) if dash else [int(lo)]
+    if not out:
+        raise ValueError(f"{spec!r}: no seeds")
+    return out
 
 
 @bench_app.command("decision")
