@@ -136,12 +136,17 @@ class Isolation(enum.Enum):
     PREEMPT = "preempt"
 
 
+def fraction_of_room(fraction: float, limits: AdmissionLimits) -> tuple[int, float]:
+    """`fraction` of the engine's room, kept (RESERVE) or lent (PREEMPT): requests
+    (rounded up: at least one) and KV tokens."""
+    return math.ceil(limits.max_requests * fraction), limits.max_kv_tokens * fraction
+
+
 def fits_lent(
     fraction: float, limits: AdmissionLimits, in_flight: int, in_flight_kv: int, kv_tokens: int
 ) -> bool:
     """Does `kv_tokens` more fit the room plus the `fraction` lent beyond it (PREEMPT)?"""
-    lent_requests = math.ceil(limits.max_requests * fraction)
-    lent_kv = limits.max_kv_tokens * fraction
+    lent_requests, lent_kv = fraction_of_room(fraction, limits)
     return (
         in_flight + 1 <= limits.max_requests + lent_requests
         and in_flight_kv + kv_tokens <= limits.max_kv_tokens + lent_kv
@@ -152,8 +157,7 @@ def in_reserve(
     fraction: float, limits: AdmissionLimits, in_flight: int, in_flight_kv: int, kv_tokens: int
 ) -> bool:
     """Would admitting `kv_tokens` more take the engine into its last `fraction`?"""
-    reserve_requests = math.ceil(limits.max_requests * fraction)
-    reserve_kv = limits.max_kv_tokens * fraction
+    reserve_requests, reserve_kv = fraction_of_room(fraction, limits)
     return (
         in_flight + 1 > limits.max_requests - reserve_requests
         or in_flight_kv + kv_tokens > limits.max_kv_tokens - reserve_kv

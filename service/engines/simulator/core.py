@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from service.engines.protocol import FinishKind, SamplingOptions
+from service.engines.sglang_chunks import SGLANG_PREEMPTION_THRESHOLD
 from service.engines.simulator import vocab
 from service.engines.simulator.hardware import CostModel
 from service.engines.stop import StopMatcher
@@ -43,7 +44,7 @@ class SimConfig:
     # whose priority it exceeds by more than this (lowest priority, then the
     # latest arrival, first), as SGLang's --priority-scheduling-preemption-threshold
     # (default 10); None: --disable-priority-preemption.
-    priority_preemption_threshold: int | None = 10
+    priority_preemption_threshold: int | None = SGLANG_PREEMPTION_THRESHOLD
 
     @property
     def kv_capacity(self) -> int:

@@ -4,10 +4,8 @@ preemption, and a light tenant beside a flood on the discrete-event driver."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
-from fairgate.bench.event_driver import Arrival, Driver
+from fairgate.bench.event_driver import Driver
 
 from scheduler import rules
 from scheduler.budget import AdmissionBudget, AdmissionLimits
@@ -18,7 +16,7 @@ from scheduler.rules import Isolation, Verdict, needs_load, verdict
 from service.engines.protocol import FinishKind, SamplingOptions
 from service.engines.simulator.core import SimConfig, SimCore
 from service.engines.simulator.hardware import preset
-from tests.unit.scheduler.helpers import fill, kv_req
+from tests.unit.scheduler.helpers import fill, kv_req, victim_and_flood
 
 PREEMPT = Isolation.PREEMPT
 
@@ -202,14 +200,7 @@ def test_sim_retracts_as_many_as_the_kv_needs_or_none() -> None:
 
 
 def _victim_beside_flood(isolation: Isolation, fraction: float) -> tuple[list[float], Driver]:
-    rng = random.Random(7)
-    arrivals = []
-    for tenant, rate in (("victim", 1.0), ("flood", 60.0)):
-        t = rng.expovariate(rate)
-        while t < 14.0:
-            arrivals.append(Arrival(t, tenant, 256, 256))
-            t += rng.expovariate(rate)
-    arrivals.sort(key=lambda a: a.at_s)
+    arrivals = victim_and_flood()
     # fairgate's room is the engine's: the flood fills every slot.
     sim = SimConfig(
         cost=preset(), max_running_requests=32, kv_capacity_tokens=40_000, priority_scheduling=True

@@ -3,10 +3,8 @@ then a victim beside a flood on the simulator."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
-from fairgate.bench.event_driver import Arrival, Driver
+from fairgate.bench.event_driver import Driver
 
 from scheduler import rules
 from scheduler.budget import AdmissionBudget, AdmissionLimits
@@ -18,7 +16,7 @@ from scheduler.reserve import FairShareReserve
 from scheduler.rules import Verdict, needs_load, verdict
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
-from tests.unit.scheduler.helpers import fill, kv_req
+from tests.unit.scheduler.helpers import fill, kv_req, victim_and_flood
 
 
 def allows(reserve: FairShareReserve, req: QueuedRequest, budget: AdmissionBudget) -> bool:
@@ -115,14 +113,7 @@ def test_bookkeeping_returns_to_zero_and_zero_fraction_is_off() -> None:
 
 
 def _victim_beside_flood(policy_name: str, fraction: float) -> tuple[list[float], int]:
-    rng = random.Random(7)
-    arrivals = []
-    for tenant, rate in (("victim", 1.0), ("flood", 60.0)):
-        t = rng.expovariate(rate)
-        while t < 14.0:
-            arrivals.append(Arrival(t, tenant, 256, 256))
-            t += rng.expovariate(rate)
-    arrivals.sort(key=lambda a: a.at_s)
+    arrivals = victim_and_flood()
     policy = VtcPolicy() if policy_name == "vtc" else FcfsPolicy()
     sim = SimConfig(cost=preset(), max_running_requests=32, kv_capacity_tokens=20000)
     drv = Driver(policy, AdmissionLimits(32, 18000), sim, reserve_fraction=fraction)
