@@ -64,6 +64,21 @@ class TenantQueue:
         n = self._batch_every_n
         return batch if n is not None and self._streak >= n else interactive
 
+    def upcoming(self, k: int) -> list[QueuedRequest]:
+        """The next `k` requests in the order pop() would return them (nothing changes)."""
+        fronts = [[r for r in q if id(r) in self._queued] for q in self._by_class]
+        interactive, batch = fronts[Priority.INTERACTIVE], fronts[Priority.BATCH]
+        out: list[QueuedRequest] = []
+        streak, n = self._streak, self._batch_every_n
+        while len(out) < k and (interactive or batch):
+            if batch and (not interactive or (n is not None and streak >= n)):
+                out.append(batch.pop(0))
+                streak = 0
+            else:
+                out.append(interactive.pop(0))
+                streak = streak + 1 if batch else 0
+        return out
+
     def pop(self) -> QueuedRequest | None:
         req = self.head()
         if req is None:

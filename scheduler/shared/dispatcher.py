@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import replace
 
 from scheduler import rules
@@ -361,7 +361,7 @@ class SharedDispatcher:
 
     # -- decisions made (by the store, or the fail-open fallback) ---------------------
     def after_offer(
-        self, admitted: list[str], step: Step, decided_by: Place, lent: bool = False
+        self, admitted: list[str], step: Step, decided_by: Place, lent: Set[str] = frozenset()
     ) -> None:
         """Start what was admitted (its lease is where `decided_by` says); settle what
         was dropped while the step was away."""
@@ -372,8 +372,8 @@ class SharedDispatcher:
             if c.lease_id in admitted:
                 entry.lease_at = decided_by
                 entry.req.light = rules.light(c.queued)
-                entry.req.lent = lent
-                self.lent_total += lent
+                entry.req.lent = c.lease_id in lent
+                self.lent_total += entry.req.lent
                 if c.take_buckets:
                     entry.buckets_at = entry.lease_at
                     entry.requests_taken, entry.tokens_taken = entry.taken(float(c.kv_tokens))

@@ -41,7 +41,11 @@ class SharedOptions:
     # short backoff) instead.
     failover_after_failures: int = 3
     failover_after_s: float = 2.0
+    # A step offers the next requests of up to `max_candidates` tenants, up to
+    # `per_tenant` of each: one Redis round trip admits several (a wave of
+    # finishes at a full engine no longer waits a round trip per request).
     max_candidates: int = 16
+    per_tenant: int = 8
     batch_every_n: int | None = DEFAULT_BATCH_EVERY_N
 
     def step(self, limits: AdmissionLimits) -> Step:

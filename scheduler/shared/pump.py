@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Set
 from typing import Protocol
 
 from scheduler import rules
@@ -36,10 +36,10 @@ from scheduler.budget import AdmissionBudget
 from scheduler.clock import Clock
 from scheduler.errors import StoreUnavailable
 from scheduler.shared.failover import FailoverController
-from scheduler.shared.local import Entries, LocalQueues, Place
+from scheduler.shared.local import Entries, Entry, LocalQueues, Place
 from scheduler.shared.options import SharedOptions
 from scheduler.shared.outbox import Outbox
-from scheduler.state.store import Candidate, Step, StepOutcome, Store
+from scheduler.state.store import BucketLimits, Candidate, Step, StepOutcome, Store
 from scheduler.timers import Timers
 
 log = logging.getLogger("scheduler.shared.dispatcher")
@@ -49,7 +49,7 @@ class Offers(Protocol):
     """Where the pump's decisions land (the dispatcher)."""
 
     def after_offer(
-        self, admitted: list[str], step: Step, decided_by: Place, lent: bool = False
+        self, admitted: list[str], step: Step, decided_by: Place, lent: Set[str] = frozenset()
     ) -> None:
         """Start what was admitted (its lease is in the store `decided_by`); settle what
         was dropped while the step was away."""
@@ -238,12 +238,23 @@ class Pump:
         named = {*step.announce, *(step.backlogged or ()), *(x.tenant_id for x in step.renew or ())}
         step.weights = self._offers.weights(named)
         if now_s >= self._full_until_s and now_s >= self._hold_until_s:
-            for head in local.heads(self._options.max_candidates):
-                entry = self._entries.of(head)
-                assert entry is not None
-                queued = local.queued(head.tenant_id)
-                step.candidates.append(entry.candidate(entry.buckets, queued))
+            step.candidates = self._candidates(lambda e: e.buckets)
         return step
+
+    def _candidates(self, buckets: Callable[[Entry], BucketLimits]) -> list[Candidate]:
+        """The next requests of the eligible tenants, each with how many of its
+        tenant's are queued here from it on."""
+        out: list[Candidate] = []
+        ahead: dict[str, int] = {}
+        opts = self._options
+        for req in self._local.heads(opts.max_candidates, opts.per_tenant):
+            entry = self._entries.of(req)
+            assert entry is not None
+            t = req.tenant_id
+            queued = self._local.queued(t) - ahead.get(t, 0)
+            ahead[t] = ahead.get(t, 0) + 1
+            out.append(entry.candidate(buckets(entry), queued))
+        return out
 
     async def _shared_tick(self, now_s: float) -> None:
         step = self._build_step(now_s)
@@ -285,16 +296,16 @@ class Pump:
         # that went back (they never decrease otherwise).
         went_back = any(c < self._store_counters.get(t, -math.inf) for t, c in out.counters.items())
         self._store_counters.update(out.counters)
-        admitted = [step.candidates[out.admitted].lease_id] if out.admitted is not None else []
+        admitted = [step.candidates[i].lease_id for i in out.admitted]
         if out.state_lost or went_back:
             if self._contacted:
                 log.warning("shared state was lost (Redis wiped?): re-registering")
                 self._hold(now_s)
-                if admitted:
-                    # Decided against a fleet count missing the leases not yet
-                    # re-registered: give it back; it waits out the hold, queued.
-                    self._offers.give_back(step.candidates[out.admitted or 0])
-                    admitted = []
+                # Decided against a fleet count missing the leases not yet
+                # re-registered: give them back; they wait out the hold, queued.
+                for i in out.admitted:
+                    self._offers.give_back(step.candidates[i])
+                admitted = []
             self._next_heartbeat_s = -math.inf
             self._announced = set()
             self._sent_queued = {}
@@ -302,11 +313,11 @@ class Pump:
         self._contacted = True
         self._pause_blocked(step, out, now_s)
         self.reserve_holds_total += len(out.held)
-        if out.full or (out.held and out.admitted is None):
+        if out.full or (out.held and not out.admitted):
             # Held out of the reserve: room or shares change when a request
             # ends (a local finish kicks the pump; others' are polled).
             self._full_until_s = now_s + self._options.poll_s
-        self._offers.after_offer(admitted, step, Place.SHARED, out.lent)
+        self._offers.after_offer(admitted, step, Place.SHARED, self._lent(step, out))
         self._failover.saw(out)
         if admitted:
             self._wake.set()
@@ -338,29 +349,30 @@ class Pump:
         fb = self._failover.fallback
         assert fb is not None
         while True:
-            heads = self._local.heads(self._options.max_candidates)
             limits = self._failover.local_limits()
-            if not heads or limits is None:
+            candidates = self._candidates(lambda e: self._failover.share(e.buckets))
+            if not candidates or limits is None:
                 return  # (no room at all: the fleet was full when the store went down)
-            entries = [self._entries.of(h) for h in heads]
             step = self._options.step(limits)
-            for e in entries:
-                assert e is not None
-                queued = self._local.queued(e.req.tenant_id)
-                step.candidates.append(e.candidate(self._failover.share(e.buckets), queued))
+            step.candidates = candidates
             out = fb.step_now(self._options.replica_id, step)
             now_s = self._clock.now_s()
             self._local.mirror.update(out.counters)
             self._pause_blocked(step, out, now_s)
             self.reserve_holds_total += len(out.held)
-            if out.admitted is None:
+            if not out.admitted:
                 if out.full:
                     self._full_until_s = math.inf  # a local finish kicks the pump
                 elif out.held:
                     self._full_until_s = now_s + self._options.poll_s
                 return
-            c = step.candidates[out.admitted]
-            self._outbox.charge(
-                c.tenant_id, rules.admission_charge(self._options.w_in, c.prompt_tokens, c.weight)
-            )
-            self._offers.after_offer([c.lease_id], step, Place.LOCAL, out.lent)
+            for i in out.admitted:
+                c = step.candidates[i]
+                charge = rules.admission_charge(self._options.w_in, c.prompt_tokens, c.weight)
+                self._outbox.charge(c.tenant_id, charge)
+            admitted = [step.candidates[i].lease_id for i in out.admitted]
+            self._offers.after_offer(admitted, step, Place.LOCAL, self._lent(step, out))
+
+    @staticmethod
+    def _lent(step: Step, out: StepOutcome) -> set[str]:
+        return {step.candidates[i].lease_id for i in out.lent}

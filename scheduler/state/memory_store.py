@@ -8,6 +8,7 @@ Used by the contract tests, by benchmarks as the no-network baseline, and by
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from scheduler import rules
@@ -15,6 +16,7 @@ from scheduler.clock import Clock
 from scheduler.rules import Verdict, bucket_level, bucket_wait_s
 from scheduler.state.store import (
     BucketLimits,
+    Candidate,
     Lease,
     Settlement,
     Step,
@@ -201,48 +203,66 @@ class MemoryStore:
 
     def _decide(self, step: Step, now_s: float, out: StepOutcome) -> None:
         cands = step.candidates
-        for c in cands:
+        # Each tenant's candidates in its queue's order: the next one first.
+        pending: dict[str, deque[int]] = {}
+        for i, c in enumerate(cands):
             out.counters[c.tenant_id] = self.counters.get(c.tenant_id, 0.0)
             self.weights[c.tenant_id] = c.weight
-        # Counter order (a light candidate `light_credit` ahead); ties go to the
-        # tenant admitted least recently.
-        order = sorted(
-            range(len(cands)),
-            key=lambda i: (
-                rules.order_key(
-                    out.counters[cands[i].tenant_id], cands[i].queued, step.light_credit
+            pending.setdefault(c.tenant_id, deque()).append(i)
+        while pending:
+            # Counter order (a light candidate `light_credit` ahead); ties go to the
+            # tenant admitted least recently.
+            order = sorted(
+                pending,
+                key=lambda t: (
+                    rules.order_key(
+                        out.counters[t], cands[pending[t][0]].queued, step.light_credit
+                    ),
+                    self.last_admitted.get(t, 0),
+                    pending[t][0],
                 ),
-                self.last_admitted.get(cands[i].tenant_id, 0),
-                i,
-            ),
-        )
-        lim = step.limits
-        for i in order:
-            c = cands[i]
-            if c.lease_id in self.leases:  # a retried decision that already admitted it
-                out.admitted = i
-                return
-            bucket_wait = None
-            if c.take_buckets:
-                bucket_wait = self._bucket_wait(c.tenant_id, c.kv_tokens, c.buckets, now_s)[1]
-            own_wait_s = rules.own_limit_wait_s(
-                self.concurrency.get(c.tenant_id, 0), c.max_concurrent, bucket_wait
             )
-            load = None
-            room = (lim, self.in_flight, self.in_flight_kv, c.kv_tokens)
-            if rules.needs_load(step.reserve_fraction, *room, step.isolation):
-                load = self._reserve_load(step, c.tenant_id, now_s)
-            v = rules.verdict(own_wait_s, *room, step.reserve_fraction, load, step.isolation)
-            if v is Verdict.OWN_LIMIT:
-                out.blocked[i] = own_wait_s
-                continue
-            if v is Verdict.FULL:
-                out.full = True
-                return
-            if v is Verdict.HOLD:
-                out.held.append(i)
-                return
-            out.lent = not rules.fits(*room)
+            for t in order:
+                i = pending[t][0]
+                v = self._verdict(step, cands[i], now_s, out, i)
+                if v is Verdict.OWN_LIMIT:
+                    del pending[t]
+                    continue
+                if v is not Verdict.ADMIT:
+                    return
+                pending[t].popleft()
+                if not pending[t]:
+                    del pending[t]
+                    if cands[i].queued > 1:
+                        return  # its next request, not offered, may come first
+                break
+
+    def _verdict(self, step: Step, c: Candidate, now_s: float, out: StepOutcome, i: int) -> Verdict:
+        """Decide candidate `i` and apply the decision to the state and `out`."""
+        lim = step.limits
+        if c.lease_id in self.leases:  # a retried decision that already admitted it
+            out.admitted.append(i)
+            return Verdict.ADMIT
+        bucket_wait = None
+        if c.take_buckets:
+            bucket_wait = self._bucket_wait(c.tenant_id, c.kv_tokens, c.buckets, now_s)[1]
+        own_wait_s = rules.own_limit_wait_s(
+            self.concurrency.get(c.tenant_id, 0), c.max_concurrent, bucket_wait
+        )
+        load = None
+        room = (lim, self.in_flight, self.in_flight_kv, c.kv_tokens)
+        if rules.needs_load(step.reserve_fraction, *room, step.isolation):
+            load = self._reserve_load(step, c.tenant_id, now_s)
+        v = rules.verdict(own_wait_s, *room, step.reserve_fraction, load, step.isolation)
+        if v is Verdict.OWN_LIMIT:
+            out.blocked[i] = own_wait_s
+        elif v is Verdict.FULL:
+            out.full = True
+        elif v is Verdict.HOLD:
+            out.held.append(i)
+        else:
+            if not rules.fits(*room):
+                out.lent.append(i)
             if c.take_buckets:
                 self._add(c.tenant_id, -1.0, -float(c.kv_tokens), c.buckets, now_s)
             counter = out.counters[c.tenant_id]
@@ -254,8 +274,8 @@ class MemoryStore:
             self.admissions += 1
             self.last_admitted[c.tenant_id] = self.admissions
             self._open(c.lease_id, c.tenant_id, c.kv_tokens, now_s)
-            out.admitted = i
-            return
+            out.admitted.append(i)
+        return v
 
     def _reserve_load(self, step: Step, tenant: str, now_s: float) -> rules.TenantLoad:
         """The candidate's share of the fleet's engine among the tenants active

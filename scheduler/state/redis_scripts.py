@@ -203,18 +203,17 @@ for _ = 1, num(nxt()) do
 end
 -- the decision
 local nc = num(nxt())
-local cands = {}
+local cands, weighed = {}, {}
 for k = 1, nc do
   local c = {id = nxt(), tenant = nxt()}
   local w = nxt()
-  redis.call('HSET', W, c.tenant, w)
+  -- once per tenant (its candidates carry the same weight)
+  if not weighed[c.tenant] then redis.call('HSET', W, c.tenant, w); weighed[c.tenant] = true end
   c.weight, c.prompt, c.kv, c.take = num(w), num(nxt()), num(nxt()), nxt() == '1'
   c.rr, c.rb, c.tr, c.tb, c.maxc = opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt())
   c.queued = num(nxt())
   c.idx = k - 1
-  c.counter = counter(c.tenant)
-  c.last = tonumber(redis.call('HGET', LA, c.tenant)) or 0
-  counters[c.tenant] = c.counter
+  counters[c.tenant] = counters[c.tenant] or counter(c.tenant)
   cands[k] = c
 end
 -- the fair-share reserve (rules.py: in_reserve, below_share; memory_store.py)
@@ -284,69 +283,98 @@ local function held_out(c)
   end
   return false
 end
--- counter order, a light candidate light_credit ahead (rules.order_key); ties to
--- the tenant admitted least recently (memory_store.py)
+-- each tenant's candidates in its queue's order (memory_store.py: _decide)
+local pend, names = {}, {}
 for _, c in ipairs(cands) do
-  c.key = c.counter
-  if c.queued <= LIGHT_QUEUE then c.key = c.counter - light_credit end
+  if not pend[c.tenant] then pend[c.tenant] = {}; table.insert(names, c.tenant) end
+  table.insert(pend[c.tenant], c)
 end
-table.sort(cands, function(a, b)
-  if a.key ~= b.key then return a.key < b.key end
-  if a.last ~= b.last then return a.last < b.last end
-  return a.idx < b.idx
-end)
-local admitted, full, blocked, held, lent = -1, 0, {}, {}, 0
+local admitted, full, blocked, held, lent = {}, 0, {}, {}, {}
 local n = tonumber(redis.call('HGET', IN, 'n')) or 0
 local kv = tonumber(redis.call('HGET', IN, 'kv')) or 0
-for _, c in ipairs(cands) do
-  if redis.call('HEXISTS', LT, c.id) == 1 then admitted = c.idx; break end
-  local skip = false
+-- one candidate: 'admit', 'own' (its own limits), or 'stop' (full or held)
+local function decide(c)
+  if redis.call('HEXISTS', LT, c.id) == 1 then table.insert(admitted, c.idx); return 'admit' end
   if c.maxc and (tonumber(redis.call('HGET', IN, 'c:' .. c.tenant)) or 0) >= c.maxc then
-    table.insert(blocked, tostring(c.idx)); table.insert(blocked, '-1'); skip = true
+    table.insert(blocked, tostring(c.idx)); table.insert(blocked, '-1'); return 'own'
   end
-  if not skip and c.take then
+  if c.take then
     local _, w = bucket_wait(c.tenant, c.kv, c.rr, c.rb, c.tr, c.tb)
     if w ~= 0 then
-      table.insert(blocked, tostring(c.idx)); table.insert(blocked, fmt(w)); skip = true
+      table.insert(blocked, tostring(c.idx)); table.insert(blocked, fmt(w)); return 'own'
     end
   end
-  if not skip then
-    local room = not (n >= max_req or (n > 0 and kv + c.kv > max_kv))
-    if preempt then
-      -- rules.verdict, PREEMPT: beyond the room only a light candidate that is not
-      -- alone and is below its share (fleet-wide queue sums, as the reserve judges
-      -- them), within the lent room
-      if not room then
-        local lend = false
-        if reserve_fraction > 0 and fits_lent(n, kv, c) then
-          local a = get_active()
-          local share = (tonumber(redis.call('HGET', W, c.tenant)) or 1) / a.total
-          local light = (a.queued[c.tenant] or 0) <= LIGHT_QUEUE
-          lend = light and share < 1 - 1e-9 and below(c.tenant, share, c.kv)
-        end
-        if not lend then full = 1; break end
-        lent = 1
+  local room = not (n >= max_req or (n > 0 and kv + c.kv > max_kv))
+  if preempt then
+    -- rules.verdict, PREEMPT: beyond the room only a light candidate that is not
+    -- alone and is below its share (fleet-wide queue sums, as the reserve judges
+    -- them), within the lent room
+    if not room then
+      local lend = false
+      if reserve_fraction > 0 and fits_lent(n, kv, c) then
+        local a = get_active()
+        local share = (tonumber(redis.call('HGET', W, c.tenant)) or 1) / a.total
+        local light = (a.queued[c.tenant] or 0) <= LIGHT_QUEUE
+        lend = light and share < 1 - 1e-9 and below(c.tenant, share, c.kv)
       end
+      if not lend then full = 1; return 'stop' end
+      table.insert(lent, tostring(c.idx))
+    end
+  else
+    if not room then full = 1; return 'stop' end
+    -- held out of the reserve: the round stops (rules.verdict: HOLD)
+    if reserve_fraction > 0 and in_reserve(n, kv, c) and held_out(c) then
+      table.insert(held, tostring(c.idx)); return 'stop'
+    end
+  end
+  if c.take then bucket_add(c.tenant, -1, -c.kv, c.rr, c.rb, c.tr, c.tb) end
+  local counter_now = counters[c.tenant]
+  local floor = tonumber(redis.call('GET', FLOOR)) or 0
+  if counter_now > floor then redis.call('SET', FLOOR, fmt(counter_now)) end
+  local after = counter_now + w_in * c.prompt / c.weight
+  redis.call('HSET', VTC, c.tenant, fmt(after))
+  counters[c.tenant] = after
+  redis.call('HSET', LA, c.tenant, redis.call('INCR', ADM))
+  open(c.id, c.tenant, c.kv)
+  n = n + 1
+  kv = kv + c.kv
+  table.insert(admitted, c.idx)
+  return 'admit'
+end
+local going = true
+while going do
+  -- the tenants' next candidates in counter order, a light one light_credit ahead
+  -- (rules.order_key); ties to the tenant admitted least recently
+  local heads = {}
+  for _, t in ipairs(names) do
+    local c = pend[t] and pend[t][1]
+    if c then
+      c.key = counters[t]
+      if c.queued <= LIGHT_QUEUE then c.key = c.key - light_credit end
+      c.last = tonumber(redis.call('HGET', LA, t)) or 0
+      table.insert(heads, c)
+    end
+  end
+  if #heads == 0 then break end
+  table.sort(heads, function(a, b)
+    if a.key ~= b.key then return a.key < b.key end
+    if a.last ~= b.last then return a.last < b.last end
+    return a.idx < b.idx
+  end)
+  going = false
+  for _, c in ipairs(heads) do
+    local v = decide(c)
+    if v == 'own' then
+      pend[c.tenant] = nil
+    elseif v == 'stop' then
+      break
     else
-      if not room then full = 1; break end
-      -- held out of the reserve: the round stops (rules.verdict: HOLD)
-      if reserve_fraction > 0 and in_reserve(n, kv, c) and held_out(c) then
-        table.insert(held, tostring(c.idx)); break
-      end
+      table.remove(pend[c.tenant], 1)
+      -- a tenant's last candidate admitted while it has more queued: its next
+      -- request, not offered, may come first
+      going = #pend[c.tenant] > 0 or c.queued <= 1
+      break
     end
-  end
-  if not skip then
-    if c.take then bucket_add(c.tenant, -1, -c.kv, c.rr, c.rb, c.tr, c.tb) end
-    local floor = tonumber(redis.call('GET', FLOOR)) or 0
-    if c.counter > floor then redis.call('SET', FLOOR, fmt(c.counter)) end
-    local after = c.counter + w_in * c.prompt / c.weight
-    redis.call('HSET', VTC, c.tenant, fmt(after))
-    counters[c.tenant] = after
-    redis.call('HSET', LA, c.tenant, redis.call('INCR', ADM))
-    open(c.id, c.tenant, c.kv)
-    n = n + 1
-    admitted = c.idx
-    break
   end
 end
 local flat = {}

@@ -257,13 +257,13 @@ class RedisStore:
         raw = await self._eval(_STEP, self._keys(tenants), args)
         admitted, full, blocked, flat, settled, state_lost, n, held, lent = raw
         out = StepOutcome(
-            admitted=None if int(admitted) < 0 else int(admitted),
+            admitted=[int(_s(x)) for x in admitted],
             full=bool(int(full)),
             settled=int(settled),
             state_lost=bool(int(state_lost)),
             in_flight=int(n),
             held=[int(_s(x)) for x in held],
-            lent=bool(int(lent)),
+            lent=[int(_s(x)) for x in lent],
         )
         for k in range(0, len(blocked), 2):
             w = float(_s(blocked[k + 1]))

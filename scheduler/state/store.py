@@ -71,7 +71,8 @@ class BucketLimits:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """The head request of one eligible tenant, offered to a decision."""
+    """One of the next requests of an eligible tenant, offered to a decision; a
+    tenant's candidates come in its queue's order (the next one first)."""
 
     lease_id: str
     tenant_id: str
@@ -82,8 +83,8 @@ class Candidate:
     take_buckets: bool = False
     buckets: BucketLimits = BucketLimits()
     max_concurrent: int | None = None
-    # Requests its tenant has queued on the offering replica (light tenants get the
-    # fair-share reserve kept for them: rules.light).
+    # Requests its tenant has queued on the offering replica from this one on (light
+    # tenants get the fair-share reserve kept for them: rules.light).
     queued: int = 1
 
 
@@ -160,9 +161,13 @@ class Step:
 
 @dataclass(slots=True)
 class StepOutcome:
-    # Index of the admitted candidate (its lease now exists), or None.
-    admitted: int | None = None
-    # The first candidate its own quotas allowed did not fit the engine's room.
+    # Indices of the admitted candidates in the order admitted (their leases now
+    # exist): one step admits as the single-replica loop would, one request after
+    # another, until a verdict other than ADMIT or OWN_LIMIT stops it, the
+    # candidates run out, or a tenant's last offered request is admitted while it
+    # has more queued (its next one, unoffered, may come first).
+    admitted: list[int] = field(default_factory=list)
+    # A candidate its own quotas allowed did not fit the engine's room.
     full: bool = False
     # Candidate index -> seconds until its quotas may allow it (inf: a request of
     # its tenant must finish first, max_concurrent).
@@ -179,8 +184,8 @@ class StepOutcome:
     state_lost: bool = False
     # Fleet-wide in-flight requests after the step.
     in_flight: int = 0
-    # The admitted candidate went beyond the room, into what PREEMPT lends.
-    lent: bool = False
+    # Admitted candidates that went beyond the room, into what PREEMPT lends.
+    lent: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

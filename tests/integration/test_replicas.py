@@ -180,7 +180,10 @@ async def test_three_replicas_share_fairness_quotas_and_engine_room(
     for k, c in enumerate(clients):
         replica, tenant = divmod(k, len(WEIGHTS) + 1)
         tenant_id = [*WEIGHTS, "q"][tenant]
-        for _ in range(4 if tenant_id != "q" else 2):
+        # Enough closed loops that each weighted tenant stays backlogged on every
+        # replica: a step admits several requests, and a tenant whose queues all
+        # drain rejoins at the fleet's floor (VTC's rule for a returning tenant).
+        for _ in range(8 if tenant_id != "q" else 2):
             loops.append(asyncio.create_task(_loop(c, tenant_id, replica, rec)))
     await asyncio.sleep(WARMUP_S)
     before = await store.snapshot()

@@ -14,6 +14,7 @@ from scheduler.request import Priority
 from tests.unit.scheduler.helpers import req
 
 B = Priority.BATCH
+INTER = Priority.INTERACTIVE
 
 
 def test_keyed_heap_updates_discards_and_compacts() -> None:
@@ -44,6 +45,19 @@ def test_tenant_queue_fifo_interactive_first_and_batch_every_n() -> None:
     order = [q.pop() for _ in range(7)]
     assert order == [inter[0], inter[1], batch[0], inter[2], inter[3], batch[1], inter[4]]
     assert q.pop() is None and len(q) == 0
+
+
+@pytest.mark.parametrize("every_n", [None, 1, 2])
+def test_tenant_queue_upcoming_is_the_order_pop_returns(every_n: int | None) -> None:
+    q = TenantQueue(batch_every_n=every_n)
+    reqs = [req("t", priority=B if k % 3 == 0 else INTER) for k in range(9)]
+    for r in reqs:
+        q.push(r)
+    q.pop()  # a streak under way
+    assert q.remove(reqs[4])
+    ahead = q.upcoming(5)
+    assert len(q) == 7 and q.upcoming(100) == q.upcoming(7)
+    assert [q.pop() for _ in range(7)][:5] == ahead
 
 
 def test_tenant_queue_without_rule_is_strict_priority_and_removal_is_lazy() -> None:

@@ -43,40 +43,63 @@ def cand(lease: str, tenant: str, prompt: int = 10, kv: int = 100, **kw: object)
     return Candidate(lease, tenant, float(kw.pop("weight", 1.0)), prompt, kv, **kw)  # type: ignore[arg-type]
 
 
-async def admit(store: Store, *cands: Candidate, replica: str = "r1", **kw: object) -> int | None:
+async def admit(store: Store, *cands: Candidate, replica: str = "r1", **kw: object) -> list[int]:
     out = await store.step(replica, Step(LIMITS, candidates=list(cands), **kw))  # type: ignore[arg-type]
     return out.admitted
 
 
 async def test_admits_the_smallest_counter_and_charges_its_prompt(store: Store) -> None:
     out = await store.step("r1", Step(LIMITS, charges={"a": 50.0, "b": 20.0}))
-    assert out.admitted is None
-    out = await store.step("r1", Step(LIMITS, candidates=[cand("1", "a"), cand("2", "b", 30)]))
-    assert out.admitted == 1
+    assert out.admitted == []
+    # Each has more queued than offered: one admission, then the step stops.
+    step = Step(LIMITS, candidates=[cand("1", "a", queued=2), cand("2", "b", 30, queued=2)])
+    out = await store.step("r1", step)
+    assert out.admitted == [1]
     assert out.counters == {"a": 50.0, "b": pytest.approx(50.0)}  # 20 + 30 / 1
     # Weight 2 halves the charge; ties go to the earlier candidate.
-    out = await store.step(
-        "r1", Step(LIMITS, w_in=2.0, candidates=[cand("3", "a", 10, weight=2.0), cand("4", "b")])
-    )
-    assert out.admitted == 0
+    cands = [cand("3", "a", 10, weight=2.0, queued=2), cand("4", "b", queued=2)]
+    out = await store.step("r1", Step(LIMITS, w_in=2.0, candidates=cands))
+    assert out.admitted == [0]
     assert out.counters["a"] == pytest.approx(60.0)
 
 
+async def test_one_step_admits_in_counter_order_until_the_engine_is_full(store: Store) -> None:
+    limits = AdmissionLimits(max_requests=4, max_kv_tokens=1000)
+    await store.step("r1", Step(limits, charges={"a": 10.0, "b": 25.0}))
+    # a's next three and b's next two, as the pump offers them.
+    cands = [cand(f"a{j}", "a", 10, queued=3 - j) for j in range(3)]
+    cands += [cand(f"b{j}", "b", 10, queued=2 - j) for j in range(2)]
+    out = await store.step("r1", Step(limits, candidates=cands))
+    # a 10 -> 20 -> 30; b at 25 comes before a's third; then the room is full.
+    assert out.admitted == [0, 1, 3, 2] and out.full
+    assert out.counters == {"a": pytest.approx(40.0), "b": pytest.approx(35.0)}
+    assert (await store.snapshot()).in_flight == 4
+
+
+async def test_a_step_stops_where_a_tenants_next_request_was_not_offered(store: Store) -> None:
+    # a has four queued and offers two: after both, its third might come before b.
+    cands = [cand("a0", "a", queued=4), cand("a1", "a", queued=3), cand("b0", "b", 50)]
+    await store.step("r1", Step(LIMITS, charges={"b": 15.0}))
+    limits = AdmissionLimits(max_requests=8, max_kv_tokens=10_000)
+    out = await store.step("r1", Step(limits, candidates=cands))
+    assert out.admitted == [0, 1] and not out.full
+
+
 async def test_fleet_room_requests_and_kv(store: Store) -> None:
-    assert await admit(store, cand("1", "a", kv=900)) == 0
+    assert await admit(store, cand("1", "a", kv=900)) == [0]
     out = await store.step("r2", Step(LIMITS, candidates=[cand("2", "b", kv=200)]))
-    assert out.admitted is None and out.full  # 900 + 200 > 1000 KV tokens
-    assert await admit(store, cand("3", "b", kv=100), replica="r2") == 0
+    assert out.admitted == [] and out.full  # 900 + 200 > 1000 KV tokens
+    assert await admit(store, cand("3", "b", kv=100), replica="r2") == [0]
     out = await store.step("r3", Step(LIMITS, candidates=[cand("4", "c", kv=1)]))
     assert out.full and out.in_flight == 2  # max_requests
     # An idle engine takes any size.
     for lease, tenant in (("1", "a"), ("3", "b")):
         await store.step("r1", Step(LIMITS, settlements=[Settlement(lease, tenant)]))
-    assert await admit(store, cand("5", "c", kv=5000)) == 0
+    assert await admit(store, cand("5", "c", kv=5000)) == [0]
 
 
 async def test_settlement_is_idempotent_and_frees_room(store: Store) -> None:
-    assert await admit(store, cand("1", "a")) == 0
+    assert await admit(store, cand("1", "a")) == [0]
     s = Settlement("1", "a")
     first = await store.step("r1", Step(LIMITS, settlements=[s]))
     again = await store.step("r2", Step(LIMITS, settlements=[s, s]))
@@ -87,8 +110,8 @@ async def test_settlement_is_idempotent_and_frees_room(store: Store) -> None:
 
 
 async def test_a_retried_decision_does_not_admit_twice(store: Store) -> None:
-    assert await admit(store, cand("1", "a")) == 0
-    assert await admit(store, cand("1", "a")) == 0
+    assert await admit(store, cand("1", "a")) == [0]
+    assert await admit(store, cand("1", "a")) == [0]
     assert (await store.snapshot()).in_flight == 1
 
 
@@ -110,18 +133,18 @@ async def test_reserve_takes_buckets_and_settlement_refunds(store: Store) -> Non
 async def test_wait_mode_candidates_are_blocked_until_their_buckets_allow(store: Store) -> None:
     b = BucketLimits(tokens_per_s=100.0, tokens_burst=100)
     slow = cand("1", "slow", kv=80, take_buckets=True, buckets=b)
-    assert await admit(store, slow) == 0
+    assert await admit(store, slow) == [0]
     out = await store.step(
         "r1", Step(LIMITS, candidates=[cand("2", "slow", kv=80, take_buckets=True, buckets=b)])
     )
-    assert out.admitted is None and not out.full
+    assert out.admitted == [] and not out.full
     assert 0.4 < out.blocked[0] <= 0.61  # 60 missing at 100 tokens/s
     await asyncio.sleep(out.blocked[0])
-    assert await admit(store, cand("2", "slow", kv=80, take_buckets=True, buckets=b)) == 0
+    assert await admit(store, cand("2", "slow", kv=80, take_buckets=True, buckets=b)) == [0]
 
 
 async def test_max_concurrent_is_fleet_wide(store: Store) -> None:
-    assert await admit(store, cand("1", "a", max_concurrent=1), replica="r1") == 0
+    assert await admit(store, cand("1", "a", max_concurrent=1), replica="r1") == [0]
     out = await store.step(
         "r2",
         Step(
@@ -130,7 +153,7 @@ async def test_max_concurrent_is_fleet_wide(store: Store) -> None:
             candidates=[cand("2", "a", max_concurrent=1), cand("3", "b")],
         ),
     )
-    assert out.blocked == {0: math.inf} and out.admitted == 1
+    assert out.blocked == {0: math.inf} and out.admitted == [1]
 
 
 async def test_newly_backlogged_tenants_are_lifted_unless_backlogged_elsewhere(
@@ -151,14 +174,14 @@ async def test_newly_backlogged_tenants_are_lifted_unless_backlogged_elsewhere(
 
 async def test_nobody_backlogged_lifts_to_the_last_served_counter(store: Store) -> None:
     await store.step("r1", Step(LIMITS, charges={"a": 70.0}))
-    assert await admit(store, cand("1", "a", prompt=5)) == 0  # floor = 70
+    assert await admit(store, cand("1", "a", prompt=5)) == [0]  # floor = 70
     out = await store.step("r1", Step(LIMITS, announce=["z"]))
     assert out.counters["z"] == pytest.approx(70.0)
 
 
 async def test_a_dead_replicas_leases_and_backlog_expire(store: Store) -> None:
-    assert await admit(store, cand("1", "a"), replica="dead", announce=["a"]) == 0
-    assert await admit(store, cand("2", "b"), replica="alive") == 0
+    assert await admit(store, cand("1", "a"), replica="dead", announce=["a"]) == [0]
+    assert await admit(store, cand("2", "b"), replica="alive") == [0]
     for _ in range(3):
         await asyncio.sleep(0.15)  # renewed by its heartbeat, "alive" keeps its lease
         await store.step("alive", Step(LIMITS, renew=[Lease("2", "b", 100)]))
@@ -193,7 +216,7 @@ async def fill(
 ) -> None:
     for k in range(n):
         step = Step(limits, reserve_fraction=0.125, candidates=[cand(f"{tenant}{k}", tenant, **kw)])
-        assert (await store.step("r1", step)).admitted == 0
+        assert (await store.step("r1", step)).admitted == [0]
 
 
 async def offer(
@@ -212,27 +235,27 @@ async def test_reserve_holds_an_over_share_tenant_while_a_light_one_is_below_its
 ) -> None:
     await fill(store, "flood", 6)
     await store.step("r2", Step(ROOM, announce=["victim"]))  # backlogged on another replica
-    assert (await offer(store, cand("f6", "flood"))).admitted == 0  # 7th of 8: not the reserve
+    assert (await offer(store, cand("f6", "flood"))).admitted == [0]  # 7th of 8: not the reserve
     # The 8th slot is the reserve, the flood is over its half (7 >= 8 / 2), but the
     # victim's queue length on r2 is unknown: heavy, no room is kept for it.
     out = await offer(store, cand("f7", "flood"))
-    assert out.admitted == 0 and out.held == []
+    assert out.admitted == [0] and out.held == []
     await store.step("r1", Step(ROOM, settlements=[Settlement("f7", "flood")]))
     # r2 tells the store the victim has one request queued there: light, so r1's
     # flood is held out of the reserve although the victim is none of r1's candidates.
     await store.step("r2", Step(ROOM, queued={"victim": 1}))
     out = await offer(store, cand("f8", "flood"))
-    assert out.admitted is None and out.held == [0]
+    assert out.admitted == [] and out.held == [0]
     # A held candidate stops the round (the reserve never reorders the counters),
     # so a victim served more than the flood waits like everyone else...
     step = {"charges": {"victim": 100.0}, "replica": "r2"}  # the victim's counter is larger
     out = await offer(store, cand("f8", "flood"), cand("v0", "victim", queued=1), **step)
-    assert out.admitted is None and out.held == [0] and not out.full and out.blocked == {}
+    assert out.admitted == [] and out.held == [0] and not out.full and out.blocked == {}
     assert out.counters["victim"] > out.counters["flood"]
     # ...and once the flood's streams put it ahead, the victim goes first, into the reserve.
     step = {"charges": {"flood": 200.0}, "replica": "r2"}
     out = await offer(store, cand("f8", "flood"), cand("v0", "victim", queued=1), **step)
-    assert out.admitted == 1 and out.held == []
+    assert out.admitted == [1] and out.held == []
     assert (await store.snapshot()).in_flight == 8
 
 
@@ -244,12 +267,12 @@ async def test_reserve_never_holds_a_tenant_alone(store: Store) -> None:
 
 async def test_reserve_counts_tenants_in_flight_elsewhere_as_active(store: Store) -> None:
     await fill(store, "flood", 6)
-    assert (await offer(store, cand("v0", "victim"), replica="r2")).admitted == 0  # in flight
+    assert (await offer(store, cand("v0", "victim"), replica="r2")).admitted == [0]  # in flight
     out = await offer(store, cand("f6", "flood"))
-    assert out.admitted is None and out.held == [0]
+    assert out.admitted == [] and out.held == [0]
     # The victim's request ends: the flood is alone again and takes the reserve.
     await store.step("r2", Step(ROOM, settlements=[Settlement("v0", "victim")]))
-    assert (await offer(store, cand("f6", "flood"))).admitted == 0
+    assert (await offer(store, cand("f6", "flood"))).admitted == [0]
 
 
 async def test_reserve_shares_follow_weights_and_kv(store: Store) -> None:
@@ -257,13 +280,13 @@ async def test_reserve_shares_follow_weights_and_kv(store: Store) -> None:
     await fill(store, "big", 8, limits=room, weight=3.0)  # 800 KV
     # small: one request in flight on r2, nothing queued (light): 900 KV, the next
     # 100 is the reserve.
-    assert (await offer(store, cand("s0", "small"), replica="r2", limits=room)).admitted == 0
+    assert (await offer(store, cand("s0", "small"), replica="r2", limits=room)).admitted == [0]
     # big's share is 3 / 4 of 1000 KV tokens: over it, held; small is below.
     out = await offer(store, cand("b9", "big", weight=3.0), limits=room)
-    assert out.held == [0] and out.admitted is None
+    assert out.held == [0] and out.admitted == []
     # small's request ends (no activity window here): big is alone.
     await store.step("r2", Step(room, settlements=[Settlement("s0", "small")]))
-    assert (await offer(store, cand("b9", "big", weight=3.0), limits=room)).admitted == 0
+    assert (await offer(store, cand("b9", "big", weight=3.0), limits=room)).admitted == [0]
 
 
 async def test_reserve_never_holds_a_tenant_with_nothing_in_flight(store: Store) -> None:
@@ -271,27 +294,27 @@ async def test_reserve_never_holds_a_tenant_with_nothing_in_flight(store: Store)
     await fill(store, "a", 1, limits=room, kv=300)
     await store.step("r2", Step(room, announce=["b"]))
     # 600 KV tokens is above b's half of the engine, but b has nothing in flight.
-    assert (await offer(store, cand("b0", "b", kv=600), limits=room)).admitted == 0
+    assert (await offer(store, cand("b0", "b", kv=600), limits=room)).admitted == [0]
 
 
 async def test_reserve_fraction_zero_holds_nobody(store: Store) -> None:
     await fill(store, "flood", 7)
     await store.step("r2", Step(ROOM, announce=["victim"]))
     out = await store.step("r1", Step(ROOM, candidates=[cand("f7", "flood")]))
-    assert out.admitted == 0 and out.held == []
+    assert out.admitted == [0] and out.held == []
 
 
 # -- Redis only ----------------------------------------------------------------
 async def test_redis_survives_script_flush(redis_url: str) -> None:
     store = RedisStore.from_url(redis_url, domain="noscript")
-    assert await admit(store, cand("1", "a")) == 0
+    assert await admit(store, cand("1", "a")) == [0]
     r = redis_lib.Redis.from_url(redis_url)
     r.script_flush()
     r.close()
     before, reloads = store.round_trips, store.noscript_reloads
-    assert await admit(store, cand("2", "a")) == 0
+    assert await admit(store, cand("2", "a")) == [0]
     assert store.noscript_reloads == reloads + 1 and store.round_trips == before + 2
-    assert await admit(store, cand("3", "b"), replica="r2") is None  # full, back to EVALSHA
+    assert await admit(store, cand("3", "b"), replica="r2") == []  # full, back to EVALSHA
     assert store.round_trips == before + 3
     await store.aclose()
 

@@ -69,22 +69,26 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
             cands = []
             offered = draw(st.lists(st.sampled_from(TENANTS), min_size=1, max_size=3))
             for tenant in sorted(set(offered)):
-                lease = f"{replica}:{k}:{tenant}"
-                shape = draw(st.sampled_from([(300, 20), (100, 200), (100, 60)]))
-                cands.append(
-                    Candidate(
-                        lease,
-                        tenant,
-                        weights[tenant],
-                        shape[0],
-                        sum(shape),
-                        take_buckets=draw(st.booleans()),
-                        buckets=SLOW,
-                        max_concurrent=draw(st.none() | st.integers(1, 2)),
-                        queued=draw(st.sampled_from([1, LIGHT_QUEUE, LIGHT_QUEUE + 1, 9])),
+                # Its next few requests, as the pump offers them (queued counts down).
+                queued = draw(st.sampled_from([1, LIGHT_QUEUE, LIGHT_QUEUE + 1, 9]))
+                take, max_concurrent = draw(st.booleans()), draw(st.none() | st.integers(1, 2))
+                for j in range(draw(st.integers(1, min(3, queued)))):
+                    lease = f"{replica}:{k}:{tenant}:{j}"
+                    shape = draw(st.sampled_from([(300, 20), (100, 200), (100, 60)]))
+                    cands.append(
+                        Candidate(
+                            lease,
+                            tenant,
+                            weights[tenant],
+                            shape[0],
+                            sum(shape),
+                            take_buckets=take,
+                            buckets=SLOW,
+                            max_concurrent=max_concurrent,
+                            queued=queued - j,
+                        )
                     )
-                )
-                admitted.append((lease, tenant))
+                    admitted.append((lease, tenant))
             step.candidates = cands
         steps.append((replica, step))
     return limits, fraction, steps
