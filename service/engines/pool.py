@@ -1,9 +1,14 @@
 """Several SGLang workers behind one Engine.
 
-Routing: the healthy worker with the least load, counting its requests in
-flight plus `FAILURE_LOAD` per recent stream failure, so a worker whose
-streams die fast does not look idle (optionally preferring the worker a
-prompt prefix hashes to, so SGLang's radix cache gets hits).
+Routing: the healthy worker that would be least full with the request, as a
+fraction of its own capacity: the larger of its requests in flight (plus
+`FAILURE_LOAD` per recent stream failure, so a worker whose streams die fast
+does not look idle) over its slots, and its KV tokens in flight (prompt plus
+max_tokens, as admission counts them) over its KV. Admission counts the
+pool's summed room, so routing by KV as well keeps a large request off a
+worker that could not hold it beside its others while another could, and
+workers of different sizes fill in proportion. Optionally the worker a
+prompt prefix hashes to is preferred, so SGLang's radix cache gets hits.
 
 Ejection (`breaker.py`): a worker whose connection fails or drops is ejected
 at once; one whose streams fail otherwise (malformed output, errors) after
@@ -57,13 +62,21 @@ class Worker:
     in_flight: int = 0
     failures: int = 0
     last_error: str = ""
+    kv_in_flight: int = 0
     streams_total: int = 0
     stream_failures_total: int = 0
     # (monotonic s, "ejected" | "admitted", ejection length s): recent transitions.
     history: deque[tuple[float, str, float]] = field(default_factory=lambda: deque(maxlen=64))
 
-    def load(self, now_s: float) -> int:
-        return self.in_flight + FAILURE_LOAD * self.breaker.penalty(now_s)
+    def load(self, now_s: float, kv_tokens: int = 0, requests: int = 0) -> float:
+        """How full it is, as a fraction of its capacity, with `requests` more
+        requests of `kv_tokens` in all: the busier of its slots and its KV."""
+        cap = self.engine.capacity()
+        busy = self.in_flight + requests + FAILURE_LOAD * self.breaker.penalty(now_s)
+        return max(
+            busy / max(1, cap.max_running_requests),
+            (self.kv_in_flight + kv_tokens) / max(1, cap.max_total_tokens),
+        )
 
     @property
     def url(self) -> str:
@@ -182,12 +195,15 @@ class WorkerPool:
         if not candidates:
             return None
         now_s = self.clock()
-        best = min(candidates, key=lambda w: w.load(now_s))
+        kv = _kv_tokens(req)
+        best = min(candidates, key=lambda w: w.load(now_s, kv, 1))
         n = self.prefix_affinity_tokens
         if n and len(req.prompt_token_ids) >= n:
             key = zlib.crc32(repr(req.prompt_token_ids[:n]).encode())
             preferred = candidates[key % len(candidates)]
-            if preferred.load(now_s) <= best.load(now_s) + self.affinity_slack:
+            # Within `affinity_slack` requests of the best (in the preferred one's slots).
+            slack = self.affinity_slack / max(1, preferred.engine.capacity().max_running_requests)
+            if preferred.load(now_s, kv, 1) <= best.load(now_s, kv, 1) + slack:
                 return preferred
         return best
 
@@ -201,7 +217,9 @@ class WorkerPool:
             tried.add(self.workers.index(w))
             if last is not None:
                 self.moved_requests += 1
+            kv = _kv_tokens(req)
             w.in_flight += 1
+            w.kv_in_flight += kv
             w.streams_total += 1
             self._where[req.request_id] = w
             started = False
@@ -220,6 +238,7 @@ class WorkerPool:
                 log.info("moving %s off %s: %s", req.request_id, w.url, exc)
             finally:
                 w.in_flight -= 1
+                w.kv_in_flight -= kv
                 self._where.pop(req.request_id, None)
 
     async def abort(self, request_id: str) -> None:
@@ -253,6 +272,11 @@ class WorkerPool:
     @property
     def in_flight(self) -> int:
         return sum(w.in_flight for w in self.workers)
+
+
+def _kv_tokens(req: EngineRequest) -> int:
+    """The KV tokens a request may take on its worker (as admission counts them)."""
+    return req.prompt_tokens + req.max_tokens
 
 
 def _common_threshold(thresholds: Iterable[int | None]) -> int | None:

@@ -97,6 +97,48 @@ async def test_least_loaded_routing_and_prefix_affinity(
     await assert_no_sglang_leaks(app, *workers)
 
 
+async def test_routing_counts_kv_so_a_large_request_goes_where_it_fits(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    """Two workers of 4 000 KV tokens and 8 slots. A 3 000-token request fills the
+    first's KV to 3/4, so three small ones go to the second; a 2 000-token request
+    then fits only the second. Counting requests alone would send the smalls
+    round the two and the large one to the first (fewer requests), where the
+    engine could not hold it."""
+    workers = [
+        await start_sim(time_scale=1.0, kv_capacity_tokens=4000, max_running_requests=8)
+        for _ in range(2)
+    ]
+    app = await start_server(**sglang_settings(*workers))
+    pool = _pool(app)
+    async with AsyncClient(app.address) as c:
+
+        def send(prompt: int, output: int) -> asyncio.Task[object]:
+            return asyncio.create_task(c.complete([7] * prompt, max_tokens=output, ignore_eos=True))
+
+        tasks = [send(2500, 500)]
+        await eventually(lambda: pool.in_flight == 1, what="the large one routed")
+        for k in range(3):
+            tasks.append(send(50, 50))
+            await eventually(lambda k=k: pool.in_flight == 2 + k, what="a small one routed")
+        assert [w.kv_in_flight for w in pool.workers] == [3000, 300]
+        assert [w.in_flight for w in pool.workers] == [1, 3]
+        tasks.append(send(1500, 500))
+        await eventually(lambda: pool.in_flight == 5, what="the 2 000-token one routed")
+        assert [w.kv_in_flight for w in pool.workers] == [3000, 2300]
+        # Both engines run everything they were sent; nothing waits for KV there.
+        await eventually(
+            lambda: [len(s.engine.core.running) for s in workers] == [1, 4], what="all running"
+        )
+        assert [len(s.engine.core.waiting) for s in workers] == [0, 0]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    await eventually(lambda: pool.in_flight == 0, what="all ended")
+    assert [w.kv_in_flight for w in pool.workers] == [0, 0]
+    await assert_no_sglang_leaks(app, *workers)
+
+
 @pytest.mark.parametrize("store", ["memory", "redis"])
 async def test_pool_admits_every_workers_slots_without_queueing(
     start_server: StartServer, start_sim: StartSim, store: str, request: pytest.FixtureRequest

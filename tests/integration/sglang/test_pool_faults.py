@@ -17,7 +17,7 @@ from fairgate import AsyncClient, FairgateError
 
 from service.engines.breaker import BreakerPolicy
 from service.engines.pool import FAILURE_LOAD, WorkerPool
-from service.engines.protocol import EngineRequest, SamplingOptions
+from service.engines.protocol import EngineCapacity, EngineRequest, SamplingOptions
 from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
 from tests.conftest import StartServer
 from tests.helpers import eventually
@@ -153,6 +153,8 @@ def _request(i: int) -> EngineRequest:
 
 def test_least_load_routing_discounts_recent_failures() -> None:
     engines = [SglangHttpEngine(SglangHttpConfig(url=f"http://127.0.0.1:{p}")) for p in (1, 2)]
+    for e in engines:  # as its first /server_info read would (a healthy worker has one)
+        e._capacity = EngineCapacity(16, 1_000_000, 4096, 32000)
     now = [100.0]
     pool = WorkerPool(engines, breaker=BreakerPolicy(consecutive_failures=3), clock=lambda: now[0])
     busy, failing = pool.workers
