@@ -10,6 +10,7 @@ Removal (cancel, deadline) is lazy: O(1), skipped when it reaches the front.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 from scheduler.request import Priority, QueuedRequest
@@ -65,18 +66,25 @@ class TenantQueue:
         return batch if n is not None and self._streak >= n else interactive
 
     def upcoming(self, k: int) -> list[QueuedRequest]:
-        """The next `k` requests in the order pop() would return them (nothing changes)."""
-        fronts = [[r for r in q if id(r) in self._queued] for q in self._by_class]
-        interactive, batch = fronts[Priority.INTERACTIVE], fronts[Priority.BATCH]
+        """The next `k` requests in the order pop() would return them (nothing changes;
+        reads at most `k` queued requests of each class past the removed ones)."""
+        classes = [
+            itertools.islice((r for r in q if id(r) in self._queued), k) for q in self._by_class
+        ]
+        interactive = next(classes[Priority.INTERACTIVE], None)
+        batch = next(classes[Priority.BATCH], None)
         out: list[QueuedRequest] = []
         streak, n = self._streak, self._batch_every_n
-        while len(out) < k and (interactive or batch):
-            if batch and (not interactive or (n is not None and streak >= n)):
-                out.append(batch.pop(0))
+        while len(out) < k and (interactive is not None or batch is not None):
+            if batch is not None and (interactive is None or (n is not None and streak >= n)):
+                out.append(batch)
+                batch = next(classes[Priority.BATCH], None)
                 streak = 0
             else:
-                out.append(interactive.pop(0))
-                streak = streak + 1 if batch else 0
+                assert interactive is not None
+                out.append(interactive)
+                interactive = next(classes[Priority.INTERACTIVE], None)
+                streak = streak + 1 if batch is not None else 0
         return out
 
     def pop(self) -> QueuedRequest | None:

@@ -109,6 +109,8 @@ class Pump:
         self._contacted = False  # a first step finding an empty store is no loss
         # Counters as the store last returned them: they only grow, unless wiped.
         self._store_counters: dict[str, float] = {}
+        # The fleet's requests in flight after the last step (None: no step yet).
+        self._fleet_in_flight: int | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -238,22 +240,36 @@ class Pump:
         named = {*step.announce, *(step.backlogged or ()), *(x.tenant_id for x in step.renew or ())}
         step.weights = self._offers.weights(named)
         if now_s >= self._full_until_s and now_s >= self._hold_until_s:
-            step.candidates = self._candidates(lambda e: e.buckets)
+            # Beyond each tenant's head, as many more as the fleet's slots could take
+            # (what was in flight at the last step, less what this step settles).
+            room = None
+            if self._fleet_in_flight is not None:
+                room = step.limits.max_requests - self._fleet_in_flight + len(step.settlements)
+            step.candidates = self._candidates(lambda e: e.buckets, room)
         return step
 
-    def _candidates(self, buckets: Callable[[Entry], BucketLimits]) -> list[Candidate]:
-        """The next requests of the eligible tenants, each with how many of its
-        tenant's are queued here from it on."""
+    def _candidates(
+        self, buckets: Callable[[Entry], BucketLimits], room: int | None = None
+    ) -> list[Candidate]:
+        """The next requests of the eligible tenants (up to `per_tenant` each, and
+        beyond their heads no more than `room` in all, when known), each with how
+        many of its tenant's are queued here from it on."""
         out: list[Candidate] = []
         ahead: dict[str, int] = {}
         opts = self._options
-        for req in self._local.heads(opts.max_candidates, opts.per_tenant):
+        heads = self._local.heads(opts.max_candidates, opts.per_tenant)
+        extra = math.inf if room is None else room - len({r.tenant_id for r in heads})
+        for req in heads:
+            t = req.tenant_id
+            n = ahead.get(t, 0)
+            if n:
+                if extra <= 0:
+                    continue
+                extra -= 1
             entry = self._entries.of(req)
             assert entry is not None
-            t = req.tenant_id
-            queued = self._local.queued(t) - ahead.get(t, 0)
-            ahead[t] = ahead.get(t, 0) + 1
-            out.append(entry.candidate(buckets(entry), queued))
+            ahead[t] = n + 1
+            out.append(entry.candidate(buckets(entry), self._local.queued(t) - n))
         return out
 
     async def _shared_tick(self, now_s: float) -> None:
@@ -296,6 +312,7 @@ class Pump:
         # that went back (they never decrease otherwise).
         went_back = any(c < self._store_counters.get(t, -math.inf) for t, c in out.counters.items())
         self._store_counters.update(out.counters)
+        self._fleet_in_flight = out.in_flight
         admitted = [step.candidates[i].lease_id for i in out.admitted]
         if out.state_lost or went_back:
             if self._contacted:
