@@ -27,9 +27,10 @@ def _pool(app: object) -> WorkerPool:
 
 @pytest.fixture
 def victim() -> Iterator[RealSglang]:
-    """A server of its own, for the test that kills it."""
+    """A server of its own, for the test that kills it (sglang_a's size, so that
+    routing, which fills workers in proportion to their size, ties between them)."""
     try:
-        server = RealSglang.start("--max-running-requests", "4")
+        server = RealSglang.start()
     except SglangUnavailable as exc:
         pytest.fail(str(exc), pytrace=False)
     try:
@@ -73,9 +74,9 @@ async def test_worker_killed_mid_stream(
     pool = _pool(app)
     model = app.models.resolve("")
     assert model is not None
-    assert pool.capacity().max_running_requests == 4 + 16
+    assert pool.capacity().max_running_requests == 16 + 16
     async with AsyncClient(app.address) as c:
-        # Least-loaded routing with both idle picks the first worker: the victim.
+        # Both idle and of one size: routing picks the first worker, the victim.
         deltas, result = 0, None
         with pytest.raises(FairgateError) as err:
             async for ev in c.generate(PROMPT, max_tokens=1500, ignore_eos=True):

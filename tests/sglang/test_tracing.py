@@ -17,7 +17,7 @@ from aiohttp import web
 from fairgate import AsyncClient
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from service.engines.protocol import EngineRequest
+from service.engines.protocol import EngineRequest, SamplingOptions
 from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
 from tests.conftest import StartServer
 from tests.sglang.real_server import (
@@ -110,7 +110,14 @@ async def test_sglang_spans_join_the_trace_the_adapter_passes(
     async with otlp_receiver(traced_sglang.otlp_port) as spans:
         engine = SglangHttpEngine(SglangHttpConfig(url=traced_sglang.server.url))
         await engine.start()
-        req = EngineRequest("traced", [], max_tokens=4, prompt_text="hello")
+        # ignore_eos: the tiny random model may sample its EOS token early.
+        req = EngineRequest(
+            "traced",
+            [],
+            max_tokens=4,
+            prompt_text="hello",
+            sampling=SamplingOptions(ignore_eos=True),
+        )
         req.trace_headers = {"traceparent": f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"}
         async with aclosing(engine.generate(req)) as stream:
             assert [c async for c in stream][-1].completion_tokens == 4
