@@ -3,8 +3,8 @@
 The same `SharedDispatcher` runs the same closed-loop workload (no engine:
 admit, stream a few output-token charges, finish) once over the in-memory
 store and once per flush interval over Redis. Printed per run: admissions/s,
-decision latency p50/p99 (one `Store.step` that carries candidates: for
-Redis, one round trip and one Lua script), Redis round trips per request
+step latency p50/p99 (one `Store.step` that carries candidates, and may
+admit several: for Redis, one round trip and one Lua script), Redis round trips per request
 (decisions, settlements, charge flushes, heartbeats and polls together), and
 the largest batched counter increment (how stale one tenant's counter was
 for the other replicas, in weighted tokens). The embedded synchronous
@@ -189,7 +189,7 @@ async def main(
     )
     base = rows[1].admissions_per_s
     print(
-        f"{'run':<30}{'admissions/s':>13}{'vs memory':>10}{'decision p50 ms':>16}"
+        f"{'run':<30}{'admissions/s':>13}{'vs memory':>10}{'step p50 ms':>16}"
         f"{'p99 ms':>9}{'round trips/req':>16}{'max counter lag':>16}"
     )
     for r in rows:

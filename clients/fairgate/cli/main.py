@@ -472,7 +472,7 @@ def bench_store(
     concurrency: Annotated[int, typer.Option(help="requests in the closed loop")] = 256,
     seconds: Annotated[float, typer.Option(help="seconds per run")] = 3.0,
 ) -> None:
-    """Shared admission: in-memory vs Redis store (admissions/s, decision latency, round trips)."""
+    """Shared admission: in-memory vs Redis store (admissions/s, step latency, round trips)."""
     from fairgate.bench.store import main as store_main
 
     intervals = [float(x) for x in flush_ms.split(",") if x.strip()] or [5.0]
