@@ -63,7 +63,7 @@ async def build_dispatcher(
             AdmissionBudget(limits),
             clock,
             tenants=tenants,
-            reserve_fraction=settings.fair_reserve_fraction,
+            reserve_fraction=settings.light_share(isolation is rules.Isolation.PREEMPT),
             reserve_window_s=settings.fair_reserve_window_s,
             isolation=isolation,
         )
@@ -88,7 +88,7 @@ async def build_dispatcher(
             replica_id=replica_id(),
             failure_mode=mode,
             replicas=settings.replica_processes,
-            reserve_fraction=settings.fair_reserve_fraction,
+            reserve_fraction=settings.light_share(isolation is rules.Isolation.PREEMPT),
             reserve_window_s=settings.fair_reserve_window_s,
             isolation=isolation,
             light_credit=settings.fair_light_credit,

@@ -73,10 +73,13 @@ def test_policy_spec_names_the_isolation_and_the_fraction() -> None:
     assert p.settings() == {
         "policy": "vtc",
         "fair_reserve_fraction": 0.0625,
+        "fair_lend_fraction": 0.0625,
         "fair_isolation": "reserve",
     }
     assert Policy.parse("vtc").settings() == {"policy": "vtc"}
-    assert Policy.parse("fcfs").settings() == {"policy": "fcfs", "fair_reserve_fraction": 0}
+    # The baselines run as the engine alone: nothing kept, nothing lent.
+    off = {"policy": "fcfs", "fair_reserve_fraction": 0, "fair_lend_fraction": 0}
+    assert Policy.parse("fcfs").settings() == off
 
 
 async def test_mixed_scenario_replays_one_trace_for_every_policy(tmp_path: Path) -> None:

@@ -62,8 +62,10 @@ SOLO = "victim solo"
 
 @dataclass(frozen=True)
 class Policy:
-    """A policy to run: `vtc@0.0625` is vtc with that fair_reserve_fraction,
-    `vtc:reserve` / `vtc:preempt` with that fair_isolation (default: auto)."""
+    """A policy to run: `vtc@0.0625` is vtc with that share for light tenants
+    (fair_reserve_fraction and fair_lend_fraction: kept or lent, whichever the
+    isolation uses), `vtc:reserve` / `vtc:preempt` with that fair_isolation
+    (default: auto)."""
 
     name: str
     reserve_fraction: float | None = None
@@ -95,10 +97,11 @@ class Policy:
     def settings(self) -> dict[str, object]:
         # The baselines run as the engine would alone: no fair-share reserve.
         if self.name != "vtc":
-            return {"policy": self.name, "fair_reserve_fraction": 0}
+            return {"policy": self.name, "fair_reserve_fraction": 0, "fair_lend_fraction": 0}
         out: dict[str, object] = {"policy": "vtc"}
         if self.reserve_fraction is not None:
             out["fair_reserve_fraction"] = self.reserve_fraction
+            out["fair_lend_fraction"] = self.reserve_fraction
         if self.isolation is not None:
             out["fair_isolation"] = self.isolation
         return out

@@ -20,6 +20,7 @@ from fairgate.bench.fairness_metrics import RequestRecord
 from fairgate.bench.fairness_scenarios import KV_CAPACITY_TOKENS, MAX_RUNNING_REQUESTS, Arrival
 from scheduler.clock import FakeClock
 from scheduler.ordering.policies import make_policy
+from scheduler.rules import Isolation
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 from service.app import admission_limits, isolation_for, policy_options
 from service.engines.protocol import EngineCapacity
@@ -54,6 +55,7 @@ def replay(
         vocab_size=sim.vocab_size,
         preempt_threshold=sim.priority_preemption_threshold,
     )
+    isolation = isolation_for(settings.fair_isolation, cap)
     drv = Driver(
         make_policy(settings.policy, options),
         admission_limits(cap, settings),
@@ -62,8 +64,8 @@ def replay(
         w_in=settings.vtc_w_in,
         w_out=settings.vtc_w_out,
         clock=clock,
-        reserve_fraction=settings.fair_reserve_fraction,
-        isolation=isolation_for(settings.fair_isolation, cap),
+        reserve_fraction=settings.light_share(isolation is Isolation.PREEMPT),
+        isolation=isolation,
     )
     drv.run(
         [DriverArrival(a.t_s, a.tenant, a.prompt_tokens, a.max_tokens) for a in trace],

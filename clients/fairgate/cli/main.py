@@ -292,7 +292,8 @@ def bench_fairness(
     policies: Annotated[
         str,
         typer.Option(
-            help="comma-separated; vtc@F runs vtc with fair_reserve_fraction F, "
+            help="comma-separated; vtc@F runs vtc with F of the engine kept or lent "
+            "for light tenants (fair_reserve_fraction and fair_lend_fraction), "
             "vtc:reserve / vtc:preempt with that fair_isolation (default auto)"
         ),
     ] = "fcfs,rate-limit,vtc",
