@@ -122,7 +122,7 @@ class Generation:
         sent_tokens = 0
         first_token_s: float | None = None
         prompt_tokens = len(params.prompt_ids)
-        cached_tokens = 0
+        cached_tokens = retractions = 0
         failure: Exception | None = None
         finish: FinishKind | None = None
         stop_matched = message = ""
@@ -161,6 +161,7 @@ class Generation:
                             ticket.charge(new_tokens)
                         prompt_tokens = chunk.prompt_tokens or prompt_tokens
                         cached_tokens = chunk.cached_tokens
+                        retractions = max(retractions, chunk.retractions)
                         if chunk.text or chunk.token_ids:
                             if first_token_s is None:
                                 first_token_s = time.monotonic()
@@ -188,7 +189,7 @@ class Generation:
                 failure = exc
             finally:
                 drain.stream_ended(key)
-                obs.engine_ended(prompt_tokens, sent_tokens, cached_tokens)
+                obs.engine_ended(prompt_tokens, sent_tokens, cached_tokens, retractions)
         if finish is None:
             if failure is None:
                 failure = EngineError("the engine ended the stream without a finish reason")

@@ -70,6 +70,7 @@ class ChunkDecoder:
         completion = _int(meta, "completion_tokens")
         prompt = _int(meta, "prompt_tokens")
         cached = _int(meta, "cached_tokens", 0)
+        retractions = _int(meta, "num_retractions", 0)
         if self.incremental:
             self.upstream_text += text
             new_ids = ids  # parsed for this chunk alone: no copy needed
@@ -101,6 +102,7 @@ class ChunkDecoder:
             completion_tokens=completion,
             prompt_tokens=prompt,
             cached_tokens=cached,
+            retractions=retractions,
         )
         if finish is not None:
             self.finished = True
@@ -143,6 +145,7 @@ def merge_chunks(first: EngineChunk, then: EngineChunk) -> EngineChunk:
     first.completion_tokens = then.completion_tokens
     first.prompt_tokens = then.prompt_tokens
     first.cached_tokens = then.cached_tokens
+    first.retractions = then.retractions
     first.finish, first.stop_matched, first.message = then.finish, then.stop_matched, then.message
     return first
 

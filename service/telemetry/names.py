@@ -35,6 +35,9 @@ REQUEST_ID = "fairgate.request.id"
 PRIORITY = "fairgate.priority"
 ENGINE_KIND = "fairgate.engine.kind"
 CACHED_TOKENS = "fairgate.usage.cached_tokens"
+# Times the engine retracted the request (SGLang's num_retractions): its KV was
+# freed for a request of higher priority and it was prefilled again.
+RETRACTIONS = "fairgate.engine.retractions"
 QUEUE_WAIT_S = "fairgate.queue.wait_s"
 TTFT_S = "fairgate.time_to_first_token_s"
 REJECTION_REASON = "fairgate.rejection.reason"

@@ -156,7 +156,9 @@ class NoopObservation:
     def output_text(self, text: str) -> None:
         pass
 
-    def engine_ended(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> None:
+    def engine_ended(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int, retractions: int = 0
+    ) -> None:
         pass
 
     def finished(self, finish_reason: str, failure: Exception | None) -> None:
@@ -288,7 +290,9 @@ class GenerateObservation(NoopObservation):
         if self.capture_content:
             self._completion.append(text)
 
-    def engine_ended(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> None:
+    def engine_ended(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int, retractions: int = 0
+    ) -> None:
         """The engine stream is over (finished, failed or cancelled): usage is final."""
         self._output_tokens = completion_tokens
         usage = {
@@ -296,6 +300,11 @@ class GenerateObservation(NoopObservation):
             n.GEN_AI_OUTPUT_TOKENS: completion_tokens,
             n.CACHED_TOKENS: cached_tokens,
         }
+        if retractions:
+            usage[n.RETRACTIONS] = retractions
+            # The cost of lending room beyond the engine's (fair_isolation=preempt),
+            # by the tenant whose work was recomputed.
+            self._tel.retractions.add(retractions, self._metric.base)
         self._scope.attrs.update(usage)
         self._engine_attrs.update(usage)
         record = self._tel.token_usage.record

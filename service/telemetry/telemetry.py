@@ -127,6 +127,13 @@ class Telemetry:
             "{request}",
             "Requests admitted to the engine (and the admission limit)",
         )
+        self.retractions = m.create_counter(
+            "fairgate.engine.retractions",
+            "{retraction}",
+            "Times the engine retracted a running request to make room for one of higher "
+            "priority (a lent admission, fair_isolation=preempt): its KV freed, its prompt "
+            "and output so far prefilled again; by the retracted request's tenant",
+        )
         m.create_observable_counter(
             "fairgate.engine.lent_admissions",
             [self._lent_admissions],

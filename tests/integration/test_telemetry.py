@@ -20,7 +20,7 @@ from service.settings import Settings
 from service.telemetry import build_telemetry
 from tests.conftest import StartServer
 from tests.helpers import assert_no_leaks, eventually
-from tests.sglang_helpers import StartSim, sglang_settings, start_sim
+from tests.sglang_helpers import StartSim, assert_no_sglang_leaks, sglang_settings, start_sim
 from tests.telemetry_helpers import Captured, captured, client_spans, make_captured
 
 __all__ = ["captured", "client_spans", "start_sim"]
@@ -135,6 +135,49 @@ async def test_one_trace_from_the_client_through_sglang_http(
     assert captured.value("fairgate.engine.kv_tokens", {"fairgate.kind": "capacity"}) == (
         stand_in.engine.core.capacity
     )
+
+
+async def test_a_lent_admission_and_the_retraction_it_costs(
+    start_server: StartServer, start_sim: StartSim, captured: Captured
+) -> None:
+    """fair_isolation=preempt over a stand-in that preempts by priority: a flood
+    fills the 4 slots, a light tenant's request is lent room beyond them, and the
+    engine retracts one flood request for it (recomputed; it still finishes in
+    full). Both show up: the lent admission, and the retraction on the retracted
+    request's span and in `fairgate.engine.retractions` by its tenant."""
+    stand_in = await start_sim(
+        time_scale=1.0, enable_priority_scheduling=True, max_running_requests=4
+    )
+    app = await start_server(
+        telemetry=captured.telemetry, **sglang_settings(stand_in, fair_isolation="preempt")
+    )
+    model = app.models.resolve("")
+    assert model is not None
+    async with (
+        AsyncClient(app.address, tenant="flood") as flood,
+        AsyncClient(app.address, tenant="light") as light,
+    ):
+        floods = [
+            asyncio.create_task(flood.complete(PROMPT, max_tokens=300, ignore_eos=True))
+            for _ in range(4)
+        ]
+        await eventually(lambda: len(stand_in.engine.core.running) == 4, what="the flood runs")
+        done = await light.complete("hi", max_tokens=4, ignore_eos=True)
+        assert done.result.finish_reason == "length"
+        assert model.dispatcher.stats().lent_total == 1
+        flooded = await asyncio.gather(*floods)
+    assert all(d.result.usage.completion_tokens == 300 for d in flooded)
+    assert stand_in.engine.core.preemptions == 1
+    await eventually(lambda: len(captured.finished(GENERATE)) == 5, what="server spans")
+    retracted = [
+        s
+        for s in captured.finished(GENERATE)
+        if (s.attributes or {}).get("fairgate.engine.retractions")
+    ]
+    assert len(retracted) == 1 and (retracted[0].attributes or {})["fairgate.tenant"] == "flood"
+    assert captured.value("fairgate.engine.retractions", {"fairgate.tenant": "flood"}) == 1
+    assert captured.value("fairgate.engine.lent_admissions") == 1
+    await assert_no_sglang_leaks(app, stand_in)
 
 
 async def test_sync_client_and_in_process_engine(
