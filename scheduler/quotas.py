@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from scheduler.clock import Clock
 from scheduler.errors import QuotaExceeded, RequestTooLarge
 from scheduler.request import QueuedRequest
-from scheduler.rules import binding_limit, own_limit_wait_s
+from scheduler.rules import binding_limit, kv_tokens, own_limit_wait_s
 from scheduler.tenancy.tenants import OverQuotaMode, TenantConfig, TenantQuotas, TenantRegistry
 from scheduler.token_bucket import TokenBucket
 
@@ -40,7 +40,7 @@ class Reservation:
 
     @property
     def tokens(self) -> int:
-        return self.prompt_tokens + self.max_tokens
+        return kv_tokens(self.prompt_tokens, self.max_tokens)
 
 
 @dataclass(slots=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from scheduler import rules
+
 
 class Priority(enum.IntEnum):
     """Latency class. Lower value is served first within a tenant."""
@@ -40,4 +42,4 @@ class QueuedRequest:
     @property
     def kv_tokens(self) -> int:
         """KV-cache tokens this request may occupy at most."""
-        return self.prompt_tokens + self.max_tokens
+        return rules.kv_tokens(self.prompt_tokens, self.max_tokens)

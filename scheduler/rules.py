@@ -34,6 +34,12 @@ EPSILON = 1e-9
 
 
 # -- engine limits ---------------------------------------------------------------
+def kv_tokens(prompt_tokens: int, max_tokens: int) -> int:
+    """KV-cache tokens a request may occupy at most: what admission, the token
+    quotas and the pool's routing count it as."""
+    return prompt_tokens + max_tokens
+
+
 @dataclass(frozen=True, slots=True)
 class AdmissionLimits:
     max_requests: int

@@ -200,7 +200,7 @@ class LocalQueues:
     def backlogged(self) -> list[str]:
         return list(self._queues)
 
-    def heads(self, limit: int, per_tenant: int = 1) -> list[QueuedRequest]:
+    def heads(self, limit: int, per_tenant: int) -> list[QueuedRequest]:
         """The next `per_tenant` requests of each of the first `limit` eligible
         tenants in mirrored counter order, each tenant's in its queue's order."""
 
@@ -210,9 +210,6 @@ class LocalQueues:
             )
 
         tenants = heapq.nsmallest(limit, self.eligible(), key=key)
-        if per_tenant == 1:
-            heads = [self._queues[t].head() for t in tenants]
-            return [h for h in heads if h is not None]
         return [r for t in tenants for r in self._queues[t].upcoming(per_tenant)]
 
     def pause(self, tenant_id: str, until_s: float) -> None:

@@ -37,6 +37,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
+from scheduler import rules
 from service.engines.breaker import Breaker, BreakerPolicy
 from service.engines.protocol import (
     EngineCapacity,
@@ -195,7 +196,7 @@ class WorkerPool:
         if not candidates:
             return None
         now_s = self.clock()
-        kv = _kv_tokens(req)
+        kv = rules.kv_tokens(req.prompt_tokens, req.max_tokens)
         best = min(candidates, key=lambda w: w.load(now_s, kv, 1))
         n = self.prefix_affinity_tokens
         if n and len(req.prompt_token_ids) >= n:
@@ -217,7 +218,7 @@ class WorkerPool:
             tried.add(self.workers.index(w))
             if last is not None:
                 self.moved_requests += 1
-            kv = _kv_tokens(req)
+            kv = rules.kv_tokens(req.prompt_tokens, req.max_tokens)
             w.in_flight += 1
             w.kv_in_flight += kv
             w.streams_total += 1
@@ -272,11 +273,6 @@ class WorkerPool:
     @property
     def in_flight(self) -> int:
         return sum(w.in_flight for w in self.workers)
-
-
-def _kv_tokens(req: EngineRequest) -> int:
-    """The KV tokens a request may take on its worker (as admission counts them)."""
-    return req.prompt_tokens + req.max_tokens
 
 
 def _common_threshold(thresholds: Iterable[int | None]) -> int | None:
