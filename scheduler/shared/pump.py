@@ -101,6 +101,9 @@ class Pump:
         self._sent_queued: dict[str, int] = {}
         self._offered: set[str] = set()  # lease ids in the step awaiting its answer
         self._full_until_s = -math.inf
+        # Kicks so far: one during a step outdates that step's "full" (the finish
+        # that freed room was not in it).
+        self._kicks = 0
         # No candidates before this (re-registration after an outage or a wipe).
         self._hold_until_s = -math.inf
         # Suspect store: the next try after a failed call.
@@ -155,6 +158,7 @@ class Pump:
 
     def kick(self) -> None:
         """Room or eligibility changed: look for a decision at once."""
+        self._kicks += 1
         self._full_until_s = -math.inf
         self._wake.set()
 
@@ -280,6 +284,7 @@ class Pump:
         rejoined = set(step.backlogged or ()) - self._announced
         self._announced = (self._announced | set(step.announce) | rejoined) - set(step.withdraw)
         self._offered = {c.lease_id for c in step.candidates}
+        kicks = self._kicks
         try:
             out = await self._store.step(self._options.replica_id, step)
         except StoreUnavailable as exc:
@@ -303,9 +308,10 @@ class Pump:
         if step.renew is not None:
             self._next_heartbeat_s = now_s + self._options.heartbeat_s
             self._failover.observe_soon()
-        self._apply(step, out, now_s)
+        self._apply(step, out, now_s, stale=self._kicks != kicks)
 
-    def _apply(self, step: Step, out: StepOutcome, now_s: float) -> None:
+    def _apply(self, step: Step, out: StepOutcome, now_s: float, *, stale: bool) -> None:
+        """`stale`: room or eligibility changed while the step was away."""
         self.decisions_total += bool(step.candidates)
         self._local.mirror.update(out.counters)
         # The step that recreates the state says so; the other replicas' see counters
@@ -330,7 +336,7 @@ class Pump:
         self._contacted = True
         self._pause_blocked(step, out, now_s)
         self.reserve_holds_total += len(out.held)
-        if out.full or (out.held and not out.admitted):
+        if (out.full or (out.held and not out.admitted)) and not stale:
             # Held out of the reserve: room or shares change when a request
             # ends (a local finish kicks the pump; others' are polled).
             self._full_until_s = now_s + self._options.poll_s

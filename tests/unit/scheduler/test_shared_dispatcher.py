@@ -283,6 +283,48 @@ async def test_queue_wait_and_pump_wake_ups_run_on_the_injected_clock() -> None:
     await d.aclose()
 
 
+class Gated(MemoryStore):
+    """A real store whose step, once armed, waits for the test to let it through."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.armed = False
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def step(self, replica_id: str, step: Step) -> StepOutcome:
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            await self.release.wait()
+        return await super().step(replica_id, step)
+
+
+async def test_a_finish_during_a_step_that_finds_the_engine_full_is_not_lost() -> None:
+    # The step in flight answers "full" without the finish's settlement: the pump
+    # must step again at once, not wait out poll_s (the clock never moves here).
+    clock = FakeClock(100.0)
+    timers = ManualTimers(clock)
+    store = Gated(clock)
+    d = SharedDispatcher(
+        store, AdmissionLimits(1, 1000), clock, SharedOptions("r1", poll_s=0.5), timers=timers
+    )
+    await d.start()
+    first = QueuedRequest("1", "t", 10, 10)
+    await asyncio.wait_for(d.admit(first), 1.0)
+    second = asyncio.create_task(d.admit(QueuedRequest("2", "t", 10, 10)))
+    await eventually(lambda: d.queued == 1 and timers.next_s() == 100.5, what="full: poll")
+    store.armed = True
+    clock.set(100.5)
+    timers.run_due()  # the poll's step: it will find the engine full
+    await asyncio.wait_for(store.entered.wait(), 1.0)
+    d.finish(first)  # while that step is away
+    store.release.set()
+    await asyncio.wait_for(second, 1.0)
+    assert clock.now_s() == 100.5
+    await d.aclose()
+
+
 # -- a dead pump ------------------------------------------------------------------------
 class BrokenOnce(MemoryStore):
     """A real store whose next step raises what no store may raise (a bug's stand-in)."""
