@@ -33,6 +33,7 @@ from scheduler.clock import Clock
 from scheduler.errors import SchedulingError
 from scheduler.gate import Admission
 from scheduler.gate_stats import GateStats, ledger_tenants
+from scheduler.idle import IdleTenants
 from scheduler.ordering.policy import QueuePolicy
 from scheduler.quotas import QuotaLedger, Reservation
 from scheduler.request import QueuedRequest
@@ -136,10 +137,7 @@ class Dispatcher:
         self.admitted_total = 0
         self.expired_total = 0
         self.pauses_total = 0
-        self.idle_ttl_s = idle_ttl_s
-        # Tenant -> when it last became idle (nothing queued or in flight).
-        self._idle_since: dict[str, float] = {}
-        self._next_sweep_s = clock.now_s() + idle_ttl_s / 4
+        self._idle = IdleTenants(idle_ttl_s, clock.now_s())
         self.forgotten_total = 0
         # Rounds stopped to keep the fair-share reserve for a tenant below its share.
         self.reserve_holds_total = 0
@@ -181,7 +179,7 @@ class Dispatcher:
         req.seq = next(self._seq)
         req.arrival_s = self.clock.now_s()
         res = self.quotas.open(req)
-        self._idle_since.pop(req.tenant_id, None)
+        self._idle.drop(req.tenant_id)
         try:
             self.policy.push(req)
         except SchedulingError:
@@ -226,9 +224,7 @@ class Dispatcher:
             # A waiter callback re-entered; the outer loop sees the new state.
             return
         self._pumping = True
-        now_s = self.clock.now_s()
-        if now_s >= self._next_sweep_s:
-            self._sweep_idle(now_s)
+        self._sweep_idle(self.clock.now_s())
         try:
             self._admit_while_room()
         finally:
@@ -326,19 +322,16 @@ class Dispatcher:
     # -- idle tenants -------------------------------------------------------------
     def _note_idle(self, tenant_id: str) -> None:
         if self.quotas.idle(tenant_id):
-            self._idle_since[tenant_id] = self.clock.now_s()
+            self._idle.note(tenant_id, self.clock.now_s())
 
     def _sweep_idle(self, now_s: float) -> None:
-        """Forget the unconfigured tenants idle for `idle_ttl_s` (bounded state)."""
-        self._next_sweep_s = now_s + self.idle_ttl_s / 4
-        for tid, since_s in list(self._idle_since.items()):
-            if now_s - since_s < self.idle_ttl_s:
-                continue
+        """Forget the unconfigured tenants idle for the idle TTL (scheduler/idle.py)."""
+        for tid in self._idle.due(now_s):
             if self.quotas.tenants.configured(tid) or tid in self._paused_until:
-                del self._idle_since[tid]  # configured: its state is bounded by the config
+                self._idle.drop(tid)  # configured: its state is bounded by the config
                 continue
             if self.quotas.forget(tid) and self.policy.forget(tid):
-                del self._idle_since[tid]
+                self._idle.drop(tid)
                 self.forgotten_total += 1
 
     # -- configuration ------------------------------------------------------

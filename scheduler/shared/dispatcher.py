@@ -48,6 +48,7 @@ from scheduler.errors import (
 )
 from scheduler.gate import Admission, RequestState
 from scheduler.gate_stats import GateStats
+from scheduler.idle import IdleTenants
 from scheduler.quotas import bucket_exceeded, check_caps
 from scheduler.request import QueuedRequest
 from scheduler.shared.failover import FailoverController
@@ -55,7 +56,7 @@ from scheduler.shared.local import Entries, Entry, LocalQueues, Place
 from scheduler.shared.options import FailureMode, QuotaView, SharedOptions, StoreHealth
 from scheduler.shared.outbox import Outbox
 from scheduler.shared.pump import Pump
-from scheduler.shared.stats import GateTotals, SharedStats
+from scheduler.shared.stats import GateTotals, Refusal, SharedStats
 from scheduler.state.store import BucketLimits, Candidate, Lease, Settlement, Step, Store
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import AsyncioTimers, Timers
@@ -103,6 +104,8 @@ class SharedDispatcher:
             offers=self,
         )
         self._stats = SharedStats(clock)  # what stats() reports besides the above
+        self._idle = IdleTenants(options.idle_ttl_s, clock.now_s())
+        self.forgotten_total = 0
 
     # -- life cycle ------------------------------------------------------------
     async def start(self) -> None:
@@ -219,17 +222,18 @@ class SharedDispatcher:
         """Wait until `req` is admitted fleet-wide, or raise a SchedulingError."""
         if self.health.mode == "closed":
             raise StoreUnavailable("the shared state store is unreachable; retry later")
+        self._sweep_idle()
         cfg = self.quotas.tenants.resolve(req.tenant_id, req.priority)
         req.tenant_id = cfg.tenant_id
         buckets = BucketLimits.of(cfg.quotas)
         try:
             check_caps(cfg, req, buckets.tokens_burst)
         except RequestTooLarge as exc:
-            self._stats.tally.refused(exc)
+            self._refused(exc)
             raise
         q = cfg.quotas
         if q.max_queued is not None and self._local.queued(cfg.tenant_id) >= q.max_queued:
-            raise self._stats.tally.refused(
+            raise self._refused(
                 QuotaExceeded(
                     cfg.tenant_id,
                     "max_queued",
@@ -246,6 +250,8 @@ class SharedDispatcher:
         self._entries.add(entry)
         self.quotas.open_reservations += 1
         self._local.push(req)
+        self._idle.drop(req.tenant_id)
+        self._outbox.forget.pop(req.tenant_id, None)
         if q.max_queue_wait_s is not None:
             expires_s = req.arrival_s + q.max_queue_wait_s
             entry.expiry = self.timers.call_at(expires_s, lambda: self._expire(entry))
@@ -286,7 +292,7 @@ class SharedDispatcher:
                 entry.lease_id, req.tenant_id, req.kv_tokens, self._failover.share(entry.buckets)
             )
         if wait_s > 0:
-            raise self._stats.tally.refused(
+            raise self._refused(
                 bucket_exceeded(req.tenant_id, entry.cfg.quotas, limit, wait_s, ", fleet-wide")
             )
         entry.requests_taken, entry.tokens_taken = entry.taken(float(req.kv_tokens))
@@ -317,6 +323,7 @@ class SharedDispatcher:
         self._forget(entry)
         if entry.requests_taken or entry.tokens_taken:
             self._settle(entry)
+        self._note_idle(entry.req.tenant_id)
         self._pump.wake()
 
     # -- in flight -----------------------------------------------------------------
@@ -342,7 +349,36 @@ class SharedDispatcher:
         self._settle(entry)
         entry.state = RequestState.SETTLED
         self._local.resume(req.tenant_id)  # it may have waited for max_concurrent
+        self._note_idle(req.tenant_id)
         self._pump.kick()
+
+    # -- idle tenants (scheduler/idle.py) -----------------------------------------
+    def _refused(self, exc: Refusal) -> Refusal:
+        """Count a refusal at arrival (its tenant's totals are state too)."""
+        self._note_idle(exc.tenant_id)
+        return self._stats.tally.refused(exc)
+
+    def _note_idle(self, tenant_id: str) -> None:
+        if not self._local.queued(tenant_id):
+            self._idle.note(tenant_id, self.clock.now_s())
+
+    def _sweep_idle(self) -> None:
+        """Forget the unconfigured tenants idle here for the idle TTL; the store
+        forgets them too where they are idle fleet-wide (Step.forget)."""
+        due = self._idle.due(self.clock.now_s())
+        if not due:
+            return
+        busy = {e.req.tenant_id for e in self._entries}  # queued or in flight here
+        for t in due:
+            self._idle.drop(t)
+            if t in busy or self.quotas.tenants.configured(t):
+                continue  # busy: noted again when it next ends
+            self._local.forget(t)
+            self._pump.forget(t)
+            self._stats.tally.forget(t)
+            self._failover.forget(t)
+            self._outbox.forget[t] = self.buckets_of(t)
+            self.forgotten_total += 1
 
     def _forget(self, entry: Entry) -> None:
         if self._entries.remove(entry):
@@ -384,6 +420,7 @@ class SharedDispatcher:
                 self._forget(entry)
                 if entry.requests_taken or entry.tokens_taken:
                     self._settle(entry)
+                self._note_idle(c.tenant_id)
 
     def give_back(self, c: Candidate) -> None:
         requests, tokens = (0.0, 0.0)

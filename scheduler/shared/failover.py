@@ -175,6 +175,14 @@ class FailoverController:
                 key = (tenant_id, kind)
                 self._taken[key] = self._taken.get(key, 0.0) + x
 
+    def forget(self, tenant_id: str) -> None:
+        """Drop what this replica took of an idle tenant's buckets, once the last
+        look saw all of it in the levels (else it still matters when failing open)."""
+        for key in [(tenant_id, "r"), (tenant_id, "t")]:
+            if self._taken.get(key, 0.0) == self._taken_at_look.get(key, 0.0):
+                self._taken.pop(key, None)
+                self._taken_at_look.pop(key, None)
+
     async def aclose(self) -> None:
         if self._observing is not None:
             self._observing.cancel()

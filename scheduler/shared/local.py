@@ -212,6 +212,13 @@ class LocalQueues:
         tenants = heapq.nsmallest(limit, self.eligible(), key=key)
         return [r for t in tenants for r in self._queues[t].upcoming(per_tenant)]
 
+    def forget(self, tenant_id: str) -> None:
+        """Drop what is kept of a tenant with nothing queued here (scheduler/idle.py)."""
+        assert tenant_id not in self._queues, tenant_id
+        self.mirror.pop(tenant_id, None)
+        self.held_back.discard(tenant_id)
+        self.paused_until.pop(tenant_id, None)
+
     def pause(self, tenant_id: str, until_s: float) -> None:
         self.paused_until[tenant_id] = until_s
 

@@ -47,6 +47,9 @@ class SharedOptions:
     max_candidates: int = 16
     per_tenant: int = 8
     batch_every_n: int | None = DEFAULT_BATCH_EVERY_N
+    # A tenant the registry does not configure is forgotten after this long idle
+    # here, and in the store once idle fleet-wide (scheduler/idle.py).
+    idle_ttl_s: float = 600.0
 
     def step(self, limits: AdmissionLimits) -> Step:
         """An empty step with this fleet's weights and reserve."""

@@ -1,4 +1,5 @@
-"""What a replica owes the shared store: settlements and batched counter charges.
+"""What a replica owes the shared store: settlements, batched counter charges,
+and the tenants it forgot (sent with the next step, like settlements).
 
 Settlements (a lease ended; refunds of unused bucket reservations) are sent
 with the next step, at once. Output-token charges to the fair counters are
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from scheduler.state.store import Settlement, Step
+from scheduler.state.store import BucketLimits, Settlement, Step
 
 
 class Outbox:
@@ -20,6 +21,8 @@ class Outbox:
         self.flush_s = flush_s
         self.settlements: list[Settlement] = []
         self.charges: dict[str, float] = {}
+        # Tenants forgotten here, for the store to forget too (Step.forget).
+        self.forget: dict[str, BucketLimits] = {}
         # When the batched charges are due (inf: none batched since the last send).
         self.flush_due_s = math.inf
 
@@ -41,6 +44,7 @@ class Outbox:
         """Move everything owed into `step`."""
         step.settlements, self.settlements = self.settlements, []
         step.charges, self.charges = self.charges, {}
+        step.forget, self.forget = self.forget, {}
         return step
 
     def sent(self) -> None:
@@ -52,3 +56,5 @@ class Outbox:
         self.settlements[:0] = step.settlements
         for tenant, delta in step.charges.items():
             self.charge(tenant, delta)
+        for tenant, limits in step.forget.items():
+            self.forget.setdefault(tenant, limits)

@@ -162,6 +162,12 @@ class Pump:
         self._full_until_s = -math.inf
         self._wake.set()
 
+    def forget(self, tenant_id: str) -> None:
+        """A tenant idle here for the idle TTL: drop what was told of it and seen."""
+        self._store_counters.pop(tenant_id, None)
+        self._sent_queued.pop(tenant_id, None)
+        self._wake.set()  # the store forgets it too (Step.forget)
+
     def awaiting(self, lease_id: str) -> bool:
         """`lease_id` rides in the step in flight: its answer settles it."""
         return lease_id in self._offered
@@ -171,6 +177,7 @@ class Pump:
         """No settlement owed, the backlog announced as it is, no step awaiting its answer."""
         return (
             not self._outbox.settlements
+            and not self._outbox.forget
             and self._announced == set(self._local.eligible())
             and not self._offered
         )
@@ -202,7 +209,11 @@ class Pump:
             if self._failover.mode == "open" and self._local.eligible():
                 due = min(due, self._full_until_s)
             return min(due, self._local.next_resume_s())
-        if self._outbox.settlements or set(self._local.eligible()) != self._announced:
+        if (
+            self._outbox.settlements
+            or self._outbox.forget
+            or set(self._local.eligible()) != self._announced
+        ):
             return self._retry_at_s
         due = self._next_heartbeat_s
         if self._outbox.charges:

@@ -24,7 +24,7 @@ from scheduler.shared.local import Entry, LocalQueues
 from scheduler.state.store import BucketLimits, Store, StoreSnapshot
 from scheduler.tenancy.tenants import TenantRegistry
 
-_Refusal = TypeVar("_Refusal", QuotaExceeded, RequestTooLarge)
+Refusal = TypeVar("Refusal", QuotaExceeded, RequestTooLarge)
 
 
 @dataclass(slots=True)
@@ -49,7 +49,7 @@ class TenantTally:
             t = self._by_tenant[tenant_id] = _Totals()
         return t
 
-    def refused(self, exc: _Refusal) -> _Refusal:
+    def refused(self, exc: Refusal) -> Refusal:
         """Count a refusal at arrival; returns `exc` for `raise tally.refused(...)`."""
         t = self._of(exc.tenant_id)
         t.rejected_total += 1
@@ -65,6 +65,9 @@ class TenantTally:
 
     def tenants(self) -> list[str]:
         return list(self._by_tenant)
+
+    def forget(self, tenant_id: str) -> None:
+        self._by_tenant.pop(tenant_id, None)
 
     def get(self, tenant_id: str) -> _Totals:
         """A copy of the tenant's totals (zeros if it has none)."""

@@ -8,6 +8,7 @@ Used by the contract tests, by benchmarks as the no-network baseline, and by
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -31,6 +32,8 @@ from scheduler.tenancy.tenants import TenantConfig
 class _Bucket:
     level: float
     updated_s: float
+    # Forgotten while not full: gone once full (Redis: the key's PEXPIRE).
+    expires_s: float = math.inf
 
 
 @dataclass(slots=True)
@@ -142,6 +145,8 @@ class MemoryStore:
             del self.done[lid]
         for t in [t for t, exp in self.recent.items() if exp <= now_s]:
             del self.recent[t]
+        for key in [k for k, b in self.buckets.items() if b.expires_s <= now_s]:
+            del self.buckets[key]
 
     def _settle(self, s: Settlement, now_s: float) -> bool:
         if s.lease_id in self.done:
@@ -166,6 +171,30 @@ class MemoryStore:
         self.counters[tenant] = rules.lifted(self.counters.get(tenant, 0.0), floor)
         self.last_admitted.pop(tenant, None)  # first among the tenants it ties with
 
+    def _forget(self, tenant: str, lim: BucketLimits, now_s: float) -> None:
+        """Forget a tenant idle fleet-wide (Step.forget); else nothing."""
+        if tenant in self.concurrency or any(t == tenant for (_, t) in self.backlog):
+            return
+        for d in (self.counters, self.weights, self.last_admitted, self.recent):
+            d.pop(tenant, None)
+        for kind, rate, burst in (
+            ("r", lim.requests_per_s, lim.requests_burst),
+            ("t", lim.tokens_per_s, lim.tokens_burst),
+        ):
+            b = self.buckets.get((tenant, kind))
+            if b is None:
+                continue
+            if rate is None or burst is None:
+                del self.buckets[(tenant, kind)]  # no such bucket any more
+                continue
+            full_in_s = rules.bucket_full_in_s(
+                self._level(tenant, kind, rate, burst, now_s), rate, burst
+            )
+            if full_in_s <= 0:
+                del self.buckets[(tenant, kind)]
+            else:
+                b.expires_s = now_s + full_in_s
+
     # -- the Store protocol -----------------------------------------------------
     async def step(self, replica_id: str, step: Step) -> StepOutcome:
         return self.step_now(replica_id, step)
@@ -177,6 +206,8 @@ class MemoryStore:
         out.settled = sum(self._settle(s, now_s) for s in step.settlements)
         for tenant, delta in step.charges.items():
             self.counters[tenant] = self.counters.get(tenant, 0.0) + delta
+        for tenant, limits in step.forget.items():
+            self._forget(tenant, limits, now_s)
         for tenant in step.withdraw:
             self.backlog.pop((replica_id, tenant), None)
             self.backlog_queued.pop((replica_id, tenant), None)

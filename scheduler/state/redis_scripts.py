@@ -26,7 +26,10 @@ local function level(h, f, rate, burst)
   if l > burst then l = burst end
   return l
 end
-local function set_level(h, f, l) redis.call('HSET', h, f .. 'l', fmt(l), f .. 'ts', fmt(now)) end
+local function set_level(h, f, l)
+  redis.call('HSET', h, f .. 'l', fmt(l), f .. 'ts', fmt(now))
+  redis.call('PERSIST', h)  -- written again: no longer a forgotten tenant's (STEP)
+end
 local function wait_ms(l, n, rate, burst)
   local slack = 1e-9 * math.max(1, n)
   if n > burst + slack then return -1 end  -- never
@@ -148,6 +151,42 @@ end
 for _ = 1, num(nxt()) do
   local tenant, delta = nxt(), nxt()
   redis.call('HINCRBYFLOAT', VTC, tenant, delta)
+end
+-- forgotten tenants (Step.forget; memory_store.py: _forget), if idle fleet-wide
+local nf = num(nxt())
+if nf > 0 then
+  local busy = {}
+  for _, m in ipairs(redis.call('ZRANGE', BL, 0, -1)) do
+    busy[string.sub(m, string.find(m, '\0', 1, true) + 1)] = true
+  end
+  for _ = 1, nf do
+    local tenant = nxt()
+    local lims = {{'r', opt(nxt()), opt(nxt())}, {'t', opt(nxt()), opt(nxt())}}
+    if not busy[tenant] and not redis.call('HGET', IN, 'c:' .. tenant) then
+      redis.call('HDEL', VTC, tenant)
+      redis.call('HDEL', W, tenant)
+      redis.call('HDEL', LA, tenant)
+      redis.call('ZREM', RC, tenant)
+      -- full buckets go now (rules.bucket_full_in_s), the others once full
+      local h = P .. ':b:' .. tenant
+      local ms, never = 0, false
+      for _, l in ipairs(lims) do
+        local f, rate, burst = l[1], l[2], l[3]
+        if redis.call('HEXISTS', h, f .. 'l') == 1 then
+          local missing = 0
+          if rate and burst then missing = burst - level(h, f, rate, burst) end
+          if missing <= 1e-9 * math.max(1, burst or 1) then
+            redis.call('HDEL', h, f .. 'l', f .. 'ts')
+          elseif rate > 0 then
+            ms = math.max(ms, missing / rate * 1000)
+          else
+            never = true
+          end
+        end
+      end
+      if ms > 0 and not never then redis.call('PEXPIRE', h, math.ceil(ms)) end
+    end
+  end
 end
 -- backlog: withdraw, refresh, announce (lift)
 for _ = 1, num(nxt()) do

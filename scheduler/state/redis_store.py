@@ -231,6 +231,10 @@ class RedisStore:
         args.append(str(len(step.charges)))
         for tenant, delta in step.charges.items():
             args += [tenant, repr(delta)]
+        args.append(str(len(step.forget)))
+        for tenant, limits in step.forget.items():
+            tenants.add(tenant)
+            args += [tenant, *_limits(limits)]
         args.append(str(len(step.withdraw)))
         args += step.withdraw
         backlogged = step.backlogged or []

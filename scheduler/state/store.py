@@ -144,6 +144,12 @@ class Step:
     # carry their own): send those of announced, backlogged and renewed tenants.
     weights: dict[str, float] = field(default_factory=dict)
     candidates: list[Candidate] = field(default_factory=list)
+    # Tenants idle here for the idle TTL that the registry does not configure
+    # (scheduler/idle.py), with their buckets' limits: the store forgets each
+    # that is idle fleet-wide too (backlogged nowhere, nothing in flight): its
+    # counter, weight and tie order now (it is lifted when it returns), its
+    # buckets once they are full again (a full bucket is an absent one).
+    forget: dict[str, BucketLimits] = field(default_factory=dict)
 
     def is_empty(self) -> bool:
         return not (
@@ -156,6 +162,7 @@ class Step:
             or self.renew is not None
             or self.weights
             or self.candidates
+            or self.forget
         )
 
 

@@ -325,6 +325,43 @@ async def test_a_finish_during_a_step_that_finds_the_engine_full_is_not_lost() -
     await d.aclose()
 
 
+async def test_idle_tenants_the_registry_does_not_configure_are_forgotten_fleet_wide(
+    make_store: MakeStore,
+) -> None:
+    # Open mode: any id a caller names is a tenant. Its state, here and in the
+    # store, must not outlive its use (callers could grow it at will).
+    clock = FakeClock(100.0)
+    timers = ManualTimers(clock)
+    store = await make_store()
+    reg = TenantRegistry([TenantConfig("known")], template=TenantConfig("x"))
+    opts = SharedOptions("r1", idle_ttl_s=60.0)
+    d = SharedDispatcher(store, AdmissionLimits(4, 10_000), clock, opts, tenants=reg, timers=timers)
+    await d.start()
+    for tid in ["known", *(f"t{i}" for i in range(50))]:
+        r = QueuedRequest(tid, tid, 10, 10)
+        await asyncio.wait_for(d.admit(r), 1.0)
+        d.on_output_tokens(r, 10)
+        d.finish(r)
+    await eventually(lambda: d.told_everything, what="settled in the store")
+    assert len((await store.snapshot()).counters) == 51 and len(d.counters()) == 51
+    assert len(d.stats().tenants) == 51
+    busy = QueuedRequest("b", "t0", 10, 10)
+    clock.set(150.0)
+    await asyncio.wait_for(d.admit(busy), 1.0)  # t0 is back, in flight
+    clock.set(166.0)  # the sweep at 150 set the next one for 165 (every ttl / 4)
+    new = QueuedRequest("n", "new", 10, 10)
+    await asyncio.wait_for(d.admit(new), 1.0)  # its arrival sweeps the idle ones
+    await eventually(lambda: d.told_everything, what="the forgets reach the store")
+    assert d.forgotten_total == 49
+    kept = {"known", "t0", "new"}
+    assert set((await store.snapshot()).counters) == kept
+    assert set(d.counters()) <= kept
+    assert {t.tenant_id for t in d.stats().tenants} == kept
+    d.finish(busy)
+    d.finish(new)
+    await d.aclose()
+
+
 # -- a dead pump ------------------------------------------------------------------------
 class BrokenOnce(MemoryStore):
     """A real store whose next step raises what no store may raise (a bug's stand-in)."""

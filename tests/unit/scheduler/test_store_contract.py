@@ -179,6 +179,38 @@ async def test_nobody_backlogged_lifts_to_the_last_served_counter(store: Store) 
     assert out.counters["z"] == pytest.approx(70.0)
 
 
+async def test_forget_drops_a_tenant_idle_fleet_wide_and_keeps_a_busy_one(store: Store) -> None:
+    await store.step("r1", Step(LIMITS, charges={"gone": 50.0, "busy": 5.0, "queued": 7.0}))
+    assert await admit(store, cand("1", "busy")) == [0]  # in flight
+    await store.step("r2", Step(LIMITS, announce=["queued"]))  # backlogged on another replica
+    none = BucketLimits()
+    forget = {"gone": none, "busy": none, "queued": none}
+    await store.step("r1", Step(LIMITS, forget=forget))
+    counters = (await store.snapshot()).counters
+    assert "gone" not in counters and {"busy", "queued"} <= set(counters)
+    # Forgotten, it returns as a newcomer does: lifted to the floor (VTC).
+    await store.step("r1", Step(LIMITS, withdraw=[], backlogged=["queued"]))
+    out = await store.step("r1", Step(LIMITS, announce=["gone"]))
+    assert out.counters["gone"] == pytest.approx(counters["queued"])
+
+
+async def test_forget_keeps_a_bucket_until_full_unless_it_is_written_again(
+    store: Store,
+) -> None:
+    b = BucketLimits(tokens_per_s=250.0, tokens_burst=100)
+    assert await store.reserve("1", "a", 100, b) == ("", 0.0)  # empty: full in 0.4 s
+    assert await store.reserve("2", "b", 100, b) == ("", 0.0)
+    await store.step("r1", Step(LIMITS, settlements=[Settlement("1", "a"), Settlement("2", "b")]))
+    await store.step("r1", Step(LIMITS, forget={"a": b, "b": b}))
+    assert {"a", "b"} <= set((await store.snapshot()).bucket_levels)  # not full yet: kept
+    await asyncio.sleep(0.2)
+    assert await store.reserve("3", "b", 40, b) == ("", 0.0)  # b is back: written again
+    await asyncio.sleep(0.6)  # both full by now
+    levels = (await store.snapshot()).bucket_levels
+    assert "a" not in levels  # gone once full
+    assert "b" in levels  # live again: kept (a full bucket reads as an absent one)
+
+
 async def test_a_dead_replicas_leases_and_backlog_expire(store: Store) -> None:
     assert await admit(store, cand("1", "a"), replica="dead", announce=["a"]) == [0]
     assert await admit(store, cand("2", "b"), replica="alive") == [0]

@@ -2,7 +2,7 @@
 Redis STEP script (their Lua twin); every decision must be the same.
 
 Each trace is a sequence of steps from a few replicas: announcements (lifts),
-withdrawals, output charges, settlements, and offers of candidates of mixed
+withdrawals, output charges, settlements, forgotten tenants, and offers of candidates of mixed
 shapes and weights, some with max_concurrent or wait-mode buckets, light or
 heavy (queue lengths around `rules.LIGHT_QUEUE`, the candidates' and those
 announced for backlogged tenants, summed over replicas), with and without the
@@ -50,7 +50,8 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
         step = Step(
             limits, w_in=1.0, reserve_fraction=fraction, isolation=isolation, light_credit=credit
         )
-        kind = draw(st.sampled_from(["offer", "offer", "offer", "announce", "charge", "settle"]))
+        kinds = ["offer", "offer", "offer", "announce", "charge", "settle", "forget"]
+        kind = draw(st.sampled_from(kinds))
         if kind == "announce":
             step.announce = sorted(set(draw(st.lists(st.sampled_from(TENANTS), max_size=3))))
             step.weights = {t: weights[t] for t in step.announce}
@@ -61,6 +62,9 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
             tenant = draw(st.sampled_from(TENANTS))
             # Multiples of 100, like the prompts: equal counters (ties) are common.
             step.charges = {tenant: 100.0 * draw(st.integers(1, 4))}
+        elif kind == "forget":
+            # Forgotten where idle fleet-wide (not backlogged, nothing in flight).
+            step.forget = {t: SLOW for t in draw(st.lists(st.sampled_from(TENANTS), max_size=2))}
         elif kind == "settle" and admitted:
             lease, tenant = admitted[draw(st.integers(0, len(admitted) - 1))]
             refund = float(draw(st.integers(0, 50)))
