@@ -160,7 +160,7 @@ async def test_out_of_vocabulary_token_ids_are_refused_not_sent(
             await c.complete([5, 474], max_tokens=4)
         assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert "outside the vocabulary" in str(err.value)
-        ok = await c.complete([5, 473], max_tokens=4)
+        ok = await c.complete([5, 473], max_tokens=4, ignore_eos=True)
     assert ok.result.finish_reason == "length" and ok.result.usage.prompt_tokens == 2
     assert sglang_a.pid <= 0 or sglang_a.alive
     await assert_drained(app, sglang_a)
@@ -195,7 +195,7 @@ async def test_a_reused_request_id_is_not_aborted_by_sglang(
     # that window would be aborted. fairgate never sends the client's id as rid.
     app = await start_server(**settings(sglang_a))
     async with AsyncClient(app.address) as c:
-        first = await c.complete(PROMPT, max_tokens=4, request_id="same-id")
+        first = await c.complete(PROMPT, max_tokens=4, ignore_eos=True, request_id="same-id")
         again = await c.complete(PROMPT, max_tokens=1000, ignore_eos=True, request_id="same-id")
     assert first.result.finish_reason == again.result.finish_reason == "length"
     assert again.result.usage.completion_tokens == 1000

@@ -96,7 +96,7 @@ async def test_worker_killed_mid_stream(
         await eventually(
             lambda: model.dispatcher.budget.limits.max_requests <= 16, what="limits shrink"
         )
-        after = await c.complete(PROMPT, max_tokens=8)
+        after = await c.complete(PROMPT, max_tokens=8, ignore_eos=True)
         assert after.result.finish_reason == "length"
     await assert_sglang_idle(sglang_a.url)
     await assert_drained(app, sglang_a)

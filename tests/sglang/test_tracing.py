@@ -136,7 +136,7 @@ async def test_one_trace_from_the_client_through_fairgate_into_sglang(
     app = await start_server(telemetry=captured.telemetry, **settings(traced_sglang.server))
     async with otlp_receiver(traced_sglang.otlp_port) as spans:
         async with AsyncClient(app.address) as c:
-            done = await c.complete("hello", max_tokens=4)
+            done = await c.complete("hello", max_tokens=4, ignore_eos=True)
         assert done.result.finish_reason == "length"
         (engine_span,) = [s for s in captured.finished() if s.name.startswith("text_completion")]
         context = engine_span.get_span_context()
