@@ -69,14 +69,6 @@ def bucket_wait_s(level: float, n: float, rate: float, burst: float) -> float:
     return missing / rate
 
 
-def bucket_full_in_s(level: float, rate: float, burst: float) -> float:
-    """Seconds until a bucket at `level` is full again (a full bucket is an absent one)."""
-    missing = burst - level
-    if missing <= EPSILON * max(1.0, burst):
-        return 0.0
-    return missing / rate if rate > 0 else math.inf
-
-
 def binding_limit(request_wait_s: float | None, token_wait_s: float | None) -> tuple[str, float]:
     """Which bucket binds a request: ("", 0.0) when neither, else the longer wait."""
     limit, wait_s = "", 0.0

@@ -26,6 +26,11 @@ class Outbox:
         # When the batched charges are due (inf: none batched since the last send).
         self.flush_due_s = math.inf
 
+    @property
+    def owed_now(self) -> bool:
+        """Something goes with the next step at once (settlements, forgotten tenants)."""
+        return bool(self.settlements or self.forget)
+
     def settle(self, s: Settlement) -> None:
         self.settlements.append(s)
 

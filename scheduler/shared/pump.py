@@ -176,8 +176,7 @@ class Pump:
     def told_everything(self) -> bool:
         """No settlement owed, the backlog announced as it is, no step awaiting its answer."""
         return (
-            not self._outbox.settlements
-            and not self._outbox.forget
+            not self._outbox.owed_now
             and self._announced == set(self._local.eligible())
             and not self._offered
         )
@@ -209,11 +208,7 @@ class Pump:
             if self._failover.mode == "open" and self._local.eligible():
                 due = min(due, self._full_until_s)
             return min(due, self._local.next_resume_s())
-        if (
-            self._outbox.settlements
-            or self._outbox.forget
-            or set(self._local.eligible()) != self._announced
-        ):
+        if self._outbox.owed_now or set(self._local.eligible()) != self._announced:
             return self._retry_at_s
         due = self._next_heartbeat_s
         if self._outbox.charges:

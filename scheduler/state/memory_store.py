@@ -177,6 +177,8 @@ class MemoryStore:
             return
         for d in (self.counters, self.weights, self.last_admitted, self.recent):
             d.pop(tenant, None)
+        # Full buckets (or no longer limited ones) go now, the others once full: the
+        # wait for a whole burst.
         for kind, rate, burst in (
             ("r", lim.requests_per_s, lim.requests_burst),
             ("t", lim.tokens_per_s, lim.tokens_burst),
@@ -184,16 +186,15 @@ class MemoryStore:
             b = self.buckets.get((tenant, kind))
             if b is None:
                 continue
-            if rate is None or burst is None:
-                del self.buckets[(tenant, kind)]  # no such bucket any more
-                continue
-            full_in_s = rules.bucket_full_in_s(
-                self._level(tenant, kind, rate, burst, now_s), rate, burst
-            )
-            if full_in_s <= 0:
-                del self.buckets[(tenant, kind)]
+            left_s = 0.0
+            if rate is not None and burst is not None:
+                left_s = bucket_wait_s(
+                    self._level(tenant, kind, rate, burst, now_s), burst, rate, burst
+                )
+            if left_s > 0:
+                b.expires_s = now_s + left_s
             else:
-                b.expires_s = now_s + full_in_s
+                del self.buckets[(tenant, kind)]
 
     # -- the Store protocol -----------------------------------------------------
     async def step(self, replica_id: str, step: Step) -> StepOutcome:

@@ -167,24 +167,18 @@ if nf > 0 then
       redis.call('HDEL', W, tenant)
       redis.call('HDEL', LA, tenant)
       redis.call('ZREM', RC, tenant)
-      -- full buckets go now (rules.bucket_full_in_s), the others once full
+      -- full buckets (or no longer limited ones) go now, the others once full:
+      -- the wait for a whole burst
       local h = P .. ':b:' .. tenant
-      local ms, never = 0, false
+      local ms = 0
       for _, l in ipairs(lims) do
         local f, rate, burst = l[1], l[2], l[3]
-        if redis.call('HEXISTS', h, f .. 'l') == 1 then
-          local missing = 0
-          if rate and burst then missing = burst - level(h, f, rate, burst) end
-          if missing <= 1e-9 * math.max(1, burst or 1) then
-            redis.call('HDEL', h, f .. 'l', f .. 'ts')
-          elseif rate > 0 then
-            ms = math.max(ms, missing / rate * 1000)
-          else
-            never = true
-          end
-        end
+        local left = 0
+        if rate and burst then left = wait_ms(level(h, f, rate, burst), burst, rate, burst) end
+        if left == 0 then redis.call('HDEL', h, f .. 'l', f .. 'ts') end
+        ms = math.max(ms, left)
       end
-      if ms > 0 and not never then redis.call('PEXPIRE', h, math.ceil(ms)) end
+      if ms > 0 then redis.call('PEXPIRE', h, math.ceil(ms)) end
     end
   end
 end
