@@ -54,7 +54,12 @@ def test_fairgate_manifest_matches_the_server() -> None:
     deploy = docs["Deployment/fairgate"]["spec"]
     pod = deploy["template"]["spec"]
     (container,) = pod["containers"]
-    assert {p["name"]: p["containerPort"] for p in container["ports"]}["grpc"] == port
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["grpc"] == port
+    # The OpenAI HTTP front: the container port and both Services' targets.
+    assert ports["http"] == int(config["FAIRGATE_HTTP_LISTEN"].rsplit(":", 1)[1])
+    for svc in ("Service/fairgate", "Service/fairgate-headless"):
+        assert {p["name"]: p["targetPort"] for p in docs[svc]["spec"]["ports"]}["http"] == "http"
     assert container["readinessProbe"]["grpc"] == {"port": port, "service": SERVICE_NAME}
     assert container["livenessProbe"]["grpc"] == {"port": port}
     # Drain: the pod outlives the server's shutdown grace plus the preStop pause.
@@ -141,6 +146,12 @@ def test_compose_replicas_use_the_stand_in_with_admin_on() -> None:
         assert settings.admin_token
         assert settings.redis_url == f"redis://:{password}@redis:6379/0"
         assert services[name]["depends_on"]["sglang"]["condition"] == "service_healthy"
+        # Both fronts published on loopback: gRPC and the OpenAI HTTP port.
+        published = {p.rsplit(":", 1)[1] for p in services[name]["ports"]}
+        assert published == {
+            settings.listen.rsplit(":", 1)[1],
+            settings.http_listen.rsplit(":", 1)[1],
+        }
     assert services["sglang"]["command"][0] == "sim-server"
     assert services["redis"]["environment"]["REDISCLI_AUTH"] == services["redis"]["command"][2]
 
