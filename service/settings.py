@@ -122,6 +122,10 @@ class Settings:
     # The rate-limit baseline's per-tenant requests/s (and burst; 0 = 1 s worth).
     rate_limit_per_s: float = 10.0
     rate_limit_burst: float = 0.0
+    # A tenant the registry does not configure (open and dev-header modes: any
+    # valid id a caller names) is forgotten, fleet-wide, after this long idle:
+    # the bound on the scheduler state such callers can make it keep.
+    idle_tenant_ttl_s: float = 600.0
     # Tenants YAML (weights, quotas); empty: every tenant allowed, weight 1, no quotas.
     tenants_file: str = ""
     # Tenant header: honoured only without API keys (auth_mode auto before any
@@ -218,6 +222,8 @@ class Settings:
             problems.append("fair_lend_fraction must be in [0, 1)")
         if not 0 <= self.fair_reserve_window_s <= 3600:
             problems.append("fair_reserve_window_s must be in [0, 3600]")
+        if not 1 <= self.idle_tenant_ttl_s <= 7 * 86400:
+            problems.append("idle_tenant_ttl_s must be in [1, 604800]")
         if self.fair_isolation not in ISOLATIONS:
             problems.append(f"fair_isolation must be one of {', '.join(ISOLATIONS)}")
         if not 0 <= self.fair_light_credit <= 1e9:

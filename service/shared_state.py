@@ -66,6 +66,7 @@ async def build_dispatcher(
             reserve_fraction=settings.light_share(isolation is rules.Isolation.PREEMPT),
             reserve_window_s=settings.fair_reserve_window_s,
             isolation=isolation,
+            idle_ttl_s=settings.idle_tenant_ttl_s,
         )
     if settings.policy != "vtc":
         raise ValueError("store=redis shares the vtc policy's state; set policy=vtc")
@@ -100,6 +101,7 @@ async def build_dispatcher(
             retry_s=settings.redis_retry_s,
             failover_after_failures=settings.redis_failover_after_failures,
             failover_after_s=settings.redis_failover_after_s,
+            idle_ttl_s=settings.idle_tenant_ttl_s,
         ),
         tenants=tenants,
     )

@@ -34,6 +34,7 @@ def test_env_then_overrides() -> None:
         ({"FAIRGATE_SGLANG_EJECTION_BASE_S": "0"}, "sglang_ejection_base_s"),
         ({"FAIRGATE_SGLANG_EJECT_AFTER_FAILURES": "0"}, "sglang_eject_after_failures"),
         ({"FAIRGATE_WORKERS": "0"}, "workers must be in"),
+        ({"FAIRGATE_IDLE_TENANT_TTL_S": "0"}, "idle_tenant_ttl_s must be in"),
         # Workers share admission through Redis: the error names the setting to change.
         ({"FAIRGATE_WORKERS": "2"}, "workers=2 needs store=redis .*FAIRGATE_STORE=redis"),
     ],
