@@ -8,7 +8,8 @@ into a marker, and the behaviour for one that answers the marker with
 INVALID_ARGUMENT. It sits after the auth interceptor, so an unauthenticated
 caller is refused before its bytes are parsed (see `auth._refusal`). One
 warning per `log_interval_s` counts the refusals instead of one per request.
-Client-streaming methods (only reflection here) are left as they are.
+A bidirectional stream (reflection) is checked message by message: a bad one
+ends the call the same way, after the answers to the good ones before it.
 """
 
 from __future__ import annotations
@@ -115,8 +116,27 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
                     yield item
 
             out = grpc.unary_stream_rpc_method_handler(stream, **kwargs)
+        elif handler.stream_stream is not None:
+            inner_ss = cast("Callable[..., Any]", handler.stream_stream)
+
+            async def checked(
+                requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
+                # The stream is decoded message by message, as the handler reads it.
+                async for request in requests:
+                    if isinstance(request, Undecodable):
+                        await refuse(context, request)
+                    yield request
+
+            async def streams(
+                requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
+                async for item in inner_ss(checked(requests, context), context):
+                    yield item
+
+            out = grpc.stream_stream_rpc_method_handler(streams, **kwargs)
         else:
-            return handler
+            return handler  # stream-unary: none is served
         return cast("grpc.RpcMethodHandler[_Req, _Resp]", out)
 
     async def intercept_service(

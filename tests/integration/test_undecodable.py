@@ -86,3 +86,28 @@ def test_throttled_log_counts_what_it_held_back(caplog: pytest.LogCaptureFixture
     t.warn("bad %s", "y")
     messages = [r.getMessage() for r in caplog.records]
     assert messages == ["bad x", "bad y (and 4 more in the last 60s)"]
+
+
+async def test_undecodable_message_on_the_reflection_stream_is_invalid_argument(
+    start_server: StartServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The one client-streaming method: a good message is answered, then a bad
+    # one ends the stream with INVALID_ARGUMENT (not UNKNOWN and a traceback).
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    app = await start_server()
+    method = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+    good = reflection_pb2.ServerReflectionRequest(list_services="").SerializeToString()
+    caplog.set_level(logging.INFO)
+    async with grpc.aio.insecure_channel(app.address) as ch:
+        for raw in GARBAGE:
+            call = ch.stream_stream(method)(iter([good, raw]), timeout=5)
+            first = reflection_pb2.ServerReflectionResponse.FromString(await call.read())
+            names = {s.name for s in first.list_services_response.service}
+            assert "fairgate.v1.InferenceService" in names
+            with pytest.raises(grpc.RpcError) as err:
+                await call.read()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+            assert [f for f, _ in from_rpc_error(err.value).field_violations] == ["request"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    await assert_no_leaks(app)
