@@ -404,8 +404,9 @@ class Dispatcher:
         """`async with dispatcher.admitted(req) as ticket:` (see scheduler/gate.py)."""
         return Admission(self, req)
 
-    def stats(self, include: Iterable[str] = ()) -> GateStats:
-        """Live state for admin and telemetry (safe from the metric reader's thread)."""
+    def stats(self, include: Iterable[str] = (), fleet: bool = False) -> GateStats:
+        """Live state for admin and telemetry (safe from the metric reader's thread).
+        One replica, nothing shared: its own numbers are the fleet's (`fleet` ignored)."""
         # Only fair policies keep a virtual counter.
         counter: Callable[[str], float] | None = getattr(self.policy, "counter", None)
         return GateStats(

@@ -100,8 +100,10 @@ class AdmissionGate(AdmissionCore, Protocol):
 
     def set_tenants(self, tenants: TenantRegistry) -> None: ...
 
-    def stats(self, include: Iterable[str] = ()) -> GateStats:
-        """Live state; `include`: tenants to report even if they have sent nothing."""
+    def stats(self, include: Iterable[str] = (), fleet: bool = False) -> GateStats:
+        """Live state; `include`: tenants to report even if they have sent nothing;
+        `fleet`: per-tenant usage summed over the replicas sharing the store (as of
+        the last `refresh_stats`), not this replica's alone."""
         ...
 
     async def refresh_stats(self) -> None:

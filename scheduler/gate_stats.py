@@ -7,9 +7,11 @@ local requests, its counter mirror, totals of what ended here and the store's
 last snapshot (`refresh_stats`), which holds the fleet-wide buckets
 (shared_stats.py).
 
-Per tenant, `queued`, `in_flight` and the totals are this replica's; the
-bucket levels and the virtual counter are the tenant's own (fleet-wide in
-Redis mode, since the buckets and counters live there).
+Per tenant, `queued`, `in_flight` and the totals are this replica's, or with
+`stats(fleet=True)` (admin `GetUsage`) the sum over every live replica
+sharing the store (shared/fleet_usage.py); the bucket levels and the virtual
+counter are the tenant's own (fleet-wide in Redis mode, since the buckets
+and counters live there).
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ class GateStats:
     # Admissions beyond the engine's room (Isolation.PREEMPT): each one has the
     # engine retract a running request if it is full.
     lent_total: int = 0
+    # Replicas whose per-tenant usage the tenants' numbers sum (1: this one only).
+    replicas: int = 1
 
     def tenant(self, tenant_id: str) -> TenantStats | None:
         for t in self.tenants:

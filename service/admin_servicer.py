@@ -342,10 +342,11 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
             snap = await self.store.snapshot()
             resp = apb.GetUsageResponse(policy=self.policy)
             for model in self.models:
-                # This replica's queues and totals; buckets and counters are the
-                # tenant's own (fleet-wide with store=redis, read from Redis now).
+                # The whole fleet's: buckets and counters read from Redis now, queues
+                # and totals summed over the live replicas (store=redis).
                 await model.dispatcher.refresh_stats()
-                stats = model.dispatcher.stats(include=snap.tenants)
+                stats = model.dispatcher.stats(include=snap.tenants, fleet=True)
+                resp.replicas = max(resp.replicas, stats.replicas)
                 known = {t.tenant_id: t for t in stats.tenants}
                 wanted = list(request.tenant_ids) or sorted(known)
                 for tid in wanted:

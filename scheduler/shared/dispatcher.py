@@ -51,6 +51,7 @@ from scheduler.gate_stats import GateStats
 from scheduler.idle import IdleTenants
 from scheduler.quotas import bucket_exceeded, check_caps
 from scheduler.request import QueuedRequest
+from scheduler.shared import fleet_usage
 from scheduler.shared.failover import FailoverController
 from scheduler.shared.local import Entries, Entry, LocalQueues, Place
 from scheduler.shared.options import FailureMode, QuotaView, SharedOptions, StoreHealth
@@ -210,6 +211,9 @@ class SharedDispatcher:
         tenants = {e.req.tenant_id for e in self._entries if e.buckets.any}
         tenants.update(c.tenant_id for c in self.quotas.tenants if BucketLimits.of(c.quotas).any)
         return sorted(tenants)
+
+    def usage(self) -> bytes:
+        return fleet_usage.encode(self.stats().tenants)
 
     def buckets_of(self, tenant_id: str) -> BucketLimits:
         try:
@@ -456,11 +460,12 @@ class SharedDispatcher:
         return Admission(self, req)
 
     async def refresh_stats(self) -> None:
-        """Read the store's fleet-wide state (bucket levels, counters) for stats()."""
-        await self._stats.refresh(self.store)
+        """Read the store's fleet-wide state (bucket levels, counters, the other
+        replicas' usage) for stats()."""
+        await self._stats.refresh(self.store, self.options.replica_id)
 
-    def stats(self, include: Iterable[str] = ()) -> GateStats:
-        """Live state for admin and telemetry (see shared_stats.py)."""
+    def stats(self, include: Iterable[str] = (), fleet: bool = False) -> GateStats:
+        """Live state for admin and telemetry (see shared/stats.py)."""
         return self._stats.build(
             list(self._entries),
             self._local,
@@ -470,4 +475,5 @@ class SharedDispatcher:
                 self.admitted_total, self.reserve_holds_total, self.health.mode, self.lent_total
             ),
             include,
+            fleet,
         )

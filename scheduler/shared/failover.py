@@ -76,6 +76,10 @@ class ReplicaView(Protocol):
 
     def buckets_of(self, tenant_id: str) -> BucketLimits: ...
 
+    def usage(self) -> bytes:
+        """This replica's per-tenant usage, published with the heartbeat (fleet_usage.py)."""
+        ...
+
 
 class FailoverController:
     def __init__(
@@ -162,7 +166,10 @@ class FailoverController:
         taken = dict(self._taken)
         try:
             seen = await store.observe(
-                self._options.replica_id, ttl_s, self._replica.bucket_tenants()
+                self._options.replica_id,
+                ttl_s,
+                self._replica.bucket_tenants(),
+                self._replica.usage(),
             )
         except StoreUnavailable:
             return  # the pump's own calls judge the store's health

@@ -112,7 +112,15 @@ class FleetSeen:
 class FleetObserver(Protocol):
     """A store that can tell which replicas are alive and where buckets stand (Redis)."""
 
-    async def observe(self, replica_id: str, ttl_s: float, tenants: Iterable[str]) -> FleetSeen:
+    async def observe(
+        self, replica_id: str, ttl_s: float, tenants: Iterable[str], usage: bytes = b""
+    ) -> FleetSeen:
         """Renew this replica's heartbeat (for `ttl_s`); count the live replicas; read
-        the buckets of `tenants`. Raises StoreUnavailable."""
+        the buckets of `tenants`; publish this replica's `usage` (fleet_usage.py) for
+        as long as the heartbeat lives. Raises StoreUnavailable."""
+        ...
+
+    async def fleet_usage(self) -> dict[str, bytes]:
+        """Every live replica's last published usage, by replica id. Raises
+        StoreUnavailable."""
         ...

@@ -5,7 +5,9 @@ counters (updated by every step and by its own output charges) and the totals
 of what ended or was refused here (`TenantTally`). The token buckets live in
 the store: `refresh` reads its snapshot (one Redis round trip plus a SCAN of
 the bucket keys, so only on demand: admin `GetUsage` awaits it) and `build`
-reports each level refilled over its age, on the store's clock.
+reports each level refilled over its age, on the store's clock. `refresh`
+also reads the other live replicas' published usage, which `build(fleet=True)`
+adds to this replica's (fleet_usage.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from scheduler.budget import AdmissionBudget
 from scheduler.clock import Clock
 from scheduler.errors import QuotaExceeded, RequestTooLarge, StoreUnavailable
 from scheduler.gate_stats import BucketStats, GateStats, StoreMode, TenantStats, stored_buckets
+from scheduler.shared import fleet_usage
+from scheduler.shared.fleet_usage import ReplicaUsage
 from scheduler.shared.local import Entry, LocalQueues
+from scheduler.shared.options import FleetObserver
 from scheduler.state.store import BucketLimits, Store, StoreSnapshot
 from scheduler.tenancy.tenants import TenantRegistry
 
@@ -96,6 +101,8 @@ class SharedStats:
         self.expired_total = 0
         # The store's last snapshot and the local time it was taken.
         self._snapshot: tuple[StoreSnapshot, float] | None = None
+        # The other live replicas' usage as last read: replica -> tenant -> usage.
+        self._others: dict[str, dict[str, ReplicaUsage]] = {}
 
     def ended(self, entry: Entry) -> None:
         """An entry is gone: count what it kept of its tenant's buckets (its
@@ -107,11 +114,17 @@ class SharedStats:
         unused = entry.req.max_tokens - entry.output_tokens if entry.tokens_taken else 0
         self.tally.ended(tid, entry.requests_taken, entry.tokens_taken - unused)
 
-    async def refresh(self, store: Store) -> None:
-        """Take the store's snapshot; keep the previous one while it is unreachable."""
+    async def refresh(self, store: Store, replica_id: str) -> None:
+        """Take the store's snapshot and the other replicas' usage; keep the previous
+        ones while it is unreachable."""
         with contextlib.suppress(StoreUnavailable):
             snap = await store.snapshot()
             self._snapshot = (snap, self.clock.now_s())
+            if isinstance(store, FleetObserver):
+                published = await store.fleet_usage()
+                self._others = {
+                    r: fleet_usage.decode(blob) for r, blob in published.items() if r != replica_id
+                }
 
     def build(
         self,
@@ -121,9 +134,11 @@ class SharedStats:
         budget: AdmissionBudget,
         totals: GateTotals,
         include: Iterable[str] = (),
+        fleet: bool = False,
     ) -> GateStats:
         """Buckets as of the last `refresh` (None before it), counters as of the last
-        step or local charge. Copies before it iterates (metric reader's thread)."""
+        step or local charge. Copies before it iterates (metric reader's thread).
+        `fleet`: per tenant, add the other replicas' usage as of the last `refresh`."""
         now_s = self.clock.now_s()
         cached = self._snapshot
         snap, taken_s = cached if cached is not None else (None, now_s)
@@ -138,7 +153,10 @@ class SharedStats:
             in_flight[tid] += e.started
             r, t = live.get(tid, (0.0, 0.0))
             live[tid] = (r + e.requests_taken, t + e.tokens_taken)
+        others = list(self._others.values()) if fleet else []
         names = {*self.tally.tenants(), *live, *include}
+        for usage in others:
+            names.update(usage)
         if snap is not None:
             names.update(snap.counters, snap.bucket_levels, snap.concurrency)
         out = []
@@ -159,23 +177,22 @@ class SharedStats:
             live_r, live_t = live.get(tid, (0.0, 0.0))
             # Counters only grow (charges, lifts): the larger copy is the fresher.
             counter = max(mirror.get(tid, 0.0), snap.counters.get(tid, 0.0) if snap else 0.0)
-            out.append(
-                TenantStats(
-                    tenant_id=tid,
-                    weight=registry.weight_of(tid),
-                    virtual_counter=counter,
-                    queued=local.queued(tid),
-                    in_flight=in_flight[tid],
-                    request_bucket=buckets[0],
-                    token_bucket=buckets[1],
-                    charged_requests=ended.charged_requests + live_r,
-                    charged_tokens=ended.charged_tokens + live_t,
-                    rejected_total=ended.rejected_total,
-                    rejections=ended.rejections,
-                    finished_total=ended.finished_total,
-                    paused=tid in paused,
-                )
+            mine = TenantStats(
+                tenant_id=tid,
+                weight=registry.weight_of(tid),
+                virtual_counter=counter,
+                queued=local.queued(tid),
+                in_flight=in_flight[tid],
+                request_bucket=buckets[0],
+                token_bucket=buckets[1],
+                charged_requests=ended.charged_requests + live_r,
+                charged_tokens=ended.charged_tokens + live_t,
+                rejected_total=ended.rejected_total,
+                rejections=ended.rejections,
+                finished_total=ended.finished_total,
+                paused=tid in paused,
             )
+            out.append(fleet_usage.add(mine, (u[tid] for u in others if tid in u)))
         return GateStats(
             in_flight=budget.in_flight_requests,
             in_flight_kv_tokens=budget.in_flight_kv_tokens,
@@ -187,4 +204,5 @@ class SharedStats:
             reserve_holds_total=totals.reserve_holds_total,
             tenants=tuple(out),
             lent_total=totals.lent_total,
+            replicas=1 + len(others),
         )

@@ -21,6 +21,8 @@ prefix p (default "fg"); `{D}` is the Redis Cluster hash tag:
     p:{D}:epoch      STRING exists while the state is intact (detects a wiped Redis)
     p:{D}:rep        ZSET   replica -> expiry (wall-clock s): live replicas, renewed
                      every heartbeat by `observe` (the fail-open divisor)
+    p:{D}:use        HASH   replica -> its per-tenant usage (JSON, fleet_usage.py),
+                     written by `observe`; a dead replica's is dropped when read
     p:{D}:b:<tenant> HASH   token buckets: rl, rts (requests), tl, tts (tokens)
     p:{t:<tenant>}:cfg HASH tenant configuration (published, not on the hot path)
 
@@ -341,9 +343,11 @@ class RedisStore:
             bucket_ages_s=ages,
         )
 
-    async def observe(self, replica_id: str, ttl_s: float, tenants: Iterable[str]) -> FleetSeen:
+    async def observe(
+        self, replica_id: str, ttl_s: float, tenants: Iterable[str], usage: bytes = b""
+    ) -> FleetSeen:
         """Renew this replica's heartbeat, count the live replicas, read `tenants`'
-        bucket levels: one pipelined round trip, off the decision path."""
+        bucket levels, publish `usage`: one pipelined round trip, off the decision path."""
         key = f"{self.base}:rep"
         names = sorted(tenants)
         # The wall clock (NTP-close to Redis's, whose TIME the scripts use): a cluster
@@ -357,17 +361,36 @@ class RedisStore:
                 pipe.pexpire(key, max(1, int(ttl_s * 1000)))
                 for t in names:
                     pipe.hmget(f"{self.base}:b:{t}", "rl", "rts", "tl", "tts")
+                if usage:
+                    pipe.hset(f"{self.base}:use", replica_id, usage)
+                    # The hash outlives every replica's heartbeat by at most one TTL.
+                    pipe.pexpire(f"{self.base}:use", max(1, int(ttl_s * 1000)))
                 res = await pipe.execute()
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
         now_ms = now * 1000
         levels: dict[tuple[str, str], SeenLevel] = {}
-        for t, (rl, rts, tl, tts) in zip(names, res[4:], strict=True):
+        for t, (rl, rts, tl, tts) in zip(names, res[4 : 4 + len(names)], strict=True):
             for kind, lvl, ts in (("r", rl, rts), ("t", tl, tts)):
                 if lvl is not None and ts is not None:
                     age_s = max(0.0, (now_ms - float(_s(ts))) / 1000)
                     levels[(t, kind)] = SeenLevel(float(_s(lvl)), age_s)
         return FleetSeen(int(res[2]), levels)
+
+    async def fleet_usage(self) -> dict[str, bytes]:
+        """The live replicas' published usage (one round trip); drops the dead ones'."""
+        try:
+            async with self._r.pipeline(transaction=False) as pipe:
+                pipe.zrangebyscore(f"{self.base}:rep", time.time(), "+inf")
+                pipe.hgetall(f"{self.base}:use")
+                live, published = await pipe.execute()
+            alive = {_s(r) for r in live}
+            usage = {_s(r): _s(v).encode() for r, v in published.items()}
+            if dead := [r for r in usage if r not in alive]:
+                await self._r.hdel(f"{self.base}:use", *dead)
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"redis unreachable: {exc}") from exc
+        return {r: v for r, v in usage.items() if r in alive}
 
     async def ping(self) -> None:
         try:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +103,12 @@ async def test_get_usage_reads_real_state_from_redis(start_server: StartServer) 
         assert u.token_bucket.level == pytest.approx(1000 - kept - 30, abs=0.5)
         assert u.tokens_used_in_window == pytest.approx(kept + 30, abs=0.5)
 
-        # Another replica: nothing of its own, but the same fleet-wide buckets and counter.
-        o = (await usage(other, "metered"))["metered"]
-        assert (o.in_flight, o.finished_total, o.charged_tokens_total) == (0, 0, 0)
+        # Another replica: the same fleet-wide buckets and counter, and the served
+        # replica's requests and totals, published with its heartbeat.
+        o = await usage_when(other, "metered", lambda o: o.in_flight == 1)
+        assert (o.in_flight, o.queued, o.finished_total) == (1, 0, 2)
+        assert o.charged_tokens_total == u.charged_tokens_total
+        assert o.charged_requests_total == u.charged_requests_total
         assert o.token_bucket.level == pytest.approx(u.token_bucket.level, abs=0.5)
         assert o.request_bucket.level == pytest.approx(u.request_bucket.level, abs=0.05)
         assert o.virtual_counter == pytest.approx(u.virtual_counter)
@@ -112,6 +116,8 @@ async def test_get_usage_reads_real_state_from_redis(start_server: StartServer) 
         await admission.__aexit__(None, None, None)
     u = (await usage(served, "metered"))["metered"]
     assert (u.in_flight, u.finished_total) == (0, 3)
+    o = await usage_when(other, "metered", lambda o: o.finished_total == 3)
+    assert o.in_flight == 0 and o.charged_tokens_total == kept + 10
     assert u.charged_tokens_total == kept + 10  # the held one kept its prompt only
     assert u.token_bucket.level == pytest.approx(1000 - kept - 10, abs=0.5)
 
@@ -120,6 +126,51 @@ async def test_get_usage_reads_real_state_from_redis(start_server: StartServer) 
     assert set(everyone) == {"metered", "idle", "single"}
     assert everyone["idle"].token_bucket.level == 600
     assert everyone["idle"].finished_total == 0
+
+
+async def usage_when(
+    app: App, tenant_id: str, cond: Callable[[apb.TenantUsage], bool], timeout_s: float = 10.0
+) -> apb.TenantUsage:
+    """The tenant's usage read on `app` once `cond` holds (other replicas' numbers
+    arrive with their next heartbeat)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond(u := (await usage(app, tenant_id))[tenant_id]):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"usage never matched: {u}")
+        await asyncio.sleep(0.05)
+    return u
+
+
+async def test_usage_sums_the_live_replicas_and_forgets_a_stopped_one(
+    start_server: StartServer,
+) -> None:
+    # Each replica queues and runs requests of its own; GetUsage on any of them
+    # counts all of them, and the replicas it summed.
+    apps = [await start_server(redis_heartbeat_s=0.2) for _ in range(3)]
+    held: list[Admission] = []
+    for i, app in enumerate(apps):
+        model = app.models.resolve("")
+        assert model is not None
+        for j in range(i + 1):  # 1, 2 and 3 requests in flight
+            a = model.dispatcher.admitted(QueuedRequest(f"r{i}-{j}", "idle", 10, 20))
+            await a.__aenter__()
+            held.append(a)
+    for app in apps:
+        u = await usage_when(app, "idle", lambda u: u.in_flight == 6)
+        assert u.charged_tokens_total == 6 * 30 and u.queued == 0
+    async with grpc.aio.insecure_channel(apps[0].address) as channel:
+        resp = await apb_grpc.AdminServiceStub(channel).GetUsage(
+            apb.GetUsageRequest(), metadata=(("authorization", f"Bearer {ADMIN_TOKEN}"),)
+        )
+    assert resp.replicas == 3
+    # The third replica goes (its requests end with it): the others stop counting it.
+    for a in held[3:]:
+        await a.__aexit__(None, None, None)
+    await apps[2].stop(grace_s=0.5)
+    u = await usage_when(apps[0], "idle", lambda u: u.in_flight == 3)
+    assert u.finished_total == 0  # the stopped replica took its totals with it
+    for a in held[:3]:
+        await a.__aexit__(None, None, None)
 
 
 async def test_gauges_report_queues_and_in_flight_with_redis(

@@ -190,8 +190,9 @@ def usage_table(resp: apb.GetUsageResponse, keep: Iterable[str] | None = None) -
     rejections by reason: -o json); `keep`: only these tenants."""
     kept = None if keep is None else set(keep)
     models = {u.model for u in resp.usage}
+    fleet = f", {resp.replicas} replicas" if resp.replicas > 1 else ""
     table = _table(
-        f"usage (policy {resp.policy})",
+        f"usage (policy {resp.policy}{fleet})",
         "* paused (held by its own limits); more columns: -o json",
     )
     cols = ("tenant", "run", "queued", "req bkt", "tok bkt", "counter", "rej", "done")

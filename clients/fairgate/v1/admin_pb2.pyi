@@ -875,7 +875,11 @@ Global___BucketLevel: _TypeAlias = BucketLevel  # noqa: Y015
 
 @_typing.final
 class TenantUsage(_message.Message):
-    """TenantUsage is one tenant's live state on one model of this replica."""
+    """TenantUsage is one tenant's live state on one model, fleet-wide: with a
+    shared store (store=redis) the buckets and the counter are the store's, and
+    the requests and totals are summed over the live replicas (the others' as
+    of their last heartbeat; totals since each of them started).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -972,8 +976,13 @@ class GetUsageResponse(_message.Message):
 
     USAGE_FIELD_NUMBER: _builtins.int
     POLICY_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
     policy: _builtins.str
     """The policy's name (vtc, fcfs, rate-limit)."""
+    replicas: _builtins.int
+    """How many replicas the per-tenant requests (in flight, queued) and totals
+    add up: every live replica sharing the store (1 without one).
+    """
     @_builtins.property
     def usage(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantUsage]: ...
     def __init__(
@@ -981,10 +990,11 @@ class GetUsageResponse(_message.Message):
         *,
         usage: _abc.Iterable[Global___TenantUsage] | None = ...,
         policy: _builtins.str = ...,
+        replicas: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "replicas", b"replicas", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
