@@ -133,6 +133,11 @@ async def test_virtual_replay_repeats_exactly_and_runs_the_same_rules() -> None:
     assert set(runs) == {"fcfs", "vtc", "vtc:reserve", SOLO}
     assert len({runs[p.label]["trace_digest"] for p in policies}) == 1
     assert runs["fcfs"]["victim_p99_over_solo"] > 10 * runs["vtc"]["victim_p99_over_solo"]
+    solo_p99 = runs[SOLO]["victim_ttft_p99_s"]
+    for p in policies:
+        r = runs[p.label]
+        assert r["victim_p99_minus_solo_s"] == pytest.approx(r["victim_ttft_p99_s"] - solo_p99)
+    assert runs["fcfs"]["victim_p99_minus_solo_s"] > runs["vtc"]["victim_p99_minus_solo_s"]
     assert runs["vtc"]["gap_over_bound"] < runs["fcfs"]["gap_over_bound"]
     with pytest.raises(ValueError, match="one replica"):
         await main(

@@ -386,6 +386,9 @@ def report(sc: Scenario, bound: float, results: dict[str, RunResult]) -> dict[st
             if solo:
                 row["victim_p50_over_solo"] = v["ttft_p50_s"] / solo["ttft_p50_s"]
                 row["victim_p99_over_solo"] = v["ttft_p99_s"] / solo["ttft_p99_s"]
+                # The additive form: what sharing the engine added to the tail, to set
+                # beside one chunked-prefill step (the wait admission cannot remove).
+                row["victim_p99_minus_solo_s"] = v["ttft_p99_s"] - solo["ttft_p99_s"]
         runs[label] = row
     return {
         "title": sc.title,

@@ -20,7 +20,7 @@ def print_report(key: str, rep: dict[str, Any]) -> None:
         f"{'policy':>14} | {'repl':>4} | {'Jain':>5} | {'all-bl s':>8} | {'gap/bound':>9} | "
         f"{'tput/FCFS':>9} | {'tok/FCFS':>8} | {'wsvc/FCFS':>9} | {'victim p50 s':>12} | "
         f"{'p99 s':>7} | "
-        f"{'p99/solo':>8} | {'rejected':>8} | {'failed':>6}"
+        f"{'p99/solo':>8} | {'p99-solo s':>10} | {'rejected':>8} | {'failed':>6}"
     )
     for label, r in rep["runs"].items():
         tenants = r["tenants"].values()
@@ -33,6 +33,7 @@ def print_report(key: str, rep: dict[str, Any]) -> None:
             f"{_fmt(r.get('victim_ttft_p50_s'), '.3f'):>12} | "
             f"{_fmt(r.get('victim_ttft_p99_s'), '.3f'):>7} | "
             f"{_fmt(r.get('victim_p99_over_solo'), '.2f'):>8} | "
+            f"{_fmt(r.get('victim_p99_minus_solo_s'), '.3f'):>10} | "
             f"{sum(t['rejected'] for t in tenants):>8.0f} | "
             f"{sum(t['failed'] for t in tenants):>6.0f}"
         )
@@ -58,6 +59,7 @@ SUMMARY_COLUMNS = (
     ("tok/FCFS", "tokens_over_fcfs"),
     ("wsvc/FCFS", "service_over_fcfs"),
     ("p99/solo", "victim_p99_over_solo"),
+    ("p99-solo s", "victim_p99_minus_solo_s"),
 )
 
 
