@@ -17,7 +17,7 @@ and counters live there).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from scheduler.budget import AdmissionLimits
@@ -80,20 +80,21 @@ class TenantStats:
     weight: float
     # The fair policy's virtual counter (None: a policy without one, e.g. fcfs).
     virtual_counter: float | None
-    queued: int
-    in_flight: int
-    request_bucket: BucketStats | None
-    token_bucket: BucketStats | None
+    # The rest defaults to a tenant that has sent nothing (no bucket: full or none).
+    queued: int = 0
+    in_flight: int = 0
+    request_bucket: BucketStats | None = None
+    token_bucket: BucketStats | None = None
     # What the buckets were charged, net of refunds (reservations in flight included).
-    charged_requests: float
-    charged_tokens: float
+    charged_requests: float = 0.0
+    charged_tokens: float = 0.0
     # Refused at arrival (caps, max_queued, reject-mode buckets), by the limit.
-    rejected_total: int
-    rejections: Mapping[str, int]
+    rejected_total: int = 0
+    rejections: Mapping[str, int] = field(default_factory=dict)
     # Requests that ended here: finished, cancelled, expired while queued.
-    finished_total: int
+    finished_total: int = 0
     # Held back by its own limits (max_concurrent, wait-mode buckets).
-    paused: bool
+    paused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,15 +159,7 @@ def ledger_tenants(
             tenant_id=tid,
             weight=registry.weight_of(tid),
             virtual_counter=counter(tid) if counter is not None else None,
-            queued=0,
-            in_flight=0,
             request_bucket=buckets[0],
             token_bucket=buckets[1],
-            charged_requests=0.0,
-            charged_tokens=0.0,
-            rejected_total=0,
-            rejections={},
-            finished_total=0,
-            paused=False,
         )
     return tuple(out[t] for t in sorted(out))
