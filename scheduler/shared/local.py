@@ -112,17 +112,15 @@ class Entry:
         )
 
     def settlement(self) -> Settlement:
-        """What ending now gives back: everything if it never started, else unused tokens."""
-        if not self.started:
-            return Settlement(
-                self.lease_id,
-                self.req.tenant_id,
-                self.requests_taken,
-                self.tokens_taken,
-                self.buckets,
-            )
-        unused = float(self.req.max_tokens - self.output_tokens) if self.tokens_taken else 0.0
-        return Settlement(self.lease_id, self.req.tenant_id, 0.0, unused, self.buckets)
+        """What ending now gives back (`rules.refund`)."""
+        requests, tokens = rules.refund(
+            self.started,
+            self.requests_taken,
+            self.tokens_taken,
+            self.req.max_tokens,
+            self.output_tokens,
+        )
+        return Settlement(self.lease_id, self.req.tenant_id, requests, tokens, self.buckets)
 
 
 class Entries:

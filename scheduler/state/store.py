@@ -25,8 +25,9 @@ inline; `SharedDispatcher` drives a `Store`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from scheduler import rules
 from scheduler.budget import AdmissionLimits
@@ -255,3 +256,39 @@ def tenant_fields(cfg: TenantConfig) -> dict[str, str]:
         if value is not None:
             out[f"quotas.{name}"] = repr(value)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class SeenLevel:
+    """A token bucket's level as the store last showed it, `age_s` before it was read."""
+
+    level: float
+    age_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSeen:
+    """What a replica last saw of the fleet in the store (for failing open)."""
+
+    # Replicas with a live heartbeat in the store (this one included).
+    replicas: int
+    # (tenant, "r" | "t") -> the bucket's level (requests, tokens)
+    levels: dict[tuple[str, str], SeenLevel] = field(default_factory=dict)
+
+
+@runtime_checkable
+class FleetObserver(Protocol):
+    """A store that can tell which replicas are alive and where buckets stand (Redis)."""
+
+    async def observe(
+        self, replica_id: str, ttl_s: float, tenants: Iterable[str], usage: bytes = b""
+    ) -> FleetSeen:
+        """Renew this replica's heartbeat (for `ttl_s`); count the live replicas; read
+        the buckets of `tenants`; publish this replica's `usage` (fleet_usage.py) for
+        as long as the heartbeat lives. Raises StoreUnavailable."""
+        ...
+
+    async def fleet_usage(self) -> dict[str, bytes]:
+        """Every live replica's last published usage, by replica id. Raises
+        StoreUnavailable."""
+        ...
