@@ -339,8 +339,9 @@ class Dispatcher:
         self.reserve.on_finished(req)
         self.quotas.settle(entry.reservation, entry.output_tokens)
         self.policy.on_finish(req)
-        if self._paused_until.get(req.tenant_id) == math.inf:
-            self._resume(req.tenant_id)
+        # Its tenant may be held for max_concurrent, or for its buckets, which the
+        # settlement may just have refilled (unused max_tokens): check it again.
+        self._resume(req.tenant_id)
         self._note_idle(req.tenant_id)
         self.pump()
 

@@ -322,7 +322,9 @@ class SharedDispatcher:
         if entry.requests_taken or entry.tokens_taken:
             self._settle(entry)
         self._note_idle(entry.req.tenant_id)
-        self._pump.wake()
+        # Its tenant's next request may be the head now, and fit where it did not
+        # (the Dispatcher pumps on a cancel too).
+        self._pump.kick()
 
     # -- in flight -----------------------------------------------------------------
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
@@ -397,13 +399,16 @@ class SharedDispatcher:
     def after_offer(
         self, admitted: list[str], step: Step, decided_by: Place, lent: Set[str] = frozenset()
     ) -> None:
-        """Start what was admitted (its lease is where `decided_by` says); settle what
-        was dropped while the step was away."""
-        for c in step.candidates:
+        """Start what was admitted, in the order decided (the engine queues in the
+        order it is sent; its lease is where `decided_by` says); settle what was
+        dropped while the step was away."""
+        order = {lease_id: k for k, lease_id in enumerate(admitted)}
+        decided = sorted(step.candidates, key=lambda c: order.get(c.lease_id, len(order)))
+        for c in decided:
             entry = self._entries.get(c.lease_id)
             if entry is None:
                 continue
-            if c.lease_id in admitted:
+            if c.lease_id in order:
                 entry.lease_at = decided_by
                 entry.req.light = rules.light(c.queued)
                 entry.req.lent = c.lease_id in lent
@@ -442,7 +447,7 @@ class SharedDispatcher:
             self._forget(entry)
             self._settle(entry)
             return
-        self._local.remove(entry.req)
+        self._local.remove(entry.req, admitted=True)
         entry.start()
         self.budget.reserve(entry.req)
         self.admitted_total += 1

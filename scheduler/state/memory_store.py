@@ -166,7 +166,11 @@ class MemoryStore:
             self._open(lease.lease_id, lease.tenant_id, lease.kv_tokens, now_s)
 
     def _lift(self, replica: str, tenant: str) -> None:
-        others = {t for (r, t) in self.backlog if t != tenant}
+        # The floor: the smallest counter among the other tenants backlogged and
+        # eligible somewhere (one held by its own limits has a negative length).
+        others = {
+            t for (r, t) in self.backlog if t != tenant and self.backlog_queued.get((r, t), 0) >= 0
+        }
         if any(t == tenant and r != replica for (r, t) in self.backlog):
             return  # already backlogged on another replica
         floor = min((self.counters.get(t, 0.0) for t in others), default=self.floor)
@@ -222,12 +226,12 @@ class MemoryStore:
         if step.backlogged is not None:
             for tenant in step.backlogged:
                 self.backlog[(replica_id, tenant)] = now_s + self.backlog_ttl_s
+        for tenant, n in step.queued.items():
+            self.backlog_queued[(replica_id, tenant)] = n
         for tenant in step.announce:
             self._lift(replica_id, tenant)
             self.backlog[(replica_id, tenant)] = now_s + self.backlog_ttl_s
             out.counters[tenant] = self.counters.get(tenant, 0.0)
-        for tenant, n in step.queued.items():
-            self.backlog_queued[(replica_id, tenant)] = n
         for lease in step.renew or ():
             self._renew(lease, now_s)
         self.weights.update(step.weights)
@@ -259,7 +263,7 @@ class MemoryStore:
         heavy = rules.LIGHT_QUEUE + 1
         queued: dict[str, int] = {}
         for key in self.backlog:
-            queued[key[1]] = queued.get(key[1], 0) + self.backlog_queued.get(key, heavy)
+            queued[key[1]] = queued.get(key[1], 0) + abs(self.backlog_queued.get(key, heavy))
         for c in step.candidates:
             queued.setdefault(c.tenant_id, c.queued)
         recent = [t for t, exp in self.recent.items() if exp > now_s]

@@ -173,11 +173,11 @@ class RedisStore:
         backlogged = step.backlogged or []
         args.append(str(len(backlogged)))
         args += backlogged
-        args.append(str(len(step.announce)))
-        args += step.announce
         args.append(str(len(step.queued)))
         for tenant, n in step.queued.items():
             args += [tenant, str(n)]
+        args.append(str(len(step.announce)))
+        args += step.announce
         renew = step.renew or []
         args.append(str(len(renew)))
         for lease in renew:

@@ -128,16 +128,19 @@ class Step:
     settlements: list[Settlement] = field(default_factory=list)
     # Weighted counter increments (w_out * tokens / weight), batched per tenant.
     charges: dict[str, float] = field(default_factory=dict)
-    # Tenants newly backlogged here: lifted to the fleet's smallest backlogged counter.
+    # Tenants newly backlogged here: lifted to the smallest counter among the
+    # tenants backlogged and eligible (not held) anywhere.
     announce: list[str] = field(default_factory=list)
-    # Tenants no longer backlogged here.
+    # Tenants no longer backlogged here (nothing queued here).
     withdraw: list[str] = field(default_factory=list)
     # Heartbeat: every tenant backlogged here (refreshes their expiry); None: no refresh.
     backlogged: list[str] | None = None
     # How many requests tenants backlogged here have queued here (capped at
     # rules.LIGHT_QUEUE + 1), sent when it changed: the reserve tells light
     # tenants from heavy ones fleet-wide by their sum (a tenant whose length
-    # the store does not know counts as heavy).
+    # the store does not know counts as heavy). Negative while the tenant is held
+    # by its own limits here: still backlogged (holding is not idling), but not
+    # eligible, so not a floor for the lifts (applied before `announce`).
     queued: dict[str, int] = field(default_factory=dict)
     # Heartbeat: every lease this replica holds (renewed, or re-created if missing).
     renew: list[Lease] | None = None
