@@ -42,7 +42,7 @@ BIN = Path(sys.executable).parent
 K8S_VERSION = "1.30.0"
 RELEASE, NAMESPACE = "fg", "fairgate"
 
-# Settings the chart cannot serve yet (README "Helm"): files it does not mount
+# Settings the chart cannot serve yet (docs/deployment.md "Not done yet"): files it does not mount
 # and the in-process engine.
 UNSUPPORTED = {
     "tls_cert_file",
