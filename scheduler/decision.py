@@ -13,6 +13,8 @@ One round, in the order the VTC guarantee needs (see rules.py):
 - the head of the tenant first in fair order (`Round.head`);
 - its tenant's own limits (max_concurrent, wait-mode buckets) hold that tenant
   only, and the next tenant is considered (`Round.hold`);
+- with replicas, a tenant backlogged on another replica that comes first by
+  more than the allowance stops the round (`rules.behind`: its replica's turn);
 - then the engine's room, and the fair-share reserve or the lent room
   (`rules.verdict`, with `tenant_load` only when `rules.needs_load` says it
   applies): FULL or HOLD stop the round, nobody jumps the head;
@@ -68,13 +70,17 @@ class Round(Protocol[C]):
         """Its tenant's part of the engine (`tenant_load`)."""
         ...
 
+    def behind(self, c: C) -> bool:
+        """Is a tenant backlogged on another replica first (`rules.behind`)?"""
+        ...
+
     def hold(self, c: C, wait_s: float) -> None:
         """Its tenant's own limits hold it for `wait_s` (inf: until a finish):
         skip the tenant for the rest of the round; it keeps its counter."""
         ...
 
     def stopped(self, c: C, v: Verdict) -> None:
-        """The round stops at `c`: FULL or HOLD."""
+        """The round stops at `c`: FULL, HOLD or TURN."""
         ...
 
     def admit(self, c: C, lent: bool) -> bool:
@@ -88,11 +94,14 @@ def judge(
 ) -> tuple[Verdict, float]:
     """The verdict on `c` now, and its tenant's own wait (`rules.verdict`)."""
     own_wait_s = r.own_wait_s(c)
+    if own_wait_s > 0:
+        return Verdict.OWN_LIMIT, own_wait_s
     room = (r.limits, r.in_flight, r.in_flight_kv, c.kv_tokens)
     load = None
-    if own_wait_s <= 0 and rules.needs_load(reserve_fraction, *room, isolation):
+    if rules.needs_load(reserve_fraction, *room, isolation):
         load = r.load(c)
-    return rules.verdict(own_wait_s, *room, reserve_fraction, load, isolation), own_wait_s
+    v = rules.verdict(own_wait_s, *room, reserve_fraction, load, isolation, r.behind(c))
+    return v, own_wait_s
 
 
 def admit_round(r: Round[C], reserve_fraction: float, isolation: rules.Isolation) -> Verdict | None:

@@ -130,6 +130,9 @@ class _QueueRound:
     def load(self, c: QueuedRequest) -> rules.TenantLoad:
         return self.d.reserve.load(c.tenant_id, self.d.budget.limits)
 
+    def behind(self, c: QueuedRequest) -> bool:
+        return False  # one process: every backlogged tenant is in these queues
+
     def hold(self, c: QueuedRequest, wait_s: float) -> None:
         self.d._pause(c.tenant_id, wait_s)
 

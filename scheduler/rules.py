@@ -115,8 +115,8 @@ def vtc_bound(
 ) -> float:
     """The weighted service gap allowed between two backlogged tenants, per unit
     weight: 2 * max(w_in * L_in, w_out * M), plus `light_credit` when either may
-    be light (`order_key`). With replicas, add the counter lag
-    (`SharedDispatcher.max_charge_lag`)."""
+    be light (`order_key`). With replicas, add the fleet allowance (`behind`) and
+    the counter lag (`SharedDispatcher.max_charge_lag`)."""
     return 2 * max(w_in * max_prompt_tokens, w_out * max_kv_tokens) + light_credit
 
 
@@ -238,6 +238,19 @@ def vtc_rank(
     return (order_key(counter, queued, light_credit), last_admitted, head_seq)
 
 
+def behind(key: float, first_elsewhere: float | None, allowance: float) -> bool:
+    """With replicas, each offers its own tenants: is a candidate (at `key`,
+    `order_key`) more than `allowance` weighted tokens behind the first tenant
+    backlogged, and eligible, on another replica (`first_elsewhere`; None: none)?
+    Then it is that replica's turn: admitting here would serve a tenant out of
+    counter order across the fleet (what a replica that sees only its own
+    tenants did: a service calling one replica got ahead of one calling another
+    by far more than the bound). The allowance lets a replica admit within that
+    slack rather than idle the room until the other one steps; it adds to the
+    bound (`vtc_bound`)."""
+    return first_elsewhere is not None and key > first_elsewhere + allowance
+
+
 # Prompt lengths (tokens) that split heavy requests into tiers of recompute
 # cost, for an engine that preempts (`engine_priority`).
 COST_TIERS_TOKENS = (128, 512, 2048)
@@ -306,6 +319,9 @@ class Verdict(enum.Enum):
     # nothing queued is below its own: the round stops and the reserve stays free
     # for that tenant's next request (never reorders VTC).
     HOLD = "hold"
+    # A tenant backlogged on another replica comes first (`behind`): the round
+    # stops; that replica admits it.
+    TURN = "turn"
 
 
 def verdict(
@@ -317,14 +333,18 @@ def verdict(
     reserve_fraction: float,
     load: TenantLoad | None,
     isolation: Isolation = Isolation.RESERVE,
+    behind_elsewhere: bool = False,
 ) -> Verdict:
     """The one order of the checks on the head of the next tenant in line.
 
     `load` is needed only when the reserve (or the lent room) applies; callers
     that compute it lazily pass None and ask `needs_load` first.
+    `behind_elsewhere`: `behind` says another replica's tenant comes first.
     """
     if own_wait_s > 0:
         return Verdict.OWN_LIMIT
+    if behind_elsewhere:
+        return Verdict.TURN
     room = fits(limits, in_flight, in_flight_kv, kv_tokens)
     if isolation is Isolation.PREEMPT:
         if room:

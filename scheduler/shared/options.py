@@ -31,6 +31,9 @@ class SharedOptions:
     isolation: rules.Isolation = rules.Isolation.RESERVE
     # VTC order: a light tenant goes this far ahead (rules.order_key).
     light_credit: float = 0.0
+    # Fleet order (rules.behind): how far (weighted tokens) a candidate may be
+    # behind a tenant backlogged on another replica and still be admitted here.
+    allowance: float = 4096.0
     w_in: float = 1.0
     w_out: float = 2.0
     flush_s: float = 0.005
@@ -61,6 +64,7 @@ class SharedOptions:
             reserve_window_s=self.reserve_window_s,
             isolation=self.isolation,
             light_credit=self.light_credit,
+            allowance=self.allowance,
         )
 
 

@@ -354,11 +354,12 @@ class Pump:
         self._contacted = True
         self._pause_blocked(step, out, now_s)
         self.reserve_holds_total += len(out.held)
-        if (out.full or (out.held and not out.admitted)) and not stale:
+        if (out.full or out.turn or (out.held and not out.admitted)) and not stale:
             # Held out of the reserve: room or shares change when a request
-            # ends (a local finish kicks the pump; others' are polled).
+            # ends (a local finish kicks the pump; others' are polled). Another
+            # replica's turn: it admits its tenant; this one looks again.
             self._full_until_s = now_s + self._options.poll_s
-        elif step.candidates and not out.full:
+        elif step.candidates:
             # Decided without finding the engine full (e.g. a recheck after output
             # charges): the next step decides again at once.
             self._full_until_s = -math.inf

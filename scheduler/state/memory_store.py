@@ -235,17 +235,16 @@ class MemoryStore:
         for lease in step.renew or ():
             self._renew(lease, now_s)
         self.weights.update(step.weights)
-        self._decide(step, now_s, out)
+        self._decide(replica_id, step, now_s, out)
         out.in_flight = self.in_flight
         return out
 
-    def _decide(self, step: Step, now_s: float, out: StepOutcome) -> None:
+    def _decide(self, replica_id: str, step: Step, now_s: float, out: StepOutcome) -> None:
         for c in step.candidates:
             out.counters[c.tenant_id] = self.counters.get(c.tenant_id, 0.0)
             self.weights[c.tenant_id] = c.weight
-        decision.admit_round(
-            _StoreRound(self, step, now_s, out), step.reserve_fraction, step.isolation
-        )
+        r = _StoreRound(self, replica_id, step, now_s, out)
+        decision.admit_round(r, step.reserve_fraction, step.isolation)
 
     def _own_wait_s(self, c: Candidate, now_s: float) -> float:
         bucket_wait = None
@@ -275,6 +274,22 @@ class MemoryStore:
             lambda t: queued.get(t, 0),
             lambda t: (self.concurrency.get(t, 0), self.kv_by_tenant.get(t, 0)),
         )
+
+    def _first_elsewhere(self, replica_id: str, tenant: str, light_credit: float) -> float | None:
+        """The smallest `order_key` among the tenants other than `tenant` backlogged
+        and eligible (not held: a length >= 0, or unknown) on another replica; their
+        queue lengths summed over every replica (unknown: heavy). None: none."""
+        heavy = rules.LIGHT_QUEUE + 1
+        queued: dict[str, int] = {}
+        for key in self.backlog:
+            queued[key[1]] = queued.get(key[1], 0) + abs(self.backlog_queued.get(key, heavy))
+        first: float | None = None
+        for r, t in self.backlog:
+            if r == replica_id or t == tenant or self.backlog_queued.get((r, t), 0) < 0:
+                continue
+            k = rules.order_key(self.counters.get(t, 0.0), queued[t], light_credit)
+            first = k if first is None else min(first, k)
+        return first
 
     def _admit(self, step: Step, c: Candidate, now_s: float, out: StepOutcome) -> None:
         """Charge and open candidate `c`: its buckets (wait mode), the VTC admission
@@ -360,8 +375,11 @@ class _StoreRound:
     as admitted again, changing nothing.
     """
 
-    def __init__(self, store: MemoryStore, step: Step, now_s: float, out: StepOutcome) -> None:
+    def __init__(
+        self, store: MemoryStore, replica_id: str, step: Step, now_s: float, out: StepOutcome
+    ) -> None:
         self.s, self.step, self.now_s, self.out = store, step, now_s, out
+        self.replica_id = replica_id
         self.pending: dict[str, deque[int]] = {}
         for i, c in enumerate(step.candidates):
             self.pending.setdefault(c.tenant_id, deque()).append(i)
@@ -418,6 +436,14 @@ class _StoreRound:
     def load(self, c: Candidate) -> rules.TenantLoad:
         return self.s._reserve_load(self.step, c.tenant_id, self.now_s)
 
+    def behind(self, c: Candidate) -> bool:
+        step = self.step
+        if math.isinf(step.allowance):
+            return False
+        first = self.s._first_elsewhere(self.replica_id, c.tenant_id, step.light_credit)
+        key = rules.order_key(self.out.counters[c.tenant_id], c.queued, step.light_credit)
+        return rules.behind(key, first, step.allowance)
+
     def hold(self, c: Candidate, wait_s: float) -> None:
         self.out.blocked[self.index[id(c)]] = wait_s
         del self.pending[c.tenant_id]
@@ -425,6 +451,8 @@ class _StoreRound:
     def stopped(self, c: Candidate, v: Verdict) -> None:
         if v is Verdict.FULL:
             self.out.full = True
+        elif v is Verdict.TURN:
+            self.out.turn = True
         else:
             self.out.held.append(self.index[id(c)])
 

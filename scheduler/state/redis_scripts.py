@@ -91,7 +91,8 @@ local max_req, max_kv, w_in = num(ARGV[6]), num(ARGV[7]), num(ARGV[8])
 local reserve_fraction, reserve_window = num(ARGV[9]), num(ARGV[10]) * 1000
 local light_credit = num(ARGV[11])
 local preempt = ARGV[12] == '1'  -- rules.Isolation.PREEMPT
-local i = 13
+local allowance = num(ARGV[13])  -- rules.behind; < 0: off
+local i = 14
 -- still active for the reserve a while after its last request left (memory_store.py)
 local function seen(tenant)
   if reserve_window > 0 then redis.call('ZADD', RC, now + reserve_window, tenant) end
@@ -323,7 +324,29 @@ for _, c in ipairs(cands) do
   if not pend[c.tenant] then pend[c.tenant] = {}; table.insert(names, c.tenant) end
   table.insert(pend[c.tenant], c)
 end
-local admitted, full, blocked, held, lent = {}, 0, {}, {}, {}
+local admitted, full, blocked, held, lent, turn = {}, 0, {}, {}, {}, 0
+-- rules.behind: the smallest order_key among the other tenants backlogged and
+-- eligible (length >= 0, or unknown) on another replica, their lengths summed over
+-- the replicas (unknown: heavy) (memory_store.py: _first_elsewhere)
+local function first_elsewhere(tenant)
+  local members = redis.call('ZRANGE', BL, 0, -1)
+  local q, first = {}, nil
+  for _, m in ipairs(members) do
+    local tt = string.sub(m, string.find(m, '\0', 1, true) + 1)
+    local len = math.abs(tonumber(redis.call('HGET', BLQ, m)) or (LIGHT_QUEUE + 1))
+    q[tt] = (q[tt] or 0) + len
+  end
+  for _, m in ipairs(members) do
+    local sep = string.find(m, '\0', 1, true)
+    local r, tt = string.sub(m, 1, sep - 1), string.sub(m, sep + 1)
+    if r ~= replica and tt ~= tenant and (tonumber(redis.call('HGET', BLQ, m)) or 0) >= 0 then
+      local k = counter(tt)
+      if q[tt] <= LIGHT_QUEUE then k = k - light_credit end
+      if first == nil or k < first then first = k end
+    end
+  end
+  return first
+end
 local n = tonumber(redis.call('HGET', IN, 'n')) or 0
 local kv = tonumber(redis.call('HGET', IN, 'kv')) or 0
 -- one candidate: 'admit', 'own' (its own limits), or 'stop' (full or held)
@@ -337,6 +360,12 @@ local function decide(c)
     if w ~= 0 then
       table.insert(blocked, tostring(c.idx)); table.insert(blocked, fmt(w)); return 'own'
     end
+  end
+  if allowance >= 0 then
+    local first = first_elsewhere(c.tenant)
+    local key = counters[c.tenant]
+    if c.queued <= LIGHT_QUEUE then key = key - light_credit end
+    if first ~= nil and key > first + allowance then turn = 1; return 'stop' end
   end
   local room = not (n >= max_req or (n > 0 and kv + c.kv > max_kv))
   if preempt then
@@ -413,7 +442,7 @@ while going do
 end
 local flat = {}
 for tenant, c in pairs(counters) do table.insert(flat, tenant); table.insert(flat, fmt(c)) end
-return {admitted, full, blocked, flat, settled, state_lost, n, held, lent}
+return {admitted, full, blocked, flat, settled, state_lost, n, held, lent, turn}
 """
 )
 

@@ -154,6 +154,7 @@ class RedisStore:
             repr(float(step.reserve_window_s)),
             repr(float(step.light_credit)),
             "1" if step.isolation is rules.Isolation.PREEMPT else "0",
+            "-1" if math.isinf(step.allowance) else repr(float(step.allowance)),
         ]
         tenants: set[str] = set()
         args.append(str(len(step.settlements)))
@@ -192,7 +193,7 @@ class RedisStore:
             args += [str(c.kv_tokens), "1" if c.take_buckets else "0", *_limits(c.buckets)]
             args += [_num(c.max_concurrent), str(c.queued)]
         raw = await self._eval(_STEP, self._keys(tenants), args)
-        admitted, full, blocked, flat, settled, state_lost, n, held, lent = raw
+        admitted, full, blocked, flat, settled, state_lost, n, held, lent, turn = raw
         out = StepOutcome(
             admitted=[int(text(x)) for x in admitted],
             full=bool(int(full)),
@@ -201,6 +202,7 @@ class RedisStore:
             in_flight=int(n),
             held=[int(text(x)) for x in held],
             lent=[int(text(x)) for x in lent],
+            turn=bool(int(turn)),
         )
         for k in range(0, len(blocked), 2):
             w = float(text(blocked[k + 1]))

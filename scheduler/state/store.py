@@ -25,6 +25,7 @@ inline; `SharedDispatcher` drives a `Store`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -125,6 +126,10 @@ class Step:
     isolation: rules.Isolation = rules.Isolation.RESERVE
     # Counter order: a light candidate goes this far ahead (rules.order_key).
     light_credit: float = 0.0
+    # Fleet order (rules.behind): a candidate more than this many weighted tokens
+    # behind a tenant backlogged on another replica waits for that replica
+    # (inf: off, each replica's candidates are compared among themselves only).
+    allowance: float = math.inf
     settlements: list[Settlement] = field(default_factory=list)
     # Weighted counter increments (w_out * tokens / weight), batched per tenant.
     charges: dict[str, float] = field(default_factory=dict)
@@ -197,6 +202,8 @@ class StepOutcome:
     in_flight: int = 0
     # Admitted candidates that went beyond the room, into what PREEMPT lends.
     lent: list[int] = field(default_factory=list)
+    # The round stopped for a tenant backlogged on another replica (rules.behind).
+    turn: bool = False
 
 
 @dataclass(slots=True)

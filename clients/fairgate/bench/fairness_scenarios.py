@@ -10,6 +10,14 @@ Shapes (outputs always run to max_tokens: the benchmark sends ignore_eos):
   long_prompt  prompt 1500-2000, output 8-32 (RAG, summarisation)
   long_output  prompt ~32, output 400-512 (generation)
   chat         lognormal prompt and output, means ~300 / ~150, capped
+  rag          shaped like a production trace's long-prompt service (BurstGPT-like):
+               lognormal prompt, median ~1.5 k, up to 6 k; output median ~13
+  conversation multi-turn chat: each turn re-sends the history (prompt grows
+               turn by turn, 1-8 turns), output lognormal mean ~150
+
+Arrivals are Poisson, or gamma with a coefficient of variation above 1
+(`TenantLoad.burst_cv`): the bursts of real traffic (BurstGPT's inter-arrival
+times fit a gamma of CV ~2-3).
 """
 
 from __future__ import annotations
@@ -46,6 +54,16 @@ class Shape:
             prompt = rng.lognormvariate(math.log(300) - 0.5, 1.0)
             output = rng.lognormvariate(math.log(150) - 0.5, 1.0)
             return min(2000, max(8, round(prompt))), min(512, max(4, round(output)))
+        if self.name == "rag":
+            prompt = rng.lognormvariate(math.log(1500), 0.6)
+            output = rng.lognormvariate(math.log(13), 0.8)
+            return min(6000, max(200, round(prompt))), min(128, max(1, round(output)))
+        if self.name == "conversation":
+            # Turn k of a conversation re-sends k earlier exchanges (~350 tokens each).
+            turn = rng.randint(1, 8)
+            history = sum(round(rng.lognormvariate(math.log(300), 0.5)) for _ in range(turn))
+            output = rng.lognormvariate(math.log(150) - 0.5, 1.0)
+            return min(6000, max(16, history)), min(512, max(4, round(output)))
         return 256, 256
 
 
@@ -56,6 +74,8 @@ SHAPES = {
         Shape("long_prompt", 3.0),
         Shape("long_output", 7.0),
         Shape("chat", 11.0),
+        Shape("rag", 3.2),
+        Shape("conversation", 2.4),
     )
 }
 
@@ -74,6 +94,15 @@ class TenantLoad:
     shape: Shape
     # (start_s, end_s, requests/s) phases of a Poisson process
     phases: tuple[tuple[float, float, float], ...]
+    # Inter-arrival coefficient of variation: 1 is Poisson; above 1, gamma
+    # inter-arrivals of the same mean rate (bursts and lulls).
+    burst_cv: float = 1.0
+
+    def gap_s(self, rng: random.Random, rate: float) -> float:
+        if self.burst_cv == 1.0:
+            return rng.expovariate(rate)
+        k = 1.0 / self.burst_cv**2  # gamma shape; its scale keeps the mean 1 / rate
+        return rng.gammavariate(k, 1.0 / (k * rate))
 
 
 @dataclass(frozen=True)
@@ -82,6 +111,14 @@ class Scenario:
     title: str
     tenants: dict[str, TenantLoad]
     victim: str = ""
+    # With replicas: each tenant's requests go to one replica (its index in
+    # `tenants`, mod N), as when each service calls a replica of its own or a
+    # load balancer keeps affinity; else request i goes to replica i mod N.
+    affinity: bool = False
+
+    @property
+    def replica_of(self) -> dict[str, int]:
+        return {t: i for i, t in enumerate(self.tenants)}
 
     @property
     def weights(self) -> dict[str, float]:
@@ -92,11 +129,11 @@ class Scenario:
         for tenant, load in self.tenants.items():
             rng = random.Random(f"{seed}:{tenant}")
             for start, end, rate in load.phases:
-                t = start + rng.expovariate(rate)
+                t = start + load.gap_s(rng, rate)
                 while t < end:
                     prompt, output = load.shape.sample(rng)
                     out.append(Arrival(t, tenant, prompt, output))
-                    t += rng.expovariate(rate)
+                    t += load.gap_s(rng, rate)
         return sorted(out, key=lambda a: (a.t_s, a.tenant))
 
 
@@ -148,6 +185,24 @@ def scenarios(seconds: float) -> dict[str, Scenario]:
                 "chat2": _steady("chat", 2, chat, s),
                 "chat4": _steady("chat", 4, chat, s),
             },
+        ),
+        # Shaped like real traffic (the fleet issue's measurements): a production
+        # trace's long-prompt / short-output service with bursty arrivals beside a
+        # multi-turn conversation service of weight 2, both overloaded, and a light
+        # chat tenant, each service calling its own replica (on 2 replicas: rag and
+        # light on one, conv on the other): what lost fairness in the shared path.
+        "g": Scenario(
+            "g",
+            "real-traffic shape: bursty RAG service 1, conversations 2, a light chat tenant",
+            {
+                "rag": TenantLoad(
+                    1, SHAPES["rag"], ((0.0, s, SHAPES["rag"].capacity_rps),), burst_cv=2.5
+                ),
+                "conv": _steady("conversation", 2, SHAPES["conversation"].capacity_rps, s),
+                "light": _steady("chat", 1, victim_rps, s),
+            },
+            victim="light",
+            affinity=True,
         ),
         "f": Scenario(
             "f",

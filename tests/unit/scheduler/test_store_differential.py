@@ -42,13 +42,20 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
     isolation = draw(st.sampled_from([Isolation.RESERVE, Isolation.PREEMPT, Isolation.PREEMPT]))
     fraction = draw(st.sampled_from([0.0, 0.25, 0.5, 0.5]))
     credit = draw(st.sampled_from([0.0, 150.0, 4096.0]))
+    # The fleet order across replicas (rules.behind): off, strict, or with slack.
+    allowance = draw(st.sampled_from([math.inf, 0.0, 300.0, 4096.0]))
     weights = {t: draw(st.sampled_from([1.0, 1.0, 2.0, 4.0])) for t in TENANTS}
     steps: list[tuple[str, Step]] = []
     admitted: list[tuple[str, str]] = []  # (lease, tenant) candidates offered so far
     for k in range(draw(st.integers(5, 30))):
         replica = draw(st.sampled_from(REPLICAS))
         step = Step(
-            limits, w_in=1.0, reserve_fraction=fraction, isolation=isolation, light_credit=credit
+            limits,
+            w_in=1.0,
+            reserve_fraction=fraction,
+            isolation=isolation,
+            light_credit=credit,
+            allowance=allowance,
         )
         kinds = ["offer", "offer", "offer", "announce", "charge", "settle", "forget"]
         kind = draw(st.sampled_from(kinds))
@@ -101,7 +108,16 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
 def verdicts(out: StepOutcome) -> tuple[object, ...]:
     blocked = sorted((i, math.isinf(w)) for i, w in out.blocked.items())
     counters = {t: round(c, 6) for t, c in out.counters.items()}
-    return out.admitted, out.full, sorted(out.held), blocked, counters, out.in_flight, out.lent
+    return (
+        out.admitted,
+        out.full,
+        sorted(out.held),
+        blocked,
+        counters,
+        out.in_flight,
+        out.lent,
+        out.turn,
+    )
 
 
 @pytest.fixture
