@@ -109,6 +109,7 @@ class Entry:
             buckets=buckets,
             max_concurrent=self.cfg.quotas.max_concurrent,
             queued=queued,
+            seq=self.req.seq,
         )
 
     def settlement(self) -> Settlement:
@@ -202,8 +203,7 @@ class LocalQueues:
 
     def heads(self, limit: int, per_tenant: int) -> list[QueuedRequest]:
         """The next `per_tenant` requests of each of the first `limit` eligible
-        tenants in mirrored counter order, each tenant's in its queue's order,
-        the tenants in their heads' arrival order."""
+        tenants in mirrored counter order, each tenant's in its queue's order."""
 
         def key(t: str) -> float:
             return rules.order_key(
@@ -211,11 +211,7 @@ class LocalQueues:
             )
 
         tenants = heapq.nsmallest(limit, self.eligible(), key=key)
-        groups = [self._queues[t].upcoming(per_tenant) for t in tenants]
-        # Offered in their heads' arrival order: the store breaks a tie in VTC order
-        # by the offer's order, which must be the earlier head's (rules.vtc_rank).
-        groups.sort(key=lambda g: g[0].seq)
-        return [r for g in groups for r in g]
+        return [r for t in tenants for r in self._queues[t].upcoming(per_tenant)]
 
     def forget(self, tenant_id: str) -> None:
         """Drop what is kept of a tenant with nothing queued here (scheduler/idle.py)."""

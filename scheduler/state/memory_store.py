@@ -402,11 +402,14 @@ class _StoreRound:
         while pending:
             t = min(
                 pending,
-                key=lambda t: rules.vtc_rank(
-                    self.out.counters[t],
-                    cands[pending[t][0]].queued,
-                    self.step.light_credit,
-                    self.s.last_admitted.get(t, 0),
+                key=lambda t: (
+                    *rules.vtc_rank(
+                        self.out.counters[t],
+                        cands[pending[t][0]].queued,
+                        self.step.light_credit,
+                        self.s.last_admitted.get(t, 0),
+                        cands[pending[t][0]].seq,
+                    ),
                     pending[t][0],
                 ),
             )

@@ -246,7 +246,7 @@ for k = 1, nc do
   if not weighed[c.tenant] then redis.call('HSET', W, c.tenant, w); weighed[c.tenant] = true end
   c.weight, c.prompt, c.kv, c.take = num(w), num(nxt()), num(nxt()), nxt() == '1'
   c.rr, c.rb, c.tr, c.tb, c.maxc = opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt())
-  c.queued = num(nxt())
+  c.queued, c.seq = num(nxt()), num(nxt())
   c.idx = k - 1
   counters[c.tenant] = counters[c.tenant] or counter(c.tenant)
   cands[k] = c
@@ -422,6 +422,7 @@ while going do
   table.sort(heads, function(a, b)
     if a.key ~= b.key then return a.key < b.key end
     if a.last ~= b.last then return a.last < b.last end
+    if a.seq ~= b.seq then return a.seq < b.seq end  -- the earlier head (rules.vtc_rank)
     return a.idx < b.idx
   end)
   going = false

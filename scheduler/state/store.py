@@ -88,6 +88,9 @@ class Candidate:
     # Requests its tenant has queued on the offering replica from this one on (light
     # tenants get the fair-share reserve kept for them: rules.light).
     queued: int = 1
+    # Its arrival order on the offering replica: a tie in VTC order goes to the
+    # earlier head (rules.vtc_rank), whatever the order of the offer.
+    seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)

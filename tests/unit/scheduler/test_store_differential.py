@@ -79,7 +79,10 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
         else:
             cands = []
             offered = draw(st.lists(st.sampled_from(TENANTS), min_size=1, max_size=3))
-            for tenant in sorted(set(offered)):
+            # Each tenant's head arrived at some point (ties go to the earlier head,
+            # whatever the order of the offer); its next ones after it.
+            heads = draw(st.permutations(range(len(TENANTS))))
+            for n_tenant, tenant in enumerate(sorted(set(offered))):
                 # Its next few requests, as the pump offers them (queued counts down).
                 queued = draw(st.sampled_from([1, LIGHT_QUEUE, LIGHT_QUEUE + 1, 9]))
                 take, max_concurrent = draw(st.booleans()), draw(st.none() | st.integers(1, 2))
@@ -97,6 +100,7 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
                             buckets=SLOW,
                             max_concurrent=max_concurrent,
                             queued=queued - j,
+                            seq=100 * heads[n_tenant] + j,
                         )
                     )
                     admitted.append((lease, tenant))
