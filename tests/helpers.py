@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from service.app import App
 from service.engines.simulator.engine import SimulatedEngine
 
 
-async def eventually(cond: Callable[[], bool], timeout_s: float = 5.0, what: str = "") -> None:
+async def eventually(
+    cond: Callable[[], bool] | Callable[[], Awaitable[bool]],
+    timeout_s: float = 5.0,
+    what: str = "",
+) -> None:
+    """Poll `cond` (plain or async) until it holds; fail after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while not cond():
+    while True:
+        held = cond()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or cond}")
         await asyncio.sleep(0.01)
