@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
+import os
 import time
 from collections.abc import Awaitable, Callable
 
@@ -27,6 +29,13 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or cond}")
         await asyncio.sleep(0.01)
+
+
+def cpu_within(cpu_s: float, wall_s: float) -> bool:
+    """A process tree's CPU seconds over `wall_s`, read from /proc, is a reading:
+    not NaN, not negative, and no more than every core for the whole time (a
+    reading since the process started, or of the wrong process, is more)."""
+    return not math.isnan(cpu_s) and 0 <= cpu_s <= wall_s * (os.cpu_count() or 1)
 
 
 def sim(app: App) -> SimulatedEngine:
