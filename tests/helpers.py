@@ -3,19 +3,39 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+import math
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from service.app import App
 from service.engines.simulator.engine import SimulatedEngine
 
 
-async def eventually(cond: Callable[[], bool], timeout_s: float = 5.0, what: str = "") -> None:
+async def eventually(
+    cond: Callable[[], bool] | Callable[[], Awaitable[bool]],
+    timeout_s: float = 5.0,
+    what: str = "",
+) -> None:
+    """Poll `cond` (plain or async) until it holds; fail after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while not cond():
+    while True:
+        held = cond()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or cond}")
         await asyncio.sleep(0.01)
+
+
+def cpu_within(cpu_s: float, wall_s: float) -> bool:
+    """A process tree's CPU seconds over `wall_s`, read from /proc, is a reading:
+    not NaN, not negative, and no more than every core for the whole time (a
+    reading since the process started, or of the wrong process, is more)."""
+    return not math.isnan(cpu_s) and 0 <= cpu_s <= wall_s * (os.cpu_count() or 1)
 
 
 def sim(app: App) -> SimulatedEngine:

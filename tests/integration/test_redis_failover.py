@@ -85,7 +85,7 @@ async def test_redis_killed_and_restarted_under_load(
             assert err.value.retry_after_s is not None
         # Streams in flight when Redis comes back are adopted, then settled.
         late = [asyncio.create_task(_stream(c, i)) for i in range(2)] if mode == "open" else []
-        await asyncio.sleep(0.2)
+        await eventually(lambda: d.in_flight == len(late), what="the late streams run")
         own_redis.start()  # empty: the state was lost with the process
         await eventually(lambda: d.health.mode == "ok", timeout_s=5, what="reconciled")
         assert all(r == "length" for r in await asyncio.gather(*late))
@@ -95,11 +95,17 @@ async def test_redis_killed_and_restarted_under_load(
     await assert_no_leaks(app)
     assert d.quotas.open_reservations == 0
     store = RedisStore.from_url(own_redis.url, domain=app.models.default)
-    await eventually(lambda: d.pending_settlements == 0, what="settlements sent")
-    await asyncio.sleep(0.05)
-    snap = await store.snapshot()
-    await store.aclose()
-    assert snap.in_flight == 0 and snap.leases == set() and snap.concurrency == {}
+
+    async def nothing_held() -> bool:
+        """The last settlements have reached Redis (a step carries them)."""
+        snap = await store.snapshot()
+        return snap.in_flight == 0 and snap.leases == set() and snap.concurrency == {}
+
+    try:
+        await eventually(nothing_held, what="the store holds nothing")
+    finally:
+        await store.aclose()
+    assert d.pending_settlements == 0
     messages = [r.getMessage() for r in caplog.records]
     assert any(f"failing {mode}" in m for m in messages)
     assert any("shared store back" in m for m in messages)

@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -149,12 +150,28 @@ def test_capacity_stops_at_the_first_worker_count_over_the_bounds(
     assert not print_capacity(slow, 5.0, 0.95, final=False)
 
 
+# A child that spends 0.2 s of CPU, says so, then idles.
+_BURN = """
+import time
+while time.process_time() < 0.2:
+    pass
+print("burnt", flush=True)
+time.sleep(30)
+"""
+
+
 def test_process_tree_readings_include_children() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    tick_s = 1 / os.sysconf("SC_CLK_TCK")
+    child = subprocess.Popen([sys.executable, "-c", _BURN], stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout is not None and child.stdout.readline() == "burnt\n"
         assert child.pid in descendants(os.getpid())
         assert tree_rss_bytes(os.getpid()) > tree_rss_bytes(child.pid) > 0
-        assert tree_cpu_s(os.getpid()) >= tree_cpu_s(child.pid) >= 0
+        child_cpu_s = tree_cpu_s(child.pid)
+        assert child_cpu_s >= 0.2 - 2 * tick_s  # what it burnt, to the clock tick
+        own_cpu_s = time.process_time()
+        # This process's tree: its own CPU and its child's (and any other child's).
+        assert tree_cpu_s(os.getpid()) >= own_cpu_s + child_cpu_s - 2 * tick_s
     finally:
         child.kill()
         child.wait()

@@ -11,7 +11,7 @@ import pytest
 
 from scheduler import rules
 from scheduler.budget import AdmissionLimits
-from scheduler.clock import FakeClock, MonotonicClock
+from scheduler.clock import FakeClock
 from scheduler.errors import QueueTimeout, QuotaExceeded
 from scheduler.request import QueuedRequest
 from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
@@ -22,55 +22,27 @@ from scheduler.tenancy.tenants import TenantConfig, TenantQuotas, TenantRegistry
 from scheduler.timers import ManualTimers
 from tests.helpers import eventually
 from tests.redis_server import free_port
+from tests.unit.scheduler.shared_driver import Driver, FakeTime, start
 
 MakeStore = Callable[[], Awaitable[Store]]
 
 
+@pytest.fixture
+def fake() -> FakeTime:
+    return FakeTime()
+
+
 @pytest.fixture(params=["memory", "redis"])
-def make_store(request: pytest.FixtureRequest) -> MakeStore:
+def make_store(request: pytest.FixtureRequest, fake: FakeTime) -> MakeStore:
     async def make() -> Store:
         if request.param == "memory":
-            return MemoryStore(MonotonicClock())
-        return RedisStore.from_url(request.getfixturevalue("redis_url"), domain="sd")
+            return MemoryStore(fake.clock)
+        # Redis expires on its own clock: nothing may expire while the fake one
+        # stands still (heartbeats follow the fake clock).
+        url = request.getfixturevalue("redis_url")
+        return RedisStore.from_url(url, domain="sd", lease_ttl_s=3600, backlog_ttl_s=3600)
 
     return make
-
-
-class Driver:
-    """A dispatcher whose requests the test admits and finishes by hand."""
-
-    def __init__(self, d: SharedDispatcher) -> None:
-        self.d = d
-        self.tasks: dict[str, asyncio.Task[None]] = {}
-        self.reqs: dict[str, QueuedRequest] = {}
-        self.finished: set[str] = set()
-
-    def submit(self, request_id: str, tenant: str, kv: int = 100) -> asyncio.Task[None]:
-        req = QueuedRequest(request_id, tenant, kv // 2, kv - kv // 2)
-        self.reqs[request_id] = req
-        self.tasks[request_id] = asyncio.create_task(self.d.admit(req))
-        return self.tasks[request_id]
-
-    def running(self, tenant: str) -> list[str]:
-        return [
-            rid
-            for rid, t in self.tasks.items()
-            if t.done() and not t.cancelled() and not t.exception() and rid not in self.finished
-            if self.reqs[rid].tenant_id == tenant
-        ]
-
-    def finish(self, request_id: str) -> None:
-        self.finished.add(request_id)
-        self.d.finish(self.reqs[request_id])
-
-    async def aclose(self) -> None:
-        for t in self.tasks.values():
-            t.cancel()
-        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
-        for tenant in {r.tenant_id for r in self.reqs.values()}:
-            for rid in self.running(tenant):
-                self.finish(rid)
-        await self.d.aclose()
 
 
 @pytest.fixture
@@ -81,31 +53,20 @@ async def drivers() -> AsyncIterator[list[Driver]]:
         await drv.aclose()
 
 
-async def start(
-    drivers: list[Driver],
-    store: Store,
-    limits: AdmissionLimits,
-    tenants: TenantRegistry | None = None,
-    replica: str = "r1",
-    **options: object,
-) -> Driver:
-    opts = SharedOptions(replica, poll_s=0.005, **options)  # type: ignore[arg-type]
-    d = SharedDispatcher(store, limits, MonotonicClock(), opts, tenants=tenants)
-    await d.start()
-    drivers.append(Driver(d))
-    return drivers[-1]
-
-
 # -- the fair-share reserve --------------------------------------------------------
 async def victim_after_the_first_wave(drv: Driver, *, reserve: bool) -> asyncio.Task[None]:
     """A flood fills the 8 slots alone; a victim queues (the first wave: it must
     wait for a flood request to end). While the victim's first request runs and
     the flood's stream, a flood request ends: with the reserve that slot is kept
     (the flood is over its share), without it the flood takes it. Then the
-    victim sends its second request. Judged on the dispatcher's state, not time."""
+    victim sends its second request. Judged on the dispatcher's state, not time
+    (which stands still: the pump steps only when kicked)."""
     for k in range(24):
         drv.submit(f"f{k}", "flood")
-    await eventually(lambda: drv.d.in_flight == 8, what="the flood fills the engine")
+    await eventually(
+        lambda: len(drv.running("flood")) == 8 and drv.d.told_everything,
+        what="the flood fills the engine",
+    )
     first = drv.submit("v1", "victim")
     decisions = drv.d.decisions_total
     await eventually(lambda: drv.d.decisions_total > decisions, what="v1 is considered")
@@ -125,42 +86,47 @@ async def victim_after_the_first_wave(drv: Driver, *, reserve: bool) -> asyncio.
 
 
 async def test_reserve_admits_a_victim_beside_a_flood_without_waiting(
-    make_store: MakeStore, drivers: list[Driver]
+    make_store: MakeStore, drivers: list[Driver], fake: FakeTime
 ) -> None:
-    drv = await start(
-        drivers, await make_store(), AdmissionLimits(8, 100_000), reserve_fraction=1 / 8
-    )
+    store = await make_store()
+    drv = await start(drivers, fake, store, AdmissionLimits(8, 100_000), reserve_fraction=1 / 8)
     second = await victim_after_the_first_wave(drv, reserve=True)
     await eventually(second.done, what="the victim enters the reserve")
     assert drv.d.in_flight == 8 and len(drv.running("flood")) == 6
 
 
 async def test_the_reserve_is_kept_for_a_light_tenant_queued_on_another_replica(
-    make_store: MakeStore, drivers: list[Driver]
+    make_store: MakeStore, drivers: list[Driver], fake: FakeTime
 ) -> None:
     # The flood on r1, the victim on r2: r1's steps never carry the victim, so the
     # store must know from r2 that the victim is light (one request queued there).
     store = await make_store()
     limits = AdmissionLimits(8, 100_000)
-    flood = await start(drivers, store, limits, reserve_fraction=1 / 8, replica="r1")
-    victim = await start(drivers, store, limits, reserve_fraction=1 / 8, replica="r2")
+    flood = await start(drivers, fake, store, limits, reserve_fraction=1 / 8, replica="r1")
+    victim = await start(drivers, fake, store, limits, reserve_fraction=1 / 8, replica="r2")
     for k in range(24):
         flood.submit(f"f{k}", "flood")
-    await eventually(lambda: flood.d.in_flight == 8, what="the flood fills the engine alone")
+    await eventually(
+        lambda: len(flood.running("flood")) == 8 and flood.d.told_everything,
+        what="the flood fills the engine alone",
+    )
     v1 = victim.submit("v1", "victim")
     decisions = victim.d.decisions_total
     await eventually(lambda: victim.d.decisions_total > decisions, what="v1 is considered")
     assert not v1.done()  # every slot is the flood's
     holds = flood.d.reserve_holds_total
     flood.finish(flood.running("flood")[0])  # r1 steps first: the 8th slot is the reserve
-    await eventually(v1.done, what="v1 gets the slot the flood was held out of")
-    assert flood.d.reserve_holds_total > holds and flood.d.in_flight == 7
+    await eventually(lambda: flood.d.reserve_holds_total > holds, what="the flood is held")
+    assert flood.d.in_flight == 7
+    # r2 learns of the room at its next poll.
+    await fake.until(v1.done, "v1 gets the slot the flood was held out of")
+    assert flood.d.in_flight == 7
 
 
 async def test_without_the_reserve_the_victim_waits(
-    make_store: MakeStore, drivers: list[Driver]
+    make_store: MakeStore, drivers: list[Driver], fake: FakeTime
 ) -> None:
-    drv = await start(drivers, await make_store(), AdmissionLimits(8, 100_000))
+    drv = await start(drivers, fake, await make_store(), AdmissionLimits(8, 100_000))
     second = await victim_after_the_first_wave(drv, reserve=False)
     decisions = drv.d.decisions_total
     await eventually(lambda: drv.d.decisions_total > decisions, what="v2 is considered")
@@ -170,7 +136,7 @@ async def test_without_the_reserve_the_victim_waits(
 
 
 async def test_preempt_lends_the_room_beyond_a_full_fleet_to_a_light_tenant(
-    make_store: MakeStore, drivers: list[Driver]
+    make_store: MakeStore, drivers: list[Driver], fake: FakeTime
 ) -> None:
     # Isolation.PREEMPT: the flood (on r1) fills all 8 slots, alone it is lent
     # nothing; the victim (on r2) is admitted at once beyond them, marked lent
@@ -179,13 +145,16 @@ async def test_preempt_lends_the_room_beyond_a_full_fleet_to_a_light_tenant(
     store = await make_store()
     limits = AdmissionLimits(8, 100_000)
     lend = {"reserve_fraction": 1 / 8, "isolation": rules.Isolation.PREEMPT}
-    flood = await start(drivers, store, limits, replica="r1", **lend)
-    victim = await start(drivers, store, limits, replica="r2", **lend)
+    flood = await start(drivers, fake, store, limits, replica="r1", **lend)
+    victim = await start(drivers, fake, store, limits, replica="r2", **lend)
     for k in range(12):
         flood.submit(f"f{k}", "flood")
-    await eventually(lambda: flood.d.in_flight == 8, what="the flood fills the engine alone")
+    await eventually(
+        lambda: len(flood.running("flood")) == 8 and flood.d.told_everything,
+        what="the flood fills the engine alone",
+    )
     decisions = flood.d.decisions_total
-    await eventually(lambda: flood.d.decisions_total > decisions + 1, what="the flood retries")
+    await fake.until(lambda: flood.d.decisions_total > decisions, "the flood polls again")
     assert flood.d.in_flight == 8 and flood.d.stats().lent_total == 0
     await victim.submit("v1", "victim")
     assert victim.reqs["v1"].lent and victim.d.stats().lent_total == 1
@@ -194,7 +163,7 @@ async def test_preempt_lends_the_room_beyond_a_full_fleet_to_a_light_tenant(
     await eventually(lambda: victim.d.decisions_total > decisions, what="v2 is considered")
     assert not v2.done()  # beyond the lent room: it waits for a request to end
     flood.finish(flood.running("flood")[0])
-    await eventually(v2.done, what="v2 takes the freed slot")
+    await fake.until(v2.done, "v2 takes the freed slot (r2 learns of it at its next poll)")
     # v1 still holds a slot of the 8: v2 is lent again, the flood waits.
     assert victim.reqs["v2"].lent and victim.d.stats().lent_total == 2
     assert len(flood.running("flood")) == 7 and flood.d.stats().queued == 4
@@ -207,23 +176,33 @@ def dead_redis() -> RedisStore:
 
 @pytest.mark.parametrize(("kv", "admitted"), [(100, 4), (200, 2)])
 async def test_fail_open_admits_half_the_engine_room_with_two_replicas(
-    drivers: list[Driver], kv: int, admitted: int
+    drivers: list[Driver], fake: FakeTime, kv: int, admitted: int
 ) -> None:
     # 8 slots and 1000 KV tokens: alone while Redis is down, 4 slots and 500 KV.
-    drv = await start(drivers, dead_redis(), AdmissionLimits(8, 1000), replicas=2, retry_s=60.0)
+    retry_s = 60.0
+    drv = await start(
+        drivers, fake, dead_redis(), AdmissionLimits(8, 1000), replicas=2, retry_s=retry_s
+    )
     for k in range(8):
         drv.submit(f"r{k}", "t", kv=kv)
-    await eventually(lambda: drv.d.health.mode == "open", what="failing open")
-    await eventually(lambda: drv.d.in_flight == admitted, what=f"{admitted} admitted")
-    await asyncio.sleep(0.05)
-    assert drv.d.in_flight == admitted and drv.d.queued == 8 - admitted
+    # Suspect first: the clock moves through the retries' backoffs until it fails over.
+    await fake.until(lambda: drv.d.health.mode == "open", "failing open")
+    probe_s = fake.clock.now_s() + retry_s  # the clock stands still from here
+
+    def parked_full() -> bool:
+        """The pump found this replica's share full and sleeps until its next probe:
+        nothing more happens until a request ends or the clock moves."""
+        return len(drv.running("t")) == admitted and fake.timers.next_s() == probe_s
+
+    await eventually(parked_full, what=f"{admitted} admitted, then the pump sleeps")
+    assert drv.d.queued == 8 - admitted
     drv.finish(drv.running("t")[0])  # a local finish frees local room
-    await eventually(lambda: drv.d.in_flight == admitted, what="refilled")
-    assert drv.d.queued == 7 - admitted
+    await eventually(lambda: drv.d.queued == 7 - admitted, what="refilled")
+    await eventually(parked_full, what="full again")
 
 
 async def test_fail_open_gives_each_replica_half_a_tenants_buckets(
-    drivers: list[Driver],
+    drivers: list[Driver], fake: FakeTime
 ) -> None:
     tenants = TenantRegistry(
         [
@@ -237,8 +216,15 @@ async def test_fail_open_gives_each_replica_half_a_tenants_buckets(
             ),
         ]
     )
+    retry_s = 60.0
     drv = await start(
-        drivers, dead_redis(), AdmissionLimits(100, 100_000), tenants, replicas=2, retry_s=60.0
+        drivers,
+        fake,
+        dead_redis(),
+        AdmissionLimits(100, 100_000),
+        tenants,
+        replicas=2,
+        retry_s=retry_s,
     )
     for k in range(2):
         await asyncio.wait_for(drv.submit(f"rq{k}", "rq"), 1.0)
@@ -248,9 +234,14 @@ async def test_fail_open_gives_each_replica_half_a_tenants_buckets(
     assert err.value.limit == "requests_per_s"
     for k in range(4):
         drv.submit(f"tk{k}", "tk", kv=100)
-    await eventually(lambda: len(drv.running("tk")) == 2, what="half of 400 tokens admitted")
-    await asyncio.sleep(0.05)
-    assert len(drv.running("tk")) == 2 and drv.d.queued == 2
+    # The clock never moved (the arrivals' reserve failed over): the pump, with "tk"
+    # paused for its bucket (a minute per token), sleeps until its next probe.
+    probe_s = fake.clock.now_s() + retry_s
+    await eventually(
+        lambda: len(drv.running("tk")) == 2 and fake.timers.next_s() == probe_s,
+        what="half of 400 tokens admitted, then the pump sleeps",
+    )
+    assert drv.d.queued == 2 and set(drv.d.paused_tenants) == {"tk"}
 
 
 # -- injected time --------------------------------------------------------------------
@@ -271,9 +262,10 @@ async def test_queue_wait_and_pump_wake_ups_run_on_the_injected_clock() -> None:
     await asyncio.wait_for(d.admit(first), 1.0)
     second = asyncio.create_task(d.admit(QueuedRequest("2", "t", 10, 10)))
     await eventually(lambda: d.queued == 1 and timers.next_s() == 100.5, what="full: poll")
+    decisions = d.decisions_total
     clock.set(104.9)
-    timers.run_due()
-    await asyncio.sleep(0.02)
+    timers.run_due()  # the poll: the engine is still full
+    await eventually(lambda: d.decisions_total > decisions, what="the poll's step")
     assert not second.done() and timers.next_s() == 105.0  # its queue-wait expiry
     clock.set(105.0)
     timers.run_due()
@@ -366,8 +358,8 @@ async def test_idle_tenants_the_registry_does_not_configure_are_forgotten_fleet_
 class BrokenOnce(MemoryStore):
     """A real store whose next step raises what no store may raise (a bug's stand-in)."""
 
-    def __init__(self) -> None:
-        super().__init__(MonotonicClock())
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
         self.armed = False
 
     async def step(self, replica_id: str, step: Step) -> StepOutcome:
@@ -378,11 +370,11 @@ class BrokenOnce(MemoryStore):
 
 
 async def test_a_dead_pump_is_logged_and_restarted(
-    drivers: list[Driver], caplog: pytest.LogCaptureFixture
+    drivers: list[Driver], fake: FakeTime, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="scheduler.shared.dispatcher")
-    store = BrokenOnce()
-    drv = await start(drivers, store, AdmissionLimits(8, 1000), retry_s=0.05)
+    store = BrokenOnce(fake.clock)
+    drv = await start(drivers, fake, store, AdmissionLimits(8, 1000), retry_s=0.05)
     await asyncio.wait_for(drv.submit("a", "t"), 1.0)
     store.armed = True
     second = drv.submit("b", "t")  # its step kills the pump
@@ -394,15 +386,16 @@ async def test_a_dead_pump_is_logged_and_restarted(
 
 # -- several admissions per step -----------------------------------------------------
 async def test_a_wave_of_finishes_is_admitted_in_a_few_store_round_trips(
-    make_store: MakeStore, drivers: list[Driver]
+    make_store: MakeStore, drivers: list[Driver], fake: FakeTime
 ) -> None:
     """One tenant queues 40 behind a full engine of 16; when all 16 finish, the
     next 16 are admitted in fewer steps than requests (per_tenant at a time)."""
     store = await make_store()
-    drv = await start(drivers, store, AdmissionLimits(16, 1_000_000), per_tenant=8)
+    drv = await start(drivers, fake, store, AdmissionLimits(16, 1_000_000), per_tenant=8)
     for k in range(40):
         drv.submit(f"r{k}", "t")
-    await eventually(lambda: drv.d.in_flight == 16, what="the first 16 are admitted")
+    # (Judged by the callers' tasks: finish() needs them back from admit().)
+    await eventually(lambda: len(drv.running("t")) == 16, what="the first 16 are admitted")
     trips = store.round_trips
     for rid in drv.running("t"):
         drv.finish(rid)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import redis as redis_lib
 
 from scheduler.budget import AdmissionLimits
-from scheduler.clock import MonotonicClock
+from scheduler.clock import FakeClock
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.redis_store import RedisStore
 from scheduler.state.store import (
@@ -23,20 +22,38 @@ from scheduler.state.store import (
     Store,
 )
 from scheduler.tenancy.tenants import TenantConfig, TenantQuotas
+from tests.unit.scheduler.store_time import STEP_S, StoreTime
 
 LIMITS = AdmissionLimits(max_requests=2, max_kv_tokens=1000)
-TTL = {"lease_ttl_s": 0.3, "backlog_ttl_s": 0.3}
+# Long enough that nothing expires while a test runs, unless it asks for less.
+TTL = {"lease_ttl_s": 60.0, "backlog_ttl_s": 60.0}
+
+MakeStore = Callable[..., Store]
 
 
 @pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore(MonotonicClock(), **TTL)
-        return
-    url = request.getfixturevalue("redis_url")
-    s = RedisStore.from_url(url, domain="contract", **TTL)
-    yield s
-    await s.aclose()
+async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[MakeStore]:
+    """A store of the kind under test; `ttls` override TTL. The memory store reads a
+    FakeClock the test moves (store_time.py)."""
+    made: list[Store] = []
+
+    def make(**ttls: float) -> Store:
+        if request.param == "memory":
+            s: Store = MemoryStore(FakeClock(), **(TTL | ttls))
+        else:
+            url = request.getfixturevalue("redis_url")
+            s = RedisStore.from_url(url, domain="contract", **(TTL | ttls))
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        await s.aclose()
+
+
+@pytest.fixture
+def store(make_store: MakeStore) -> Store:
+    return make_store()
 
 
 def cand(lease: str, tenant: str, prompt: int = 10, kv: int = 100, **kw: object) -> Candidate:
@@ -138,9 +155,16 @@ async def test_wait_mode_candidates_are_blocked_until_their_buckets_allow(store:
         "r1", Step(LIMITS, candidates=[cand("2", "slow", kv=80, take_buckets=True, buckets=b)])
     )
     assert out.admitted == [] and not out.full
-    assert 0.4 < out.blocked[0] <= 0.61  # 60 missing at 100 tokens/s
-    await asyncio.sleep(out.blocked[0])
-    assert await admit(store, cand("2", "slow", kv=80, take_buckets=True, buckets=b)) == [0]
+    wait_s = out.blocked[0]
+    assert 0.4 < wait_s <= 0.61  # 60 missing at 100 tokens/s
+
+    async def admitted() -> bool:
+        return await admit(store, cand("2", "slow", kv=80, take_buckets=True, buckets=b)) == [0]
+
+    t = StoreTime(store)
+    waited_s = await t.until(admitted, "the bucket lets it in")
+    if t.fake is not None:  # blocked until the instant it said, not after
+        assert wait_s <= waited_s < wait_s + STEP_S
 
 
 async def test_max_concurrent_is_fleet_wide(store: Store) -> None:
@@ -199,26 +223,41 @@ async def test_forget_keeps_a_bucket_until_full_unless_it_is_written_again(
 ) -> None:
     b = BucketLimits(tokens_per_s=250.0, tokens_burst=100)
     assert await store.reserve("1", "a", 100, b) == ("", 0.0)  # empty: full in 0.4 s
-    assert await store.reserve("2", "b", 100, b) == ("", 0.0)
+    assert await store.reserve("2", "b", 40, b) == ("", 0.0)  # 60 left: full in 0.16 s
     await store.step("r1", Step(LIMITS, settlements=[Settlement("1", "a"), Settlement("2", "b")]))
     await store.step("r1", Step(LIMITS, forget={"a": b, "b": b}))
     assert {"a", "b"} <= set((await store.snapshot()).bucket_levels)  # not full yet: kept
-    await asyncio.sleep(0.2)
-    assert await store.reserve("3", "b", 40, b) == ("", 0.0)  # b is back: written again
-    await asyncio.sleep(0.6)  # both full by now
-    levels = (await store.snapshot()).bucket_levels
-    assert "a" not in levels  # gone once full
-    assert "b" in levels  # live again: kept (a full bucket reads as an absent one)
+    assert await store.reserve("3", "b", 1, b) == ("", 0.0)  # b is back: written again
+
+    async def a_gone() -> bool:
+        return "a" not in (await store.snapshot()).bucket_levels
+
+    t = StoreTime(store)
+    waited_s = await t.until(a_gone, "a's bucket goes once full")
+    if t.fake is not None:
+        assert 0.4 <= waited_s < 0.4 + STEP_S
+    # b has been full for a while (forgotten, it would have gone at 0.16 s), but it
+    # is live again: kept (a full bucket reads as an absent one).
+    assert "b" in (await store.snapshot()).bucket_levels
 
 
-async def test_a_dead_replicas_leases_and_backlog_expire(store: Store) -> None:
+async def test_a_dead_replicas_leases_and_backlog_expire(make_store: MakeStore) -> None:
+    ttl_s = 0.25
+    store = make_store(lease_ttl_s=ttl_s, backlog_ttl_s=ttl_s)
     assert await admit(store, cand("1", "a"), replica="dead", announce=["a"]) == [0]
     assert await admit(store, cand("2", "b"), replica="alive") == [0]
-    for _ in range(3):
-        await asyncio.sleep(0.15)  # renewed by its heartbeat, "alive" keeps its lease
+
+    async def only_the_live_replicas_left() -> bool:
+        # "alive" heartbeats (renews its lease) as often as the test looks.
         await store.step("alive", Step(LIMITS, renew=[Lease("2", "b", 100)]))
-    snap = await store.snapshot()
-    assert snap.leases == {"2"} and snap.in_flight == 1 and snap.backlog == {}
+        snap = await store.snapshot()
+        assert "2" in snap.leases
+        return snap.leases == {"2"} and snap.in_flight == 1 and snap.backlog == {}
+
+    t = StoreTime(store)
+    waited_s = await t.until(only_the_live_replicas_left, "the dead replica's state expires")
+    if t.fake is not None:  # gone at its TTL, not before
+        assert ttl_s <= waited_s < ttl_s + STEP_S
 
 
 async def test_renew_adopts_missing_leases_but_not_settled_ones(store: Store) -> None:

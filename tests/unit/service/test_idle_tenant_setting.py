@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from scheduler.budget import AdmissionLimits
-from scheduler.clock import MonotonicClock
+from scheduler.clock import FakeClock
 from scheduler.request import QueuedRequest
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 from service.app import policy_options
@@ -19,14 +17,14 @@ from service.shared_state import build_dispatcher
 async def test_an_idle_unconfigured_tenant_is_forgotten_after_the_configured_ttl(
     store: str, request: pytest.FixtureRequest
 ) -> None:
-    env = {"FAIRGATE_IDLE_TENANT_TTL_S": "1"}  # the default, 600 s, would outlast the test
+    env = {"FAIRGATE_IDLE_TENANT_TTL_S": "1"}  # not the default, 600 s
     if store == "redis":
         env |= {
             "FAIRGATE_STORE": "redis",
             "FAIRGATE_REDIS_URL": request.getfixturevalue("redis_url"),
         }
     settings = Settings.from_env(env)
-    clock = MonotonicClock()
+    clock = FakeClock(100.0)  # the dispatchers sweep on it; the test moves it
     reg = TenantRegistry([], template=TenantConfig("x"))  # open mode: any id is a tenant
     gate = await build_dispatcher(
         settings, policy_options(settings, clock, reg), AdmissionLimits(4, 10_000), clock, reg, "m"
@@ -45,12 +43,11 @@ async def test_an_idle_unconfigured_tenant_is_forgotten_after_the_configured_ttl
     try:
         await one("caller")
         assert "caller" in known()
-
-        async def gone() -> None:
-            while "caller" in known():
-                await one("other")  # arrivals (and the pump) run the sweep
-                await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(gone(), 10.0)
+        clock.advance(0.9)  # idle, but not for the TTL yet
+        await one("other")  # arrivals run the sweep
+        assert "caller" in known()
+        clock.advance(0.35)  # 1.25 s idle, past a sweep (every TTL / 4)
+        await one("other")
+        assert "caller" not in known() and "other" in known()
     finally:
         await gate.aclose()
