@@ -90,10 +90,11 @@ class _QueueRound:
     """The dispatcher's queues, budget, quotas and reserve as a `decision.Round`:
     I/O for the one admission decision (no rule here)."""
 
-    __slots__ = ("d",)
+    __slots__ = ("d", "entry")
 
     def __init__(self, d: Dispatcher) -> None:
         self.d = d
+        self.entry: _Entry | None = None  # the last head's (`head` to `admit`)
 
     @property
     def limits(self) -> AdmissionLimits:
@@ -114,11 +115,14 @@ class _QueueRound:
             if entry is None:
                 raise AssertionError(f"policy returned unknown request {head.request_id}")
             if entry.waiter.wanted():
+                self.entry = entry
                 return head
             d._drop(entry)  # its caller was cancelled and has not run its cleanup yet
         return None
 
     def _entry(self, req: QueuedRequest) -> _Entry:
+        if self.entry is not None and self.entry.req is req:
+            return self.entry
         entry = self.d._entries.get(id(req))
         if entry is None:
             raise AssertionError(f"{req.request_id!r} is not queued")
@@ -212,6 +216,7 @@ class Dispatcher:
         # Rounds stopped to keep the fair-share reserve for a tenant below its share.
         self.reserve_holds_total = 0
         self.lent_total = 0
+        self._round = _QueueRound(self)
 
     @property
     def queued(self) -> int:
@@ -302,11 +307,11 @@ class Dispatcher:
         self._arm()
 
     def _admit_while_room(self) -> None:
-        decision.admit_round(_QueueRound(self), self.reserve.fraction, self.isolation)
+        decision.admit_round(self._round, self.reserve.fraction, self.isolation)
 
     def round(self) -> decision.Round[QueuedRequest]:
         """This dispatcher's state as the one decision sees it (scheduler/decision.py)."""
-        return _QueueRound(self)
+        return self._round
 
     def _pause(self, tenant_id: str, wait_s: float) -> None:
         until_s = math.inf if math.isinf(wait_s) else self.clock.now_s() + wait_s

@@ -275,21 +275,21 @@ class MemoryStore:
             lambda t: (self.concurrency.get(t, 0), self.kv_by_tenant.get(t, 0)),
         )
 
-    def _first_elsewhere(self, replica_id: str, tenant: str, light_credit: float) -> float | None:
-        """The smallest `order_key` among the tenants other than `tenant` backlogged
-        and eligible (not held: a length >= 0, or unknown) on another replica; their
-        queue lengths summed over every replica (unknown: heavy). None: none."""
+    def _elsewhere(self, replica_id: str) -> dict[str, int]:
+        """The tenants backlogged and eligible (not held: a length >= 0, or unknown)
+        on a replica other than `replica_id`, with their queue lengths summed over
+        every replica (unknown: heavy), for `rules.behind`. Empty with one replica."""
+        if all(r == replica_id for r, _ in self.backlog):
+            return {}
         heavy = rules.LIGHT_QUEUE + 1
         queued: dict[str, int] = {}
         for key in self.backlog:
             queued[key[1]] = queued.get(key[1], 0) + abs(self.backlog_queued.get(key, heavy))
-        first: float | None = None
-        for r, t in self.backlog:
-            if r == replica_id or t == tenant or self.backlog_queued.get((r, t), 0) < 0:
-                continue
-            k = rules.order_key(self.counters.get(t, 0.0), queued[t], light_credit)
-            first = k if first is None else min(first, k)
-        return first
+        return {
+            t: queued[t]
+            for r, t in self.backlog
+            if r != replica_id and self.backlog_queued.get((r, t), 0) >= 0
+        }
 
     def _admit(self, step: Step, c: Candidate, now_s: float, out: StepOutcome) -> None:
         """Charge and open candidate `c`: its buckets (wait mode), the VTC admission
@@ -380,6 +380,7 @@ class _StoreRound:
     ) -> None:
         self.s, self.step, self.now_s, self.out = store, step, now_s, out
         self.replica_id = replica_id
+        self.elsewhere: dict[str, int] | None = None
         self.pending: dict[str, deque[int]] = {}
         for i, c in enumerate(step.candidates):
             self.pending.setdefault(c.tenant_id, deque()).append(i)
@@ -443,8 +444,19 @@ class _StoreRound:
         step = self.step
         if math.isinf(step.allowance):
             return False
-        first = self.s._first_elsewhere(self.replica_id, c.tenant_id, step.light_credit)
-        key = rules.order_key(self.out.counters[c.tenant_id], c.queued, step.light_credit)
+        if self.elsewhere is None:  # the backlog does not change during a round
+            self.elsewhere = self.s._elsewhere(self.replica_id)
+        # Their counters may: a tenant backlogged here too is charged as admitted.
+        credit, counters = step.light_credit, self.s.counters
+        first = min(
+            (
+                rules.order_key(counters.get(t, 0.0), q, credit)
+                for t, q in self.elsewhere.items()
+                if t != c.tenant_id
+            ),
+            default=None,
+        )
+        key = rules.order_key(self.out.counters[c.tenant_id], c.queued, credit)
         return rules.behind(key, first, step.allowance)
 
     def hold(self, c: Candidate, wait_s: float) -> None:

@@ -327,21 +327,36 @@ end
 local admitted, full, blocked, held, lent, turn = {}, 0, {}, {}, {}, 0
 -- rules.behind: the smallest order_key among the other tenants backlogged and
 -- eligible (length >= 0, or unknown) on another replica, their lengths summed over
--- the replicas (unknown: heavy) (memory_store.py: _first_elsewhere)
+-- the replicas (unknown: heavy) (memory_store.py: _elsewhere); read once (the
+-- backlog does not change during the decision; counters may: read at each use)
+local elsewhere = nil
 local function first_elsewhere(tenant)
-  local members = redis.call('ZRANGE', BL, 0, -1)
-  local q, first = {}, nil
-  for _, m in ipairs(members) do
-    local tt = string.sub(m, string.find(m, '\0', 1, true) + 1)
-    local len = math.abs(tonumber(redis.call('HGET', BLQ, m)) or (LIGHT_QUEUE + 1))
-    q[tt] = (q[tt] or 0) + len
+  if elsewhere == nil then
+    elsewhere = {}
+    local members = redis.call('ZRANGE', BL, 0, -1)
+    local q, others = {}, false
+    for _, m in ipairs(members) do
+      local sep = string.find(m, '\0', 1, true)
+      local tt = string.sub(m, sep + 1)
+      local len = math.abs(tonumber(redis.call('HGET', BLQ, m)) or (LIGHT_QUEUE + 1))
+      q[tt] = (q[tt] or 0) + len
+      if string.sub(m, 1, sep - 1) ~= replica then others = true end
+    end
+    if others then
+      for _, m in ipairs(members) do
+        local sep = string.find(m, '\0', 1, true)
+        local r, tt = string.sub(m, 1, sep - 1), string.sub(m, sep + 1)
+        if r ~= replica and (tonumber(redis.call('HGET', BLQ, m)) or 0) >= 0 then
+          elsewhere[tt] = q[tt]
+        end
+      end
+    end
   end
-  for _, m in ipairs(members) do
-    local sep = string.find(m, '\0', 1, true)
-    local r, tt = string.sub(m, 1, sep - 1), string.sub(m, sep + 1)
-    if r ~= replica and tt ~= tenant and (tonumber(redis.call('HGET', BLQ, m)) or 0) >= 0 then
+  local first = nil
+  for tt, qn in pairs(elsewhere) do
+    if tt ~= tenant then
       local k = counter(tt)
-      if q[tt] <= LIGHT_QUEUE then k = k - light_credit end
+      if qn <= LIGHT_QUEUE then k = k - light_credit end
       if first == nil or k < first then first = k end
     end
   end
