@@ -291,9 +291,13 @@ class MemoryStore:
             if r != replica_id and self.backlog_queued.get((r, t), 0) >= 0
         }
 
-    def _admit(self, step: Step, c: Candidate, now_s: float, out: StepOutcome) -> None:
+    def _admit(
+        self, replica_id: str, step: Step, c: Candidate, now_s: float, out: StepOutcome
+    ) -> None:
         """Charge and open candidate `c`: its buckets (wait mode), the VTC admission
-        charge, its lease."""
+        charge, its lease; its tenant has one fewer queued on `replica_id` (exactly
+        `c.queued - 1`: light or heavy for the rest of the round, as a dispatcher
+        counts it)."""
         if c.take_buckets:
             self._add(c.tenant_id, -1.0, -float(c.kv_tokens), c.buckets, now_s)
         counter = out.counters[c.tenant_id]
@@ -305,6 +309,9 @@ class MemoryStore:
         self.admissions += 1
         self.last_admitted[c.tenant_id] = self.admissions
         self._open(c.lease_id, c.tenant_id, c.kv_tokens, now_s)
+        key = (replica_id, c.tenant_id)
+        if key in self.backlog:
+            self.backlog_queued[key] = min(c.queued - 1, rules.LIGHT_QUEUE + 1)
 
     async def reserve(
         self, lease_id: str, tenant_id: str, tokens: int, buckets: BucketLimits
@@ -474,5 +481,5 @@ class _StoreRound:
     def admit(self, c: Candidate, lent: bool) -> bool:
         if lent:
             self.out.lent.append(self.index[id(c)])
-        self.s._admit(self.step, c, self.now_s, self.out)
+        self.s._admit(self.replica_id, self.step, c, self.now_s, self.out)
         return self._taken(c)

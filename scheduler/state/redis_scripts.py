@@ -414,6 +414,13 @@ local function decide(c)
   counters[c.tenant] = after
   redis.call('HSET', LA, c.tenant, redis.call('INCR', ADM))
   open(c.id, c.tenant, c.kv)
+  -- one fewer queued here, exactly (memory_store.py: _admit); the reserve's view
+  -- is read again
+  local m = replica .. '\0' .. c.tenant
+  if redis.call('ZSCORE', BL, m) then
+    redis.call('HSET', BLQ, m, math.min(c.queued - 1, LIGHT_QUEUE + 1))
+    active = nil
+  end
   n = n + 1
   kv = kv + c.kv
   table.insert(admitted, c.idx)
