@@ -5,7 +5,6 @@ stand-in worker runs in a child process on its own (asyncio) loop."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import aiohttp
 import pytest
@@ -38,12 +37,9 @@ async def _serve_and_stream() -> tuple[str, int, str, str]:
 
 
 async def _through(worker_url: str) -> tuple[str, int, str, str]:
-    settings = dataclasses.replace(
-        Settings(listen="127.0.0.1:0", shutdown_grace_s=1.0),
-        engine="sglang-http",
-        sglang_urls=worker_url,
-        http_listen="127.0.0.1:0",
-    ).validate()
+    settings = Settings(listen="127.0.0.1:0", shutdown_grace_s=1.0).replace(
+        engine="sglang-http", sglang_urls=worker_url, http_listen="127.0.0.1:0"
+    )
     app = await App.start(settings, Telemetry.disabled())
     try:
         async with AsyncClient(app.address) as c:
