@@ -152,7 +152,8 @@ class Settings(BaseSettings):
         False, "Like SGLang's --enable-priority-scheduling: engine priorities order prefills."
     )
     sim_disable_priority_preemption: bool = _s(
-        False, "Like SGLang's --disable-priority-preemption (else a priority gap above 10 preempts)."
+        False,
+        "Like SGLang's --disable-priority-preemption (else a priority gap above 10 preempts).",
     )
     # -- SGLang -----------------------------------------------------------------------
     sglang_urls: str = _s(
@@ -169,7 +170,9 @@ class Settings(BaseSettings):
         False,
         "The server runs --incremental-streaming-output (its /server_info wins when it says).",
     )
-    sglang_health_interval_s: float = _s(2.0, "How often each SGLang worker's health is read.", gt=0)
+    sglang_health_interval_s: float = _s(
+        2.0, "How often each SGLang worker's health is read.", gt=0
+    )
     sglang_eject_after_failures: int = _s(
         3, "Pool circuit breaker: stream failures in a row that eject a worker.", ge=1
     )
@@ -244,8 +247,7 @@ class Settings(BaseSettings):
     )
     idle_tenant_ttl_s: float = _s(
         600.0,
-        "A tenant the registry does not configure is forgotten, fleet-wide, after this "
-        "long idle.",
+        "A tenant the registry does not configure is forgotten, fleet-wide, after this long idle.",
         ge=1,
         le=7 * 86400,
     )

@@ -1,0 +1,55 @@
+"""The operators' table and the Helm values schema follow the settings' declaration."""
+
+from __future__ import annotations
+
+import json
+
+from service import settings_doc
+from service.settings import Settings
+
+
+def test_the_configuration_page_lists_every_setting_as_declared() -> None:
+    doc = settings_doc.DOC.read_text(encoding="utf-8")
+    assert settings_doc.with_section(doc, settings_doc.settings_section()) == doc, (
+        "docs/configuration.md drifted from service/settings.py: run python -m service.settings_doc"
+    )
+    for name, field in Settings.model_fields.items():
+        row = next(
+            line for line in doc.splitlines() if line.startswith(f"| `FAIRGATE_{name.upper()}` |")
+        )
+        assert f"`--{name.replace('_', '-')}`" in row and (field.description or "") in row
+
+
+def test_the_helm_config_schema_is_the_declarations() -> None:
+    text = settings_doc.HELM_SCHEMA.read_text(encoding="utf-8")
+    assert settings_doc.with_helm_config(text) == text, (
+        "values.schema.json drifted from service/settings.py: run python -m service.settings_doc"
+    )
+    config = json.loads(text)["properties"]["config"]["properties"]
+    # Bounds as declared, e.g. kv_target_fraction in (0, 1].
+    assert config["kv_target_fraction"]["exclusiveMinimum"] == 0
+    assert config["kv_target_fraction"]["maximum"] == 1
+    assert config["log_level"]["enum"] == ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+
+def test_the_section_is_replaced_in_place_and_the_rest_kept() -> None:
+    doc = "# T\n\nintro\n\n## Settings\n\nold table\n\n## Later\n\nkept\n"
+    new = settings_doc.with_section(doc, "## Settings\n\nnew\n")
+    assert new == "# T\n\nintro\n\n## Settings\n\nnew\n\n## Later\n\nkept\n"
+    assert (
+        settings_doc.with_section("# T\n", "## Settings\n\nnew\n") == "# T\n\n## Settings\n\nnew\n"
+    )
+
+
+def test_check_mode_fails_on_drift(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    doc = tmp_path / "configuration.md"
+    doc.write_text("# Configuration\n\n## Settings\n\nstale\n", encoding="utf-8")
+    monkeypatch.setattr(settings_doc, "DOC", doc)
+    monkeypatch.setattr(settings_doc, "ROOT", tmp_path.parent)
+    schema = tmp_path / "values.schema.json"
+    schema.write_text(settings_doc.HELM_SCHEMA.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setattr(settings_doc, "HELM_SCHEMA", schema)
+    assert settings_doc.main(["--check"]) == 1
+    assert settings_doc.main([]) == 0
+    assert settings_doc.main(["--check"]) == 0
+    assert "FAIRGATE_WORKERS" in doc.read_text(encoding="utf-8")
