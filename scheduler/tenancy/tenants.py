@@ -30,7 +30,8 @@ ALL_PRIORITIES = frozenset(Priority)
 # Tenant ids travel in metadata, metric labels, Redis keys and logs: keep them short
 # and plain. The one rule for every entry point (admin API, tenants file, headers).
 MAX_TENANT_ID_CHARS = 63
-_TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_TENANT_ID_RE = re.compile(TENANT_ID_PATTERN)
 
 
 def tenant_id_problem(tenant_id: str) -> str | None:
@@ -62,9 +63,9 @@ def range_problem(name: str, value: float, bounds: tuple[float, float]) -> str |
     return None
 
 
-def _quota(lo: float, hi: float) -> Any:
-    """A quota: unlimited (None) by default, else within [lo, hi]."""
-    return field(default=None, metadata={"range": (lo, hi)})
+def _quota(lo: float, hi: float, doc: str) -> Any:
+    """A quota: unlimited (None) by default, else within [lo, hi]; `doc`: one line."""
+    return field(default=None, metadata={"range": (lo, hi), "doc": doc})
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,19 +74,30 @@ class TenantQuotas:
     names, kinds (int or float) and ranges: the tenants file, the admin API and the
     admin CLI read them from here (QUOTA_RANGES, INTEGER_QUOTAS)."""
 
-    requests_per_s: float | None = _quota(1e-6, 1e6)
-    # Requests that may arrive at once; default: one second's worth (at least 1).
-    requests_burst: float | None = _quota(1.0, 1e9)
-    tokens_per_min: float | None = _quota(1.0, 1e12)
-    # Tokens (prompt + max_tokens) that may be reserved at once; default: one minute's worth.
-    tokens_burst: float | None = _quota(1.0, 1e12)
-    max_concurrent: int | None = _quota(1, 1_000_000)
-    max_queued: int | None = _quota(1, 1_000_000)
-    max_queue_wait_s: float | None = _quota(1e-3, 86_400.0)
-    max_prompt_tokens: int | None = _quota(1, 100_000_000)
-    max_output_tokens: int | None = _quota(1, 100_000_000)
-    # A lower output cap for interactive traffic (long generations belong in batch).
-    max_output_tokens_interactive: int | None = _quota(1, 100_000_000)
+    requests_per_s: float | None = _quota(1e-6, 1e6, "Requests per second (token bucket).")
+    requests_burst: float | None = _quota(
+        1.0, 1e9, "Requests that may arrive at once; default: one second's worth (at least 1)."
+    )
+    tokens_per_min: float | None = _quota(
+        1.0, 1e12, "Tokens (prompt + max_tokens) per minute, reserved at admission."
+    )
+    tokens_burst: float | None = _quota(
+        1.0, 1e12, "Tokens that may be reserved at once; default: one minute's worth."
+    )
+    max_concurrent: int | None = _quota(1, 1_000_000, "Requests in flight at once.")
+    max_queued: int | None = _quota(1, 1_000_000, "Requests waiting in the queue at once.")
+    max_queue_wait_s: float | None = _quota(
+        1e-3, 86_400.0, "Longest wait in the queue before the request is refused."
+    )
+    max_prompt_tokens: int | None = _quota(1, 100_000_000, "Longest prompt, in tokens.")
+    max_output_tokens: int | None = _quota(
+        1, 100_000_000, "Most output tokens one request may ask for."
+    )
+    max_output_tokens_interactive: int | None = _quota(
+        1,
+        100_000_000,
+        "A lower output cap for interactive traffic (long generations belong in batch).",
+    )
 
     def problems(self, rules: bool = True) -> list[tuple[str, str]]:
         """(field, what to fix) for every invalid value; `rules`: also the rules
