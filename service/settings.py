@@ -143,7 +143,9 @@ class Settings(BaseSettings):
     sim_max_running_requests: int = _s(256, "Simulator's running-request slots.", ge=1)
     sim_chunked_prefill_tokens: int = _s(2048, "Simulator's prefill chunk, in tokens.", ge=1)
     sim_mean_output_tokens: float = _s(
-        0.0, "Simulator's mean output length when it stops early (0: runs to max).", ge=0
+        0.0,
+        "Simulator's mean output length: it ends at EOS with chance 1/N a token (0: runs to max).",
+        ge=0,
     )
     sim_kv_capacity_tokens: int = _s(
         0, "Override the preset's KV capacity in tokens (0: the preset's).", ge=0
@@ -306,7 +308,7 @@ class Settings(BaseSettings):
     redis_poll_ms: float = _s(
         20.0, "While the engine is full fleet-wide, look for room freed elsewhere this often.", gt=0
     )
-    redis_retry_s: float = _s(0.5, "While Redis is down, retry this often.", gt=0)
+    redis_retry_s: float = _s(0.5, "While Redis is down, probe it at least this often.", gt=0)
     redis_failover_after_failures: int = _s(
         3, "Fail over after this many failed Redis calls in a row ...", ge=1
     )
