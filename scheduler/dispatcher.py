@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from scheduler import rules
+from scheduler import decision, rules
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.errors import SchedulingError
@@ -84,6 +84,73 @@ class _FutureWaiter:
 
 # A wake-up: resume a paused tenant (str) or expire a queued request (_Entry).
 _Wakeup = tuple[float, int, str | _Entry]
+
+
+class _QueueRound:
+    """The dispatcher's queues, budget, quotas and reserve as a `decision.Round`:
+    I/O for the one admission decision (no rule here)."""
+
+    __slots__ = ("d",)
+
+    def __init__(self, d: Dispatcher) -> None:
+        self.d = d
+
+    @property
+    def limits(self) -> AdmissionLimits:
+        return self.d.budget.limits
+
+    @property
+    def in_flight(self) -> int:
+        return self.d.budget.in_flight_requests
+
+    @property
+    def in_flight_kv(self) -> int:
+        return self.d.budget.in_flight_kv_tokens
+
+    def head(self) -> QueuedRequest | None:
+        d = self.d
+        while (head := d.policy.peek_next()) is not None:
+            entry = d._entries.get(id(head))
+            if entry is None:
+                raise AssertionError(f"policy returned unknown request {head.request_id}")
+            if entry.waiter.wanted():
+                return head
+            d._drop(entry)  # its caller was cancelled and has not run its cleanup yet
+        return None
+
+    def _entry(self, req: QueuedRequest) -> _Entry:
+        entry = self.d._entries.get(id(req))
+        if entry is None:
+            raise AssertionError(f"{req.request_id!r} is not queued")
+        return entry
+
+    def own_wait_s(self, c: QueuedRequest) -> float:
+        return self.d.quotas.wait_s(self._entry(c).reservation)
+
+    def load(self, c: QueuedRequest) -> rules.TenantLoad:
+        return self.d.reserve.load(c.tenant_id, self.d.budget.limits)
+
+    def hold(self, c: QueuedRequest, wait_s: float) -> None:
+        self.d._pause(c.tenant_id, wait_s)
+
+    def stopped(self, c: QueuedRequest, v: Verdict) -> None:
+        if v is Verdict.HOLD:
+            self.d.reserve_holds_total += 1
+
+    def admit(self, c: QueuedRequest, lent: bool) -> bool:
+        d, entry = self.d, self._entry(c)
+        if d.policy.pop_next() is not c:
+            raise AssertionError("policy pop_next disagrees with peek_next")
+        c.lent = lent
+        d.lent_total += lent
+        d.budget.reserve(c)
+        c.light = d.policy.fair and rules.light(d.reserve.queued(c.tenant_id))
+        d.reserve.on_admitted(c)
+        d.quotas.start(entry.reservation)
+        entry.queued = False
+        d.admitted_total += 1
+        entry.waiter.admitted()
+        return True
 
 
 class Dispatcher:
@@ -232,53 +299,11 @@ class Dispatcher:
         self._arm()
 
     def _admit_while_room(self) -> None:
-        while True:
-            head = self.policy.peek_next()
-            if head is None:
-                return
-            entry = self._entries.get(id(head))
-            if entry is None:
-                raise AssertionError(f"policy returned unknown request {head.request_id}")
-            if not entry.waiter.wanted():
-                # Its caller was cancelled and has not run its cleanup yet.
-                self._drop(entry)
-                continue
-            wait_s = self.quotas.wait_s(entry.reservation)
-            v = self._verdict(head, wait_s)
-            if v is Verdict.OWN_LIMIT:
-                self._pause(head.tenant_id, wait_s)
-                continue
-            if v is Verdict.HOLD:
-                self.reserve_holds_total += 1
-            if v is not Verdict.ADMIT:
-                return  # full, or the reserve is kept: nobody jumps the head
-            if self.policy.pop_next() is not head:
-                raise AssertionError("policy pop_next disagrees with peek_next")
-            head.lent = not self.budget.fits(head)
-            self.lent_total += head.lent
-            self.budget.reserve(head)
-            head.light = self.policy.fair and rules.light(self.reserve.queued(head.tenant_id))
-            self.reserve.on_admitted(head)
-            self.quotas.start(entry.reservation)
-            entry.queued = False
-            self.admitted_total += 1
-            entry.waiter.admitted()
+        decision.admit_round(_QueueRound(self), self.reserve.fraction, self.isolation)
 
-    def _verdict(self, head: QueuedRequest, own_wait_s: float) -> Verdict:
-        b, fraction = self.budget, self.reserve.fraction
-        room = (b.limits, b.in_flight_requests, b.in_flight_kv_tokens, head.kv_tokens)
-        load = None
-        if rules.needs_load(fraction, *room, self.isolation):
-            load = self.reserve.load(head.tenant_id, b.limits)
-        return rules.verdict(own_wait_s, *room, fraction, load, self.isolation)
-
-    def head_verdict(self) -> Verdict | None:
-        """What the rules say of the next request in line now (None: nobody queued)."""
-        head = self.policy.peek_next()
-        entry = self._entries.get(id(head)) if head is not None else None
-        if head is None or entry is None:
-            return None
-        return self._verdict(head, self.quotas.wait_s(entry.reservation))
+    def round(self) -> decision.Round[QueuedRequest]:
+        """This dispatcher's state as the one decision sees it (scheduler/decision.py)."""
+        return _QueueRound(self)
 
     def _pause(self, tenant_id: str, wait_s: float) -> None:
         until_s = math.inf if math.isinf(wait_s) else self.clock.now_s() + wait_s
@@ -314,8 +339,9 @@ class Dispatcher:
         self.reserve.on_finished(req)
         self.quotas.settle(entry.reservation, entry.output_tokens)
         self.policy.on_finish(req)
-        if self._paused_until.get(req.tenant_id) == math.inf:
-            self._resume(req.tenant_id)
+        # Its tenant may be held for max_concurrent, or for its buckets, which the
+        # settlement may just have refilled (unused max_tokens): check it again.
+        self._resume(req.tenant_id)
         self._note_idle(req.tenant_id)
         self.pump()
 

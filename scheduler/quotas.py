@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from scheduler.clock import Clock
 from scheduler.errors import QuotaExceeded, RequestTooLarge
 from scheduler.request import QueuedRequest
-from scheduler.rules import binding_limit, kv_tokens, own_limit_wait_s
+from scheduler.rules import binding_limit, kv_tokens, own_limit_wait_s, refund
 from scheduler.tenancy.tenants import OverQuotaMode, TenantConfig, TenantQuotas, TenantRegistry
 from scheduler.token_bucket import TokenBucket
 
@@ -101,6 +101,18 @@ def check_caps(cfg: TenantConfig, req: QueuedRequest, burst: float | None) -> No
             "tokens_burst",
             f"prompt + max_tokens = {req.kv_tokens} tokens exceeds the tenant's token "
             f"burst of {burst:g}; lower max_tokens or shorten the prompt",
+        )
+
+
+def check_queue_slot(cfg: TenantConfig, queued: int, where: str = "") -> None:
+    """Raise QuotaExceeded when the tenant has `max_queued` requests queued already
+    (`where`: on what, e.g. "on this replica")."""
+    limit = cfg.quotas.max_queued
+    if limit is not None and queued >= limit:
+        raise QuotaExceeded(
+            cfg.tenant_id,
+            "max_queued",
+            f"{queued} requests already queued{where}; the limit is {limit}",
         )
 
 
@@ -195,13 +207,7 @@ class QuotaLedger:
         usage = self._usage_of(cfg)
         try:
             self._check_caps(cfg, usage, req)
-            q = cfg.quotas
-            if q.max_queued is not None and usage.queued >= q.max_queued:
-                raise QuotaExceeded(
-                    cfg.tenant_id,
-                    "max_queued",
-                    f"{usage.queued} requests already queued; the limit is {q.max_queued}",
-                )
+            check_queue_slot(cfg, usage.queued)
             res = Reservation(
                 request_id=req.request_id,
                 tenant_id=cfg.tenant_id,
@@ -283,20 +289,16 @@ class QuotaLedger:
         usage.settled_total += 1
         if res.started:
             usage.concurrent -= 1
-            # Refund what was reserved but not generated; charge any overrun as debt.
-            unused = res.max_tokens - output_tokens
-            if usage.token_bucket is not None and res.tokens_taken:
-                if unused > 0:
-                    usage.token_bucket.refund(unused)
-                elif unused < 0:
-                    usage.token_bucket.take(-unused)
-                usage.charged_tokens -= unused
         else:
             usage.queued -= 1
-            if usage.request_bucket is not None and res.requests_taken:
-                usage.request_bucket.refund(res.requests_taken)
-            if usage.token_bucket is not None and res.tokens_taken:
-                usage.token_bucket.refund(res.tokens_taken)
-            usage.charged_requests -= res.requests_taken
-            usage.charged_tokens -= res.tokens_taken
+        requests, tokens = refund(
+            res.started, res.requests_taken, res.tokens_taken, res.max_tokens, output_tokens
+        )
+        # A negative refund (more output than reserved) is debt: TokenBucket.refund.
+        if usage.request_bucket is not None and requests:
+            usage.request_bucket.refund(requests)
+        if usage.token_bucket is not None and tokens:
+            usage.token_bucket.refund(tokens)
+        usage.charged_requests -= requests
+        usage.charged_tokens -= tokens
         return True

@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from scheduler.clock import Clock
+from scheduler.decision import tenant_load
 from scheduler.request import QueuedRequest
-from scheduler.rules import AdmissionLimits, TenantLoad, light, waiting_below_share
+from scheduler.rules import AdmissionLimits, TenantLoad
 
 
 @dataclass(slots=True)
@@ -91,30 +92,20 @@ class FairShareReserve:
 
     # -- what the rule needs ---------------------------------------------------
     def load(self, tenant_id: str, limits: AdmissionLimits) -> TenantLoad:
-        """The tenant's share of the engine, its part in flight, and whether another
-        active tenant with nothing queued is below its share (`TenantLoad.protects`)."""
+        """The tenant's load among the tenants active here (`decision.tenant_load`)."""
         if self._seen and self.clock is not None:
             horizon_s = self.clock.now_s() - self.window_s
             for t in [t for t, seen_s in self._seen.items() if seen_s <= horizon_s]:
                 del self._seen[t]
-        active = {tenant_id, *self._load, *self._seen}
-        total = sum(self.weight_of(t) for t in active)
-        protects = False
-        for t in active:
-            if t == tenant_id:
-                continue
-            other = self._load.get(t)
-            if other is not None and not light(other.queued):
-                continue  # heavy: counter order serves it, no room to keep
-            in_flight, kv = (other.in_flight, other.kv_tokens) if other else (0, 0)
-            if waiting_below_share(self.weight_of(t) / total, limits, in_flight, kv):
-                protects = True
-                break
-        mine = self._load.get(tenant_id) or _Load()
-        return TenantLoad(
-            self.weight_of(tenant_id) / total,
-            mine.in_flight,
-            mine.kv_tokens,
-            protects,
-            light(mine.queued),
+        return tenant_load(
+            tenant_id,
+            [*self._load, *self._seen],
+            limits,
+            self.weight_of,
+            self.queued,
+            self._in_flight,
         )
+
+    def _in_flight(self, tenant_id: str) -> tuple[int, int]:
+        load = self._load.get(tenant_id)
+        return (load.in_flight, load.kv_tokens) if load is not None else (0, 0)

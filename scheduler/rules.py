@@ -228,6 +228,16 @@ def order_key(counter: float, queued: int, light_credit: float) -> float:
     return counter - light_credit if light(queued) else counter
 
 
+def vtc_rank(
+    counter: float, queued: int, light_credit: float, last_admitted: int, head_seq: int
+) -> tuple[float, int, int]:
+    """Where a backlogged tenant stands in VTC order (smallest first): its
+    `order_key`, then ties to the tenant admitted least recently (`last_admitted`:
+    its admission number, 0 when newly backlogged, so a lifted newcomer goes
+    before the tenant it ties with), then the earlier head."""
+    return (order_key(counter, queued, light_credit), last_admitted, head_seq)
+
+
 # Prompt lengths (tokens) that split heavy requests into tiers of recompute
 # cost, for an engine that preempts (`engine_priority`).
 COST_TIERS_TOKENS = (128, 512, 2048)
@@ -361,6 +371,19 @@ def needs_load(
             reserve_fraction, limits, in_flight, in_flight_kv, kv
         )
     return in_reserve(reserve_fraction, limits, in_flight, in_flight_kv, kv)
+
+
+# -- settlement ----------------------------------------------------------------------
+def refund(
+    started: bool, requests_taken: float, tokens_taken: float, max_tokens: int, output_tokens: int
+) -> tuple[float, float]:
+    """What a request's end gives back to its buckets, (requests, tokens): all it
+    took if it never started (cancelled or expired while queued: nothing charged),
+    else the unused part of max_tokens (negative: more output than reserved, taken
+    as debt rather than cutting a stream)."""
+    if not started:
+        return requests_taken, tokens_taken
+    return 0.0, float(max_tokens - output_tokens) if tokens_taken else 0.0
 
 
 # -- queue timeout -------------------------------------------------------------------

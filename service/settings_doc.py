@@ -56,9 +56,10 @@ CHART_OWNED = frozenset(
         "api_key_pepper",
     }
 )
-# Settings the chart cannot serve yet: files it does not mount, the in-process
-# engine, and workers (one per pod: the HPA scales pods, and worker i's metrics
-# port, port + i, would need a ServiceMonitor endpoint each).
+# Settings the chart cannot serve yet (docs/deployment.md "Not done yet"): files
+# it does not mount, the in-process engine, and workers (one per pod: the HPA
+# scales pods, and worker i's metrics port, port + i, would need a ServiceMonitor
+# endpoint each).
 CHART_UNSUPPORTED = frozenset(
     {
         "tls_cert_file",

@@ -40,7 +40,6 @@ from scheduler import rules
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.errors import (
-    QueueTimeout,
     QuotaExceeded,
     RequestTooLarge,
     SchedulingError,
@@ -49,7 +48,7 @@ from scheduler.errors import (
 from scheduler.gate import Admission, RequestState
 from scheduler.gate_stats import GateStats
 from scheduler.idle import IdleTenants
-from scheduler.quotas import bucket_exceeded, check_caps
+from scheduler.quotas import bucket_exceeded, check_caps, check_queue_slot
 from scheduler.request import QueuedRequest
 from scheduler.shared import fleet_usage
 from scheduler.shared.failover import FailoverController
@@ -235,16 +234,11 @@ class SharedDispatcher:
         except RequestTooLarge as exc:
             self._refused(exc)
             raise
+        try:
+            check_queue_slot(cfg, self._local.queued(cfg.tenant_id), " on this replica")
+        except QuotaExceeded as exc:
+            raise self._refused(exc) from None
         q = cfg.quotas
-        if q.max_queued is not None and self._local.queued(cfg.tenant_id) >= q.max_queued:
-            raise self._refused(
-                QuotaExceeded(
-                    cfg.tenant_id,
-                    "max_queued",
-                    f"{self._local.queued(cfg.tenant_id)} requests already queued on this "
-                    f"replica; the limit is {q.max_queued}",
-                )
-            )
         req.seq = next(self._seq)
         req.arrival_s = self.clock.now_s()
         loop = asyncio.get_running_loop()
@@ -304,18 +298,18 @@ class SharedDispatcher:
     def _expire(self, entry: Entry) -> None:
         if not entry.wanted:
             return
-        waited_s = self.clock.now_s() - entry.req.arrival_s
-        limit = entry.cfg.quotas.max_queue_wait_s
+        req = entry.req
+        error = rules.queue_expired(
+            req.request_id,
+            req.tenant_id,
+            req.arrival_s,
+            self.clock.now_s(),
+            entry.cfg.quotas.max_queue_wait_s,
+            None,  # deadlines are the gRPC layer's (it cancels the call)
+        )
         self._drop(entry, RequestState.EXPIRED)
         self._stats.expired_total += 1
-        entry.fut.set_exception(
-            QueueTimeout(
-                entry.req.tenant_id,
-                "max_queue_wait_s",
-                f"request {entry.req.request_id!r} waited {waited_s:.3f} s in the queue; "
-                f"the limit is {limit:g} s",
-            )
-        )
+        entry.fut.set_exception(error)
 
     def _drop(self, entry: Entry, to: RequestState) -> None:
         """Withdraw a queued entry: give back what it reserved."""
@@ -328,7 +322,9 @@ class SharedDispatcher:
         if entry.requests_taken or entry.tokens_taken:
             self._settle(entry)
         self._note_idle(entry.req.tenant_id)
-        self._pump.wake()
+        # Its tenant's next request may be the head now, and fit where it did not
+        # (the Dispatcher pumps on a cancel too).
+        self._pump.kick()
 
     # -- in flight -----------------------------------------------------------------
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
@@ -336,7 +332,7 @@ class SharedDispatcher:
         if entry is None or not entry.started or tokens <= 0:
             return
         entry.streamed(tokens)
-        delta = self.options.w_out * tokens / entry.cfg.weight
+        delta = rules.output_charge(self.options.w_out, tokens, entry.cfg.weight)
         self._local.mirror[req.tenant_id] = self._local.mirror.get(req.tenant_id, 0.0) + delta
         self._failover.charge_locally(req.tenant_id, delta)
         if self._outbox.charge_output(req.tenant_id, delta, self.clock.now_s()):
@@ -403,13 +399,16 @@ class SharedDispatcher:
     def after_offer(
         self, admitted: list[str], step: Step, decided_by: Place, lent: Set[str] = frozenset()
     ) -> None:
-        """Start what was admitted (its lease is where `decided_by` says); settle what
-        was dropped while the step was away."""
-        for c in step.candidates:
+        """Start what was admitted, in the order decided (the engine queues in the
+        order it is sent; its lease is where `decided_by` says); settle what was
+        dropped while the step was away."""
+        order = {lease_id: k for k, lease_id in enumerate(admitted)}
+        decided = sorted(step.candidates, key=lambda c: order.get(c.lease_id, len(order)))
+        for c in decided:
             entry = self._entries.get(c.lease_id)
             if entry is None:
                 continue
-            if c.lease_id in admitted:
+            if c.lease_id in order:
                 entry.lease_at = decided_by
                 entry.req.light = rules.light(c.queued)
                 entry.req.lent = c.lease_id in lent
@@ -448,7 +447,7 @@ class SharedDispatcher:
             self._forget(entry)
             self._settle(entry)
             return
-        self._local.remove(entry.req)
+        self._local.remove(entry.req, admitted=True)
         entry.start()
         self.budget.reserve(entry.req)
         self.admitted_total += 1

@@ -112,17 +112,15 @@ class Entry:
         )
 
     def settlement(self) -> Settlement:
-        """What ending now gives back: everything if it never started, else unused tokens."""
-        if not self.started:
-            return Settlement(
-                self.lease_id,
-                self.req.tenant_id,
-                self.requests_taken,
-                self.tokens_taken,
-                self.buckets,
-            )
-        unused = float(self.req.max_tokens - self.output_tokens) if self.tokens_taken else 0.0
-        return Settlement(self.lease_id, self.req.tenant_id, 0.0, unused, self.buckets)
+        """What ending now gives back (`rules.refund`)."""
+        requests, tokens = rules.refund(
+            self.started,
+            self.requests_taken,
+            self.tokens_taken,
+            self.req.max_tokens,
+            self.output_tokens,
+        )
+        return Settlement(self.lease_id, self.req.tenant_id, requests, tokens, self.buckets)
 
 
 class Entries:
@@ -165,8 +163,8 @@ class LocalQueues:
         self._queues: dict[str, TenantQueue] = {}
         self.paused_until: dict[str, float] = {}
         self.mirror: dict[str, float] = {}
-        # Tenants withdrawn from the fleet's backlog while they still had queued
-        # requests (paused for their own limits): they rejoin without a lift.
+        # Tenants whose queue here emptied while paused for their own limits: a
+        # request of theirs while still paused rejoins the backlog without a lift.
         self.held_back: set[str] = set()
         self._len = 0
 
@@ -177,12 +175,14 @@ class LocalQueues:
         q.push(req)
         self._len += 1
 
-    def remove(self, req: QueuedRequest) -> bool:
+    def remove(self, req: QueuedRequest, admitted: bool = False) -> bool:
+        """Take `req` out of its queue: `admitted` (it counts in its tenant's
+        anti-starvation streak, `TenantQueue.pop`) or withdrawn (it does not)."""
         q = self._queues.get(req.tenant_id)
         if q is None:
             return False
-        if q.head() is req:
-            q.pop()  # keeps the anti-starvation streak right
+        if admitted and q.head() is req:
+            q.pop()
         elif not q.remove(req):
             return False
         self._len -= 1
@@ -202,7 +202,8 @@ class LocalQueues:
 
     def heads(self, limit: int, per_tenant: int) -> list[QueuedRequest]:
         """The next `per_tenant` requests of each of the first `limit` eligible
-        tenants in mirrored counter order, each tenant's in its queue's order."""
+        tenants in mirrored counter order, each tenant's in its queue's order,
+        the tenants in their heads' arrival order."""
 
         def key(t: str) -> float:
             return rules.order_key(
@@ -210,7 +211,11 @@ class LocalQueues:
             )
 
         tenants = heapq.nsmallest(limit, self.eligible(), key=key)
-        return [r for t in tenants for r in self._queues[t].upcoming(per_tenant)]
+        groups = [self._queues[t].upcoming(per_tenant) for t in tenants]
+        # Offered in their heads' arrival order: the store breaks a tie in VTC order
+        # by the offer's order, which must be the earlier head's (rules.vtc_rank).
+        groups.sort(key=lambda g: g[0].seq)
+        return [r for g in groups for r in g]
 
     def forget(self, tenant_id: str) -> None:
         """Drop what is kept of a tenant with nothing queued here (scheduler/idle.py)."""

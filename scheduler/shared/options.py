@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Literal
 
 from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.ordering.vtc import DEFAULT_BATCH_EVERY_N
 from scheduler.quotas import TenantUsage
-from scheduler.state.store import Step
+from scheduler.state.store import FleetObserver, FleetSeen, SeenLevel, Step
+
+__all__ = ["FleetObserver", "FleetSeen", "SeenLevel"]  # their home is state/store.py
 from scheduler.tenancy.tenants import TenantRegistry
 
 FailureMode = Literal["open", "closed"]
@@ -88,39 +89,3 @@ class QuotaView:
     def usages(self) -> list[TenantUsage]:
         """Per-tenant usage lives in the shared store; none is kept locally."""
         return []
-
-
-@dataclass(frozen=True, slots=True)
-class SeenLevel:
-    """A token bucket's level as the store last showed it, `age_s` before it was read."""
-
-    level: float
-    age_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class FleetSeen:
-    """What a replica last saw of the fleet in the store (for failing open)."""
-
-    # Replicas with a live heartbeat in the store (this one included).
-    replicas: int
-    # (tenant, "r" | "t") -> the bucket's level (requests, tokens)
-    levels: dict[tuple[str, str], SeenLevel] = field(default_factory=dict)
-
-
-@runtime_checkable
-class FleetObserver(Protocol):
-    """A store that can tell which replicas are alive and where buckets stand (Redis)."""
-
-    async def observe(
-        self, replica_id: str, ttl_s: float, tenants: Iterable[str], usage: bytes = b""
-    ) -> FleetSeen:
-        """Renew this replica's heartbeat (for `ttl_s`); count the live replicas; read
-        the buckets of `tenants`; publish this replica's `usage` (fleet_usage.py) for
-        as long as the heartbeat lives. Raises StoreUnavailable."""
-        ...
-
-    async def fleet_usage(self) -> dict[str, bytes]:
-        """Every live replica's last published usage, by replica id. Raises
-        StoreUnavailable."""
-        ...

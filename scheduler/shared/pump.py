@@ -177,7 +177,7 @@ class Pump:
         """No settlement owed, the backlog announced as it is, no step awaiting its answer."""
         return (
             not self._outbox.owed_now
-            and self._announced == set(self._local.eligible())
+            and self._announced == set(self._local.backlogged())
             and not self._offered
         )
 
@@ -208,7 +208,7 @@ class Pump:
             if self._failover.mode == "open" and self._local.eligible():
                 due = min(due, self._full_until_s)
             return min(due, self._local.next_resume_s())
-        if self._outbox.owed_now or set(self._local.eligible()) != self._announced:
+        if self._outbox.owed_now or set(self._local.backlogged()) != self._announced:
             return self._retry_at_s
         due = self._next_heartbeat_s
         if self._outbox.charges:
@@ -226,17 +226,20 @@ class Pump:
         step = self._outbox.take_into(self._options.step(self._budget.limits))
         self.max_charge_lag = max(self.max_charge_lag, *step.charges.values(), 0.0)
         local = self._local
+        backlogged = set(local.backlogged())
         eligible = set(local.eligible())
-        # A tenant back from a pause for its own limits never stopped being
-        # backlogged: it rejoins without a lift (keeps its counter).
-        held = local.held_back & eligible
-        local.held_back = (local.held_back - eligible) & set(local.backlogged())
-        step.announce = sorted(eligible - self._announced - held)
-        step.withdraw = sorted(self._announced - eligible)
-        local.held_back |= set(step.withdraw) & set(local.backlogged())
-        rejoin = eligible - self._announced - set(step.announce)
+        # Backlogged here = something queued here, eligible or held by its own limits
+        # (holding is not idling: it keeps its place and is no floor for lifts, its
+        # queue length negative). One that left while held and comes back while
+        # still held never stopped being backlogged: it rejoins without a lift.
+        rejoin = (local.held_back & backlogged) - self._announced
+        step.announce = sorted(backlogged - self._announced - rejoin)
+        step.withdraw = sorted(self._announced - backlogged)
+        local.held_back = {
+            t for t in local.held_back | set(step.withdraw) if t in local.paused_until
+        } - rejoin
         if now_s >= self._next_heartbeat_s:
-            step.backlogged = sorted((self._announced & eligible) | rejoin)
+            step.backlogged = sorted((self._announced & backlogged) | rejoin)
             step.renew = self._entries.leases()
         elif rejoin:
             step.backlogged = sorted(rejoin)
@@ -245,11 +248,20 @@ class Pump:
         )
         for t in members:
             n = min(local.queued(t), rules.LIGHT_QUEUE + 1)
+            n = n if t in eligible else -n
             if self._sent_queued.get(t) != n:
                 step.queued[t] = n
         named = {*step.announce, *(step.backlogged or ()), *(x.tenant_id for x in step.renew or ())}
         step.weights = self._offers.weights(named)
-        if now_s >= self._full_until_s and now_s >= self._hold_until_s:
+        # Output charges can change which tenant is next (VTC): a head waiting behind
+        # one too big for the room may now be first and fit, so a step that carries
+        # them decides again while the fleet has a free slot (as the Dispatcher
+        # pumps on output tokens), in the same round trip.
+        slot_free = self._fleet_in_flight is None or (
+            self._fleet_in_flight < step.limits.max_requests
+        )
+        recheck = bool(step.charges) and slot_free
+        if (now_s >= self._full_until_s or recheck) and now_s >= self._hold_until_s:
             # Beyond each tenant's head, as many more as the fleet's slots could take
             # (what was in flight at the last step, less what this step settles).
             room = None
@@ -346,6 +358,10 @@ class Pump:
             # Held out of the reserve: room or shares change when a request
             # ends (a local finish kicks the pump; others' are polled).
             self._full_until_s = now_s + self._options.poll_s
+        elif step.candidates and not out.full:
+            # Decided without finding the engine full (e.g. a recheck after output
+            # charges): the next step decides again at once.
+            self._full_until_s = -math.inf
         self._offers.after_offer(admitted, step, Place.SHARED, self._lent(step, out))
         self._failover.saw(out)
         if admitted:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from itertools import count
 
-from scheduler import rules
+from scheduler import decision, rules
+from scheduler.budget import AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.rules import Verdict, bucket_level, bucket_wait_s
 from scheduler.state.store import (
@@ -164,7 +166,11 @@ class MemoryStore:
             self._open(lease.lease_id, lease.tenant_id, lease.kv_tokens, now_s)
 
     def _lift(self, replica: str, tenant: str) -> None:
-        others = {t for (r, t) in self.backlog if t != tenant}
+        # The floor: the smallest counter among the other tenants backlogged and
+        # eligible somewhere (one held by its own limits has a negative length).
+        others = {
+            t for (r, t) in self.backlog if t != tenant and self.backlog_queued.get((r, t), 0) >= 0
+        }
         if any(t == tenant and r != replica for (r, t) in self.backlog):
             return  # already backlogged on another replica
         floor = min((self.counters.get(t, 0.0) for t in others), default=self.floor)
@@ -220,12 +226,12 @@ class MemoryStore:
         if step.backlogged is not None:
             for tenant in step.backlogged:
                 self.backlog[(replica_id, tenant)] = now_s + self.backlog_ttl_s
+        for tenant, n in step.queued.items():
+            self.backlog_queued[(replica_id, tenant)] = n
         for tenant in step.announce:
             self._lift(replica_id, tenant)
             self.backlog[(replica_id, tenant)] = now_s + self.backlog_ttl_s
             out.counters[tenant] = self.counters.get(tenant, 0.0)
-        for tenant, n in step.queued.items():
-            self.backlog_queued[(replica_id, tenant)] = n
         for lease in step.renew or ():
             self._renew(lease, now_s)
         self.weights.update(step.weights)
@@ -234,118 +240,56 @@ class MemoryStore:
         return out
 
     def _decide(self, step: Step, now_s: float, out: StepOutcome) -> None:
-        cands = step.candidates
-        # Each tenant's candidates in its queue's order: the next one first.
-        pending: dict[str, deque[int]] = {}
-        for i, c in enumerate(cands):
+        for c in step.candidates:
             out.counters[c.tenant_id] = self.counters.get(c.tenant_id, 0.0)
             self.weights[c.tenant_id] = c.weight
-            pending.setdefault(c.tenant_id, deque()).append(i)
-        while pending:
-            # Counter order (a light candidate `light_credit` ahead); ties go to the
-            # tenant admitted least recently.
-            order = sorted(
-                pending,
-                key=lambda t: (
-                    rules.order_key(
-                        out.counters[t], cands[pending[t][0]].queued, step.light_credit
-                    ),
-                    self.last_admitted.get(t, 0),
-                    pending[t][0],
-                ),
-            )
-            for t in order:
-                i = pending[t][0]
-                v = self._verdict(step, cands[i], now_s, out, i)
-                if v is Verdict.OWN_LIMIT:
-                    del pending[t]
-                    continue
-                if v is not Verdict.ADMIT:
-                    return
-                pending[t].popleft()
-                if not pending[t]:
-                    del pending[t]
-                    if cands[i].queued > 1:
-                        return  # its next request, not offered, may come first
-                break
+        decision.admit_round(
+            _StoreRound(self, step, now_s, out), step.reserve_fraction, step.isolation
+        )
 
-    def _verdict(self, step: Step, c: Candidate, now_s: float, out: StepOutcome, i: int) -> Verdict:
-        """Decide candidate `i` and apply the decision to the state and `out`."""
-        lim = step.limits
-        if c.lease_id in self.leases:  # a retried decision that already admitted it
-            out.admitted.append(i)
-            return Verdict.ADMIT
+    def _own_wait_s(self, c: Candidate, now_s: float) -> float:
         bucket_wait = None
         if c.take_buckets:
             bucket_wait = self._bucket_wait(c.tenant_id, c.kv_tokens, c.buckets, now_s)[1]
-        own_wait_s = rules.own_limit_wait_s(
+        return rules.own_limit_wait_s(
             self.concurrency.get(c.tenant_id, 0), c.max_concurrent, bucket_wait
         )
-        load = None
-        room = (lim, self.in_flight, self.in_flight_kv, c.kv_tokens)
-        if rules.needs_load(step.reserve_fraction, *room, step.isolation):
-            load = self._reserve_load(step, c.tenant_id, now_s)
-        v = rules.verdict(own_wait_s, *room, step.reserve_fraction, load, step.isolation)
-        if v is Verdict.OWN_LIMIT:
-            out.blocked[i] = own_wait_s
-        elif v is Verdict.FULL:
-            out.full = True
-        elif v is Verdict.HOLD:
-            out.held.append(i)
-        else:
-            if not rules.fits(*room):
-                out.lent.append(i)
-            if c.take_buckets:
-                self._add(c.tenant_id, -1.0, -float(c.kv_tokens), c.buckets, now_s)
-            counter = out.counters[c.tenant_id]
-            self.floor = max(self.floor, counter)
-            self.counters[c.tenant_id] = counter + rules.admission_charge(
-                step.w_in, c.prompt_tokens, c.weight
-            )
-            out.counters[c.tenant_id] = self.counters[c.tenant_id]
-            self.admissions += 1
-            self.last_admitted[c.tenant_id] = self.admissions
-            self._open(c.lease_id, c.tenant_id, c.kv_tokens, now_s)
-            out.admitted.append(i)
-        return v
 
     def _reserve_load(self, step: Step, tenant: str, now_s: float) -> rules.TenantLoad:
-        """The candidate's share of the fleet's engine among the tenants active
-        anywhere (backlogged on a replica, in flight, offered in this step, or
-        seen within the window; weights summed in name order, as the Redis script
-        does, so both round alike), and whether a tenant with nothing queued is
-        below its share (someone to keep the reserve for); the candidate is light
-        by the same sums."""
-        # Queue lengths summed over the replicas a tenant is backlogged on (one
-        # whose length is unknown counts as heavy); a candidate's own if in none.
+        """The candidate's load among the tenants active anywhere (backlogged on a
+        replica, in flight, offered in this step, or seen within the window).
+        Queue lengths are summed over the replicas a tenant is backlogged on (one
+        whose length is unknown counts as heavy); a candidate's own if in none."""
         heavy = rules.LIGHT_QUEUE + 1
         queued: dict[str, int] = {}
         for key in self.backlog:
-            queued[key[1]] = queued.get(key[1], 0) + self.backlog_queued.get(key, heavy)
+            queued[key[1]] = queued.get(key[1], 0) + abs(self.backlog_queued.get(key, heavy))
         for c in step.candidates:
             queued.setdefault(c.tenant_id, c.queued)
-        recent = {t for t, exp in self.recent.items() if exp > now_s}
-        active = sorted(set(queued) | set(self.concurrency) | recent)
-        total = 0.0
-        for t in active:
-            total += self.weights.get(t, 1.0)
-        protects = any(
-            rules.waiting_below_share(
-                self.weights.get(t, 1.0) / total,
-                step.limits,
-                self.concurrency.get(t, 0),
-                self.kv_by_tenant.get(t, 0),
-            )
-            for t in active
-            if t != tenant and rules.light(queued.get(t, 0))
+        recent = [t for t, exp in self.recent.items() if exp > now_s]
+        return decision.tenant_load(
+            tenant,
+            [*queued, *self.concurrency, *recent],
+            step.limits,
+            lambda t: self.weights.get(t, 1.0),
+            lambda t: queued.get(t, 0),
+            lambda t: (self.concurrency.get(t, 0), self.kv_by_tenant.get(t, 0)),
         )
-        return rules.TenantLoad(
-            self.weights.get(tenant, 1.0) / total,
-            self.concurrency.get(tenant, 0),
-            self.kv_by_tenant.get(tenant, 0),
-            protects,
-            rules.light(queued.get(tenant, 0)),
+
+    def _admit(self, step: Step, c: Candidate, now_s: float, out: StepOutcome) -> None:
+        """Charge and open candidate `c`: its buckets (wait mode), the VTC admission
+        charge, its lease."""
+        if c.take_buckets:
+            self._add(c.tenant_id, -1.0, -float(c.kv_tokens), c.buckets, now_s)
+        counter = out.counters[c.tenant_id]
+        self.floor = max(self.floor, counter)
+        self.counters[c.tenant_id] = counter + rules.admission_charge(
+            step.w_in, c.prompt_tokens, c.weight
         )
+        out.counters[c.tenant_id] = self.counters[c.tenant_id]
+        self.admissions += 1
+        self.last_admitted[c.tenant_id] = self.admissions
+        self._open(c.lease_id, c.tenant_id, c.kv_tokens, now_s)
 
     async def reserve(
         self, lease_id: str, tenant_id: str, tokens: int, buckets: BucketLimits
@@ -405,3 +349,87 @@ class MemoryStore:
 
     async def aclose(self) -> None:
         return None
+
+
+class _StoreRound:
+    """One step's candidates against the store's state, as a `decision.Round`.
+
+    Each tenant's candidates come in its queue's order (the next one first); the
+    tenants in VTC order (`rules.vtc_rank`). A candidate whose lease exists was
+    admitted by an earlier try of this decision (its answer was lost): it counts
+    as admitted again, changing nothing.
+    """
+
+    def __init__(self, store: MemoryStore, step: Step, now_s: float, out: StepOutcome) -> None:
+        self.s, self.step, self.now_s, self.out = store, step, now_s, out
+        self.pending: dict[str, deque[int]] = {}
+        for i, c in enumerate(step.candidates):
+            self.pending.setdefault(c.tenant_id, deque()).append(i)
+        self.index = {id(c): i for i, c in zip(count(), step.candidates, strict=False)}
+
+    @property
+    def limits(self) -> AdmissionLimits:
+        return self.step.limits
+
+    @property
+    def in_flight(self) -> int:
+        return self.s.in_flight
+
+    @property
+    def in_flight_kv(self) -> int:
+        return self.s.in_flight_kv
+
+    def head(self) -> Candidate | None:
+        cands, pending = self.step.candidates, self.pending
+        while pending:
+            t = min(
+                pending,
+                key=lambda t: rules.vtc_rank(
+                    self.out.counters[t],
+                    cands[pending[t][0]].queued,
+                    self.step.light_credit,
+                    self.s.last_admitted.get(t, 0),
+                    pending[t][0],
+                ),
+            )
+            c = cands[pending[t][0]]
+            if c.lease_id not in self.s.leases:
+                return c
+            if not self._taken(c):  # a retried decision that already admitted it
+                return None
+        return None
+
+    def _taken(self, c: Candidate) -> bool:
+        """`c` is admitted: the next of its tenant comes up; False: the round ends
+        (its tenant's last offered one, while it has more queued: its next one,
+        not offered, may come first)."""
+        i = self.index[id(c)]
+        self.out.admitted.append(i)
+        q = self.pending[c.tenant_id]
+        q.popleft()
+        if q:
+            return True
+        del self.pending[c.tenant_id]
+        return c.queued <= 1
+
+    def own_wait_s(self, c: Candidate) -> float:
+        return self.s._own_wait_s(c, self.now_s)
+
+    def load(self, c: Candidate) -> rules.TenantLoad:
+        return self.s._reserve_load(self.step, c.tenant_id, self.now_s)
+
+    def hold(self, c: Candidate, wait_s: float) -> None:
+        self.out.blocked[self.index[id(c)]] = wait_s
+        del self.pending[c.tenant_id]
+
+    def stopped(self, c: Candidate, v: Verdict) -> None:
+        if v is Verdict.FULL:
+            self.out.full = True
+        else:
+            self.out.held.append(self.index[id(c)])
+
+    def admit(self, c: Candidate, lent: bool) -> bool:
+        if lent:
+            self.out.lent.append(self.index[id(c)])
+        self.s._admit(self.step, c, self.now_s, self.out)
+        return self._taken(c)

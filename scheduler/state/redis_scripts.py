@@ -191,6 +191,12 @@ for _ = 1, num(nxt()) do
 end
 local nb = num(nxt())
 for _ = 1, nb do redis.call('ZADD', BL, now + bl_ttl, replica .. '\0' .. nxt()) end
+-- this replica's queue lengths (capped) of its backlogged tenants, negative while
+-- held by their own limits (memory_store.py: Step.queued); before the lifts
+for _ = 1, num(nxt()) do
+  local tenant, q = nxt(), nxt()
+  redis.call('HSET', BLQ, replica .. '\0' .. tenant, q)
+end
 local counters = {}
 for _ = 1, num(nxt()) do
   local tenant = nxt()
@@ -200,7 +206,7 @@ for _ = 1, num(nxt()) do
     local r, tt = string.sub(m, 1, sep - 1), string.sub(m, sep + 1)
     if tt == tenant then
       if r ~= replica then elsewhere = true end
-    else
+    elseif (tonumber(redis.call('HGET', BLQ, m)) or 0) >= 0 then  -- eligible, not held
       local c = counter(tt)
       if floor == nil or c < floor then floor = c end
     end
@@ -213,11 +219,6 @@ for _ = 1, num(nxt()) do
   end
   redis.call('ZADD', BL, now + bl_ttl, replica .. '\0' .. tenant)
   counters[tenant] = counter(tenant)
-end
--- this replica's queue lengths (capped) of its backlogged tenants
-for _ = 1, num(nxt()) do
-  local tenant, q = nxt(), nxt()
-  redis.call('HSET', BLQ, replica .. '\0' .. tenant, q)
 end
 -- lease renewal / adoption
 local nr = num(nxt())
@@ -276,7 +277,7 @@ local function get_active()
   end
   for _, m in ipairs(redis.call('ZRANGE', BL, 0, -1)) do
     local tenant = string.sub(m, string.find(m, '\0', 1, true) + 1)
-    local q = tonumber(redis.call('HGET', BLQ, m)) or (LIGHT_QUEUE + 1)
+    local q = math.abs(tonumber(redis.call('HGET', BLQ, m)) or (LIGHT_QUEUE + 1))
     active.queued[tenant] = (active.queued[tenant] or 0) + q
     add(tenant)
   end

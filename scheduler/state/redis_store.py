@@ -1,6 +1,7 @@
 """The Redis `Store`: fleet-wide scheduling state shared by every replica.
 
-The only module of `scheduler/` that imports redis. Key layout, for one
+With `redis_io.py` (the client: connection, scripts, failures), the only
+module of `scheduler/` that imports redis besides the tenant store. Key layout, for one
 engine domain D (the engine or worker pool every replica admits into) and
 prefix p (default "fg"); `{D}` is the Redis Cluster hash tag:
 
@@ -53,30 +54,22 @@ handle, never an exception escaping into the pump or a request.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import NoScriptError
 
 from scheduler import rules
 from scheduler.errors import StoreUnavailable
-from scheduler.shared.options import FleetSeen, SeenLevel
+from scheduler.redis_io import UNAVAILABLE, Script, connect, text
 from scheduler.state.redis_scripts import RESERVE, SNAPSHOT, STEP
 from scheduler.state.store import (
     NO_LIMIT,
     BucketLimits,
+    FleetSeen,
+    SeenLevel,
     Step,
     StepOutcome,
     StoreSnapshot,
@@ -84,27 +77,7 @@ from scheduler.state.store import (
 )
 from scheduler.tenancy.tenants import TenantConfig
 
-# Every failure of the client is a store failure (RedisClusterException: e.g. no
-# node covers the slot; it is not a RedisError).
-_UNAVAILABLE = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
-
-
-def _retry_stale() -> Retry:
-    """One retry of a connection error (a stale pooled connection), after 20-100 ms."""
-    return Retry(ExponentialBackoff(cap=0.1, base=0.02), 1, (RedisConnectionError,))
-
-
-@dataclass(frozen=True, slots=True)
-class _Script:
-    source: str
-    sha: str
-
-    @classmethod
-    def of(cls, source: str) -> _Script:
-        return cls(source, hashlib.sha1(source.encode()).hexdigest())
-
-
-_STEP, _RESERVE, _SNAPSHOT = _Script.of(STEP), _Script.of(RESERVE), _Script.of(SNAPSHOT)
+_STEP, _RESERVE, _SNAPSHOT = Script.of(STEP), Script.of(RESERVE), Script.of(SNAPSHOT)
 
 
 def _num(x: float | None) -> str:
@@ -118,48 +91,6 @@ def _limits(b: BucketLimits) -> list[str]:
         _num(b.tokens_per_s),
         _num(b.tokens_burst),
     ]
-
-
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
-def connect(url: str, *, timeout_s: float = 1.0) -> Any:
-    """A redis-py asyncio client for `url`: `timeout_s` per call and to connect, one retry
-    of a connection error (see the module's docstring)."""
-    opts: dict[str, Any] = {
-        "socket_timeout": timeout_s,
-        "socket_connect_timeout": timeout_s,
-        "retry": _retry_stale(),
-    }
-    parts = urlsplit(url)
-    if parts.scheme == "redis+sentinel":
-        netloc = parts.netloc.rsplit("@", 1)
-        auth = netloc[0] if len(netloc) == 2 else ""
-        sentinels = []
-        for hostport in netloc[-1].split(","):
-            host, _, port = hostport.partition(":")
-            sentinels.append((host, int(port or 26379)))
-        path = [p for p in parts.path.split("/") if p]
-        if not path:
-            raise ValueError(f"{url!r}: redis+sentinel:// needs a service name: .../mymaster")
-        user, _, password = auth.partition(":")
-        sentinel = Sentinel(sentinels, socket_timeout=timeout_s)  # type: ignore[no-untyped-call]
-        return sentinel.master_for(
-            path[0],
-            db=int(path[1]) if len(path) > 1 else 0,
-            username=unquote(user) or None,
-            password=unquote(password) or None,
-            **opts,
-        )
-    if parts.scheme in ("redis+cluster", "rediss+cluster"):
-        plain = url.replace("+cluster", "", 1)
-        return RedisCluster.from_url(plain, **opts)
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(
-            f"{url!r}: use redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://"
-        )
-    return aioredis.Redis.from_url(url, **opts)
 
 
 class RedisStore:
@@ -196,7 +127,7 @@ class RedisStore:
         fixed += ["la", "adm", "rc", "blq"]
         return [f"{self.base}:{k}" for k in fixed] + [f"{self.base}:b:{t}" for t in sorted(tenants)]
 
-    async def _eval(self, script: _Script, keys: list[str], args: list[str]) -> Any:
+    async def _eval(self, script: Script, keys: list[str], args: list[str]) -> Any:
         self.round_trips += 1
         try:
             try:
@@ -206,7 +137,7 @@ class RedisStore:
                 self.noscript_reloads += 1
                 self.round_trips += 1
                 return await self._r.eval(script.source, len(keys), *keys, *args)
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
 
     async def step(self, replica_id: str, step: Step) -> StepOutcome:
@@ -242,11 +173,11 @@ class RedisStore:
         backlogged = step.backlogged or []
         args.append(str(len(backlogged)))
         args += backlogged
-        args.append(str(len(step.announce)))
-        args += step.announce
         args.append(str(len(step.queued)))
         for tenant, n in step.queued.items():
             args += [tenant, str(n)]
+        args.append(str(len(step.announce)))
+        args += step.announce
         renew = step.renew or []
         args.append(str(len(renew)))
         for lease in renew:
@@ -263,19 +194,19 @@ class RedisStore:
         raw = await self._eval(_STEP, self._keys(tenants), args)
         admitted, full, blocked, flat, settled, state_lost, n, held, lent = raw
         out = StepOutcome(
-            admitted=[int(_s(x)) for x in admitted],
+            admitted=[int(text(x)) for x in admitted],
             full=bool(int(full)),
             settled=int(settled),
             state_lost=bool(int(state_lost)),
             in_flight=int(n),
-            held=[int(_s(x)) for x in held],
-            lent=[int(_s(x)) for x in lent],
+            held=[int(text(x)) for x in held],
+            lent=[int(text(x)) for x in lent],
         )
         for k in range(0, len(blocked), 2):
-            w = float(_s(blocked[k + 1]))
-            out.blocked[int(_s(blocked[k]))] = math.inf if w < 0 else w / 1000
+            w = float(text(blocked[k + 1]))
+            out.blocked[int(text(blocked[k]))] = math.inf if w < 0 else w / 1000
         for k in range(0, len(flat), 2):
-            out.counters[_s(flat[k])] = float(_s(flat[k + 1]))
+            out.counters[text(flat[k])] = float(text(flat[k + 1]))
         return out
 
     async def reserve(
@@ -283,8 +214,8 @@ class RedisStore:
     ) -> tuple[str, float]:
         args = [self.base, tenant_id, str(tokens), *_limits(buckets)]
         limit, wait = await self._eval(_RESERVE, self._keys({tenant_id})[-1:], args)
-        w = float(_s(wait))
-        return _s(limit), (math.inf if w < 0 else w / 1000)
+        w = float(text(wait))
+        return text(limit), (math.inf if w < 0 else w / 1000)
 
     def _tenant_key(self, tenant_id: str) -> str:
         return f"{self.prefix}:{{t:{tenant_id}}}:cfg"
@@ -296,48 +227,48 @@ class RedisStore:
                 pipe.delete(key)
                 pipe.hset(key, mapping=tenant_fields(cfg))
                 await pipe.execute()
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
 
     async def get_tenant(self, tenant_id: str) -> dict[str, str] | None:
         try:
             raw = await self._r.hgetall(self._tenant_key(tenant_id))
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
-        return {_s(k): _s(v) for k, v in raw.items()} or None
+        return {text(k): text(v) for k, v in raw.items()} or None
 
     async def snapshot(self) -> StoreSnapshot:
         inflight, vtc, leases, bl = await self._eval(_SNAPSHOT, self._keys(set()), [self.base])
-        fields = {_s(inflight[k]): int(_s(inflight[k + 1])) for k in range(0, len(inflight), 2)}
+        fields = {text(inflight[k]): int(text(inflight[k + 1])) for k in range(0, len(inflight), 2)}
         backlog: dict[str, set[str]] = {}
         for m in bl:
-            replica, _, tenant = _s(m).partition("\0")
+            replica, _, tenant = text(m).partition("\0")
             backlog.setdefault(tenant, set()).add(replica)
         levels: dict[str, tuple[float | None, float | None]] = {}
         ages: dict[str, tuple[float | None, float | None]] = {}
 
         def age_s(ts_ms: bytes | str | None, now_ms: float) -> float | None:
-            return None if ts_ms is None else max(0.0, (now_ms - float(_s(ts_ms))) / 1000)
+            return None if ts_ms is None else max(0.0, (now_ms - float(text(ts_ms))) / 1000)
 
         try:
             sec, usec = await self._r.time()
             now_ms = sec * 1000 + usec / 1000  # the scripts' clock (Redis TIME, ms)
             async for key in self._r.scan_iter(match=f"{self.base}:b:*"):
                 r, t, r_ts, t_ts = await self._r.hmget(key, "rl", "tl", "rts", "tts")
-                tenant = _s(key)[len(self.base) + 3 :]
+                tenant = text(key)[len(self.base) + 3 :]
                 levels[tenant] = (
-                    None if r is None else float(_s(r)),
-                    None if t is None else float(_s(t)),
+                    None if r is None else float(text(r)),
+                    None if t is None else float(text(t)),
                 )
                 ages[tenant] = (age_s(r_ts, now_ms), age_s(t_ts, now_ms))
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
         return StoreSnapshot(
             in_flight=fields.get("n", 0),
             in_flight_kv_tokens=fields.get("kv", 0),
             concurrency={k[2:]: v for k, v in fields.items() if k.startswith("c:") and v},
-            counters={_s(vtc[k]): float(_s(vtc[k + 1])) for k in range(0, len(vtc), 2)},
-            leases={_s(x) for x in leases},
+            counters={text(vtc[k]): float(text(vtc[k + 1])) for k in range(0, len(vtc), 2)},
+            leases={text(x) for x in leases},
             backlog=backlog,
             bucket_levels=levels,
             bucket_ages_s=ages,
@@ -366,15 +297,15 @@ class RedisStore:
                     # The hash outlives every replica's heartbeat by at most one TTL.
                     pipe.pexpire(f"{self.base}:use", max(1, int(ttl_s * 1000)))
                 res = await pipe.execute()
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
         now_ms = now * 1000
         levels: dict[tuple[str, str], SeenLevel] = {}
         for t, (rl, rts, tl, tts) in zip(names, res[4 : 4 + len(names)], strict=True):
             for kind, lvl, ts in (("r", rl, rts), ("t", tl, tts)):
                 if lvl is not None and ts is not None:
-                    age_s = max(0.0, (now_ms - float(_s(ts))) / 1000)
-                    levels[(t, kind)] = SeenLevel(float(_s(lvl)), age_s)
+                    age_s = max(0.0, (now_ms - float(text(ts))) / 1000)
+                    levels[(t, kind)] = SeenLevel(float(text(lvl)), age_s)
         return FleetSeen(int(res[2]), levels)
 
     async def fleet_usage(self) -> dict[str, bytes]:
@@ -384,18 +315,18 @@ class RedisStore:
                 pipe.zrangebyscore(f"{self.base}:rep", time.time(), "+inf")
                 pipe.hgetall(f"{self.base}:use")
                 live, published = await pipe.execute()
-            alive = {_s(r) for r in live}
-            usage = {_s(r): _s(v).encode() for r, v in published.items()}
+            alive = {text(r) for r in live}
+            usage = {text(r): text(v).encode() for r, v in published.items()}
             if dead := [r for r in usage if r not in alive]:
                 await self._r.hdel(f"{self.base}:use", *dead)
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
         return {r: v for r, v in usage.items() if r in alive}
 
     async def ping(self) -> None:
         try:
             await self._r.ping()
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
 
     async def aclose(self) -> None:

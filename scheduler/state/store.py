@@ -25,8 +25,9 @@ inline; `SharedDispatcher` drives a `Store`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from scheduler import rules
 from scheduler.budget import AdmissionLimits
@@ -127,16 +128,19 @@ class Step:
     settlements: list[Settlement] = field(default_factory=list)
     # Weighted counter increments (w_out * tokens / weight), batched per tenant.
     charges: dict[str, float] = field(default_factory=dict)
-    # Tenants newly backlogged here: lifted to the fleet's smallest backlogged counter.
+    # Tenants newly backlogged here: lifted to the smallest counter among the
+    # tenants backlogged and eligible (not held) anywhere.
     announce: list[str] = field(default_factory=list)
-    # Tenants no longer backlogged here.
+    # Tenants no longer backlogged here (nothing queued here).
     withdraw: list[str] = field(default_factory=list)
     # Heartbeat: every tenant backlogged here (refreshes their expiry); None: no refresh.
     backlogged: list[str] | None = None
     # How many requests tenants backlogged here have queued here (capped at
     # rules.LIGHT_QUEUE + 1), sent when it changed: the reserve tells light
     # tenants from heavy ones fleet-wide by their sum (a tenant whose length
-    # the store does not know counts as heavy).
+    # the store does not know counts as heavy). Negative while the tenant is held
+    # by its own limits here: still backlogged (holding is not idling), but not
+    # eligible, so not a floor for the lifts (applied before `announce`).
     queued: dict[str, int] = field(default_factory=dict)
     # Heartbeat: every lease this replica holds (renewed, or re-created if missing).
     renew: list[Lease] | None = None
@@ -255,3 +259,39 @@ def tenant_fields(cfg: TenantConfig) -> dict[str, str]:
         if value is not None:
             out[f"quotas.{name}"] = repr(value)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class SeenLevel:
+    """A token bucket's level as the store last showed it, `age_s` before it was read."""
+
+    level: float
+    age_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSeen:
+    """What a replica last saw of the fleet in the store (for failing open)."""
+
+    # Replicas with a live heartbeat in the store (this one included).
+    replicas: int
+    # (tenant, "r" | "t") -> the bucket's level (requests, tokens)
+    levels: dict[tuple[str, str], SeenLevel] = field(default_factory=dict)
+
+
+@runtime_checkable
+class FleetObserver(Protocol):
+    """A store that can tell which replicas are alive and where buckets stand (Redis)."""
+
+    async def observe(
+        self, replica_id: str, ttl_s: float, tenants: Iterable[str], usage: bytes = b""
+    ) -> FleetSeen:
+        """Renew this replica's heartbeat (for `ttl_s`); count the live replicas; read
+        the buckets of `tenants`; publish this replica's `usage` (fleet_usage.py) for
+        as long as the heartbeat lives. Raises StoreUnavailable."""
+        ...
+
+    async def fleet_usage(self) -> dict[str, bytes]:
+        """Every live replica's last published usage, by replica id. Raises
+        StoreUnavailable."""
+        ...

@@ -49,8 +49,8 @@ from typing import Any, TypeVar
 from redis.exceptions import NoScriptError
 
 from scheduler.errors import StoreUnavailable
+from scheduler.redis_io import UNAVAILABLE, Script, connect, text
 from scheduler.request import Priority
-from scheduler.state.redis_store import _UNAVAILABLE, _s, _Script, connect
 from scheduler.tenancy.tenant_store import (
     ApiKeyRecord,
     TenantRecord,
@@ -88,7 +88,7 @@ else redis.call('HSET', KEYS[1], 'default', ARGV[3]) end
 return {1, tonumber(ARGV[2])}
 """
 
-_READ, _COMMIT = _Script.of(READ), _Script.of(COMMIT)
+_READ, _COMMIT = Script.of(READ), Script.of(COMMIT)
 T = TypeVar("T")
 V = TypeVar("V")
 # Commits lost to concurrent writers before giving up (ABORTED: retry later).
@@ -182,7 +182,7 @@ def _diff(old: Mapping[str, V], new: Mapping[str, V], enc: Callable[[V], str]) -
 
 
 def _pairs(flat: list[Any]) -> list[tuple[str, str]]:
-    return [(_s(flat[i]), _s(flat[i + 1])) for i in range(0, len(flat), 2)]
+    return [(text(flat[i]), text(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 
 class RedisTenantStore:
@@ -201,33 +201,33 @@ class RedisTenantStore:
     def from_url(cls, url: str, *, timeout_s: float = 1.0, prefix: str = "fg") -> RedisTenantStore:
         return cls(connect(url, timeout_s=timeout_s), prefix=prefix)
 
-    async def _eval(self, script: _Script, args: list[str]) -> Any:
+    async def _eval(self, script: Script, args: list[str]) -> Any:
         try:
             try:
                 return await self._r.evalsha(script.sha, len(self.keys), *self.keys, *args)
             except NoScriptError:
                 self.noscript_reloads += 1
                 return await self._r.eval(script.source, len(self.keys), *self.keys, *args)
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
 
     # -- reads ------------------------------------------------------------------
     async def snapshot(self) -> TenantSnapshot:
         rev, default, issued, tenants, keys = await self._eval(_READ, [])
         return TenantSnapshot(
-            revision=int(_s(rev)),
+            revision=int(text(rev)),
             tenants={tid: _tenant_of(raw) for tid, raw in _pairs(tenants)},
             keys={kid: _key_of(kid, raw) for kid, raw in _pairs(keys)},
-            default_tenant_id=_s(default) or None,
-            keys_issued_total=int(_s(issued)),
+            default_tenant_id=text(default) or None,
+            keys_issued_total=int(text(issued)),
         )
 
     async def revision(self) -> int:
         try:
             raw = await self._r.hget(self.keys[0], "rev")
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
-        return 0 if raw is None else int(_s(raw))
+        return 0 if raw is None else int(text(raw))
 
     # -- writes -----------------------------------------------------------------
     async def _commit(self, old: TenantSnapshot, new: TenantSnapshot) -> bool:

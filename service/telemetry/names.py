@@ -50,7 +50,7 @@ PROMPT_CONTENT = "gen_ai.prompt"
 COMPLETION_CONTENT = "gen_ai.completion"
 
 # Histogram bucket advice from the GenAI metric conventions, extended to
-# >= 300 s: a queued request under load waits minutes (README seed table: 84 s p99).
+# >= 300 s: a queued request under load waits minutes (docs/load-testing.md seed table: 84 s p99).
 TTFT_BUCKETS_S = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 320.0,

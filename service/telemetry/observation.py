@@ -9,7 +9,7 @@ Span tree of one Generate call:
                                                        sent on (traceparent to SGLang)
     events on the server span: gen_ai.first_token (and, opted in, the content)
 
-Cost matters (every request pays it, ~0.2 ms of CPU; README "Cost"):
+Cost matters (every request pays it, ~0.2 ms of CPU; docs/observability.md "Cost"):
 attributes are gathered in dicts and set once per span, metric attribute
 sets are built once per (tenant, model) (`MetricAttrs`), admissions are
 counted in a dict read by an observable counter, and nothing runs per token.

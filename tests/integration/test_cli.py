@@ -116,7 +116,13 @@ async def test_bench_store_prints_both_stores(redis_url: str) -> None:
     )
     assert code == 0, err
     assert "memory store" in out and "redis store, flush 5 ms" in out
-    assert "round trips/req" in out
+    assert "round trips/req" in out and "CPU us/req" in out
+    # Each run admitted requests and spent this process's CPU on them.
+    rows = [line for line in out.splitlines() if line.startswith(("embedded", "memory", "redis"))]
+    assert len(rows) == 3
+    for row in rows:
+        rate, _vs, cpu_us = row[30:].split()[:3]
+        assert float(rate) > 0 and float(cpu_us) > 0, row
 
 
 def _closed_port() -> int:

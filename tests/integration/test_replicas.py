@@ -29,7 +29,8 @@ import pytest
 from aiohttp import web
 from fairgate import AsyncClient, FairgateError, Result
 
-from scheduler.state.redis_store import RedisStore, connect
+from scheduler.redis_io import connect
+from scheduler.state.redis_store import RedisStore
 from service.engines.protocol import EngineRequest
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.engine import SimulatedEngine

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import FakeClock
+from scheduler.decision import head_verdict
 from scheduler.dispatcher import Dispatcher
 from scheduler.errors import SchedulingError
 from scheduler.ordering.policy import QueuePolicy
@@ -186,7 +187,8 @@ class Driver:
             call = next(c for c in self.calls if c.req is head)
             if call.wanted():
                 # Work conservation: the head waits only for room, or for the reserve.
-                waits = d.head_verdict() in (Verdict.FULL, Verdict.HOLD)
+                v = head_verdict(d.round(), d.reserve.fraction, d.isolation)
+                waits = v in (Verdict.FULL, Verdict.HOLD)
                 assert waits, "work conservation: an admissible request waits"
         next_timer = self.timers.next_s()
         for tenant_id, until_s in d.paused_tenants.items():

@@ -79,6 +79,9 @@ class TimedStore:
 class Row:
     name: str
     admissions_per_s: float
+    # This process's CPU (user + system) per admitted request: the gateway's
+    # cost of admission, settlement and charges (Redis's own CPU is not in it).
+    cpu_us_per_request: float
     p50_ms: float | None
     p99_ms: float | None
     round_trips_per_request: float | None
@@ -106,21 +109,25 @@ async def _worker(
 
 async def _drive(
     d: Dispatcher | SharedDispatcher, tenants: int, concurrency: int, seconds: float
-) -> float:
+) -> tuple[float, float]:
+    """(admissions/s, CPU µs per admission)."""
     ids = itertools.count()
     start_s = time.monotonic()
+    cpu_start_s = time.process_time()
     stop_s = start_s + seconds
     counts = await asyncio.gather(
         *(_worker(d, f"t{k % tenants}", ids, stop_s) for k in range(concurrency))
     )
-    return sum(counts) / (time.monotonic() - start_s)
+    done = sum(counts)
+    cpu_us = (time.process_time() - cpu_start_s) / max(1, done) * 1e6
+    return done / (time.monotonic() - start_s), cpu_us
 
 
 async def _embedded(tenants: int, concurrency: int, seconds: float) -> Row:
     reg = _tenants(tenants)
     d = Dispatcher(VtcPolicy(reg.weight_of), AdmissionBudget(LIMITS), MonotonicClock(), tenants=reg)
-    rate = await _drive(d, tenants, concurrency, seconds)
-    return Row("embedded Dispatcher (sync)", rate, None, None, None, None)
+    rate, cpu_us = await _drive(d, tenants, concurrency, seconds)
+    return Row("embedded Dispatcher (sync)", rate, cpu_us, None, None, None, None)
 
 
 async def _shared(
@@ -131,13 +138,14 @@ async def _shared(
     opts = SharedOptions(replica_id="bench", flush_s=flush_ms / 1000, poll_s=0.002)
     d = SharedDispatcher(timed, LIMITS, MonotonicClock(), opts, tenants=reg)
     await d.start()
-    rate = await _drive(d, tenants, concurrency, seconds)
+    rate, cpu_us = await _drive(d, tenants, concurrency, seconds)
     await d.aclose()
     lat = sorted(timed.decision_s)
     rt = store.round_trips / max(1, d.admitted_total) if store.kind == "redis" else None
     return Row(
         name,
         rate,
+        cpu_us,
         percentile(lat, 50) * 1e3,
         percentile(lat, 99) * 1e3,
         rt,
@@ -189,16 +197,18 @@ async def main(
     )
     base = rows[1].admissions_per_s
     print(
-        f"{'run':<30}{'admissions/s':>13}{'vs memory':>10}{'step p50 ms':>16}"
+        f"{'run':<30}{'admissions/s':>13}{'vs memory':>10}{'CPU us/req':>11}{'step p50 ms':>16}"
         f"{'p99 ms':>9}{'round trips/req':>16}{'max counter lag':>16}"
     )
     for r in rows:
         print(
             f"{r.name:<30}{r.admissions_per_s:>13.0f}{r.admissions_per_s / base:>10.2f}"
+            f"{r.cpu_us_per_request:>11.1f}"
             f"{_fmt(r.p50_ms, '.3f'):>16}{_fmt(r.p99_ms, '.3f'):>9}"
             f"{_fmt(r.round_trips_per_request, '.2f'):>16}{_fmt(r.max_lag, '.0f'):>16}"
         )
     print(
+        "CPU us/req is this process's CPU per admitted request (admit, 4 charges, finish); "
         "round trips/req counts every Redis call (decisions, settlements, charge flushes, "
         "heartbeats, polls while full); max counter lag is in weighted tokens (w_out x tokens / "
         "weight) and adds to the VTC bound 2 x max(w_in x L_in, w_out x M)\n"

@@ -11,7 +11,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from scheduler.state.redis_store import connect
+from scheduler.redis_io import connect
 
 
 def _kwargs(client: Any) -> dict[str, Any]:

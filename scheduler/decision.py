@@ -1,0 +1,154 @@
+"""The admission decision, composed once.
+
+`rules.py` states each rule as a pure function; this module is the one place
+that combines them into a decision: which queued request enters the engine
+now. Both the single-process dispatcher (`Dispatcher`, over its policy's
+queues) and the shared path's stores (`MemoryStore`, over the candidates a
+replica offers) run `admit_round`; they differ only in where the state lives
+(the `Round` they pass: I/O, no rule). The Redis STEP script is the Lua twin of
+this composition, held to it by the differential test
+(tests/unit/scheduler/test_store_differential.py).
+
+One round, in the order the VTC guarantee needs (see rules.py):
+- the head of the tenant first in fair order (`Round.head`);
+- its tenant's own limits (max_concurrent, wait-mode buckets) hold that tenant
+  only, and the next tenant is considered (`Round.hold`);
+- then the engine's room, and the fair-share reserve or the lent room
+  (`rules.verdict`, with `tenant_load` only when `rules.needs_load` says it
+  applies): FULL or HOLD stop the round, nobody jumps the head;
+- ADMIT charges and opens the request (`Round.admit`), and the round goes on.
+
+`tenant_load` is the reserve's view of the candidate's tenant, stated once for
+the dispatcher's per-process counts and the store's fleet-wide ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol, TypeVar
+
+from scheduler import rules
+from scheduler.rules import AdmissionLimits, TenantLoad, Verdict
+
+
+class Sized(Protocol):
+    """A request or a candidate: whose it is and what it may occupy."""
+
+    @property
+    def tenant_id(self) -> str: ...
+
+    @property
+    def kv_tokens(self) -> int: ...
+
+
+C = TypeVar("C", bound=Sized)
+
+
+class Round(Protocol[C]):
+    """The state one round reads and writes (a dispatcher's or a store's)."""
+
+    @property
+    def limits(self) -> AdmissionLimits: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def in_flight_kv(self) -> int: ...
+
+    def head(self) -> C | None:
+        """The next request in fair order among the tenants not held (None: none)."""
+        ...
+
+    def own_wait_s(self, c: C) -> float:
+        """How long its tenant's own limits hold `c` (`rules.own_limit_wait_s`)."""
+        ...
+
+    def load(self, c: C) -> TenantLoad:
+        """Its tenant's part of the engine (`tenant_load`)."""
+        ...
+
+    def hold(self, c: C, wait_s: float) -> None:
+        """Its tenant's own limits hold it for `wait_s` (inf: until a finish):
+        skip the tenant for the rest of the round; it keeps its counter."""
+        ...
+
+    def stopped(self, c: C, v: Verdict) -> None:
+        """The round stops at `c`: FULL or HOLD."""
+        ...
+
+    def admit(self, c: C, lent: bool) -> bool:
+        """Charge and open `c` (`lent`: beyond the room, Isolation.PREEMPT);
+        False ends the round after it."""
+        ...
+
+
+def judge(
+    r: Round[C], c: C, reserve_fraction: float, isolation: rules.Isolation
+) -> tuple[Verdict, float]:
+    """The verdict on `c` now, and its tenant's own wait (`rules.verdict`)."""
+    own_wait_s = r.own_wait_s(c)
+    room = (r.limits, r.in_flight, r.in_flight_kv, c.kv_tokens)
+    load = None
+    if own_wait_s <= 0 and rules.needs_load(reserve_fraction, *room, isolation):
+        load = r.load(c)
+    return rules.verdict(own_wait_s, *room, reserve_fraction, load, isolation), own_wait_s
+
+
+def admit_round(r: Round[C], reserve_fraction: float, isolation: rules.Isolation) -> Verdict | None:
+    """Admit heads in fair order until a verdict other than ADMIT or OWN_LIMIT
+    stops the round (returned), `admit` ends it (ADMIT), or nobody is left (None)."""
+    while (c := r.head()) is not None:
+        v, own_wait_s = judge(r, c, reserve_fraction, isolation)
+        if v is Verdict.OWN_LIMIT:
+            r.hold(c, own_wait_s)
+            continue
+        if v is not Verdict.ADMIT:
+            r.stopped(c, v)
+            return v
+        lent = not rules.fits(r.limits, r.in_flight, r.in_flight_kv, c.kv_tokens)
+        if not r.admit(c, lent):
+            return v
+    return None
+
+
+def head_verdict(
+    r: Round[C], reserve_fraction: float, isolation: rules.Isolation
+) -> Verdict | None:
+    """What the rules say of the head now, changing nothing (None: nobody queued;
+    the benchmarks' work-conservation check)."""
+    c = r.head()
+    return None if c is None else judge(r, c, reserve_fraction, isolation)[0]
+
+
+def tenant_load(
+    tenant_id: str,
+    active: Iterable[str],
+    limits: AdmissionLimits,
+    weight_of: Callable[[str], float],
+    queued_of: Callable[[str], int],
+    in_flight_of: Callable[[str], tuple[int, int]],
+) -> TenantLoad:
+    """The candidate's share of the engine among the `active` tenants (queued or
+    in flight anywhere, or seen within the reserve's window), its part in flight,
+    whether another active *light* tenant is below its own share (someone to keep
+    the reserve for: heavy tenants are served in counter order anyway), and
+    whether the candidate is light itself. Weights are summed in name order, as
+    the Redis script does, so that both round alike. `in_flight_of`: (requests,
+    KV tokens)."""
+    names = sorted({tenant_id, *active})
+    total = 0.0
+    for t in names:
+        total += weight_of(t)
+    protects = False
+    for t in names:
+        if t == tenant_id or not rules.light(queued_of(t)):
+            continue
+        n, kv = in_flight_of(t)
+        if rules.waiting_below_share(weight_of(t) / total, limits, n, kv):
+            protects = True
+            break
+    n, kv = in_flight_of(tenant_id)
+    return TenantLoad(
+        weight_of(tenant_id) / total, n, kv, protects, rules.light(queued_of(tenant_id))
+    )
