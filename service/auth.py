@@ -33,11 +33,11 @@ from scheduler.tenancy.tenants import tenant_id_problem
 from service import errors
 from service.api_keys import tokens_equal
 from service.identity import Identity, current_identity
+from service.settings import AUTH_MODES
 from service.tenant_directory import TenantDirectory
 
 __all__ = ["AuthInterceptor", "Authenticator", "Identity", "current_identity"]
 
-AUTH_MODES = ("auto", "api-key", "dev-header")
 INFERENCE_PREFIX = "/fairgate.v1.InferenceService/"
 ADMIN_PREFIX = "/fairgate.v1.AdminService/"
 

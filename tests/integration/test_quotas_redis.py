@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -37,7 +36,7 @@ async def start_server(redis_url: str) -> AsyncIterator[StartServer]:
             store="redis",
             redis_url=redis_url,
         )
-        app = await App.start(dataclasses.replace(base, **overrides).validate())
+        app = await App.start(base.replace(**overrides))
         apps.append(app)
         return app
 

@@ -5,7 +5,6 @@ requests and on another replica sharing the same Redis."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -59,7 +58,7 @@ async def start_server(redis_url: str, tmp_path: Path) -> AsyncIterator[StartSer
             tenants_file=str(path),
             admin_token=ADMIN_TOKEN,
         )
-        settings = dataclasses.replace(base, **overrides).validate()
+        settings = base.replace(**overrides)
         app = await App.start(settings, telemetry or Telemetry.disabled())
         apps.append(app)
         return app

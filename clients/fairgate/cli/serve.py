@@ -1,18 +1,16 @@
 """`fairgate serve`: one flag per server setting, built from `Settings` itself.
 
 Every field of `service.settings.Settings` becomes `--field-name`; its help
-is the comment above the field in settings.py, followed by the environment
-variable and the default, so the flags, the variables and the defaults are
-one list that cannot drift. Precedence: flag > FAIRGATE_* variable > default.
+is the field's doc and allowed values, followed by the environment variable
+and the default, so the flags, the variables and the defaults are one list
+that cannot drift. Precedence: flag > FAIRGATE_* variable > default.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
-import re
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 
@@ -22,55 +20,33 @@ ALIASES = {
     "tenants_file": ["--tenants"],
     "tokenizer_path": ["--tokenizer"],
 }
-_FIELD = re.compile(r"^\s{4}(\w+): [^=]+= ")
-
-
-def field_help() -> dict[str, str]:
-    """Settings field → the comment lines right above it in settings.py."""
-    from service import settings
-
-    out: dict[str, str] = {}
-    comment: list[str] = []
-    for line in inspect.getsource(settings.Settings).splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            comment.append(stripped.lstrip("# ").strip())
-            continue
-        found = _FIELD.match(line)
-        if found:
-            out[found.group(1)] = " ".join(comment)
-        comment = []
-    return out
-
-
-def _type(type_: object) -> type:
-    return {"int": int, "float": float, "bool": bool}.get(str(type_), str)
 
 
 def serve_command() -> Callable[..., None]:
     """`serve` as a function whose signature typer reads: one option per setting."""
     from service.settings import ENV_PREFIX, Settings
+    from service.settings_errors import allowed
 
-    helps = field_help()
-    defaults = Settings()
     params: list[inspect.Parameter] = []
-    for f in dataclasses.fields(Settings):
-        type_ = _type(f.type)
-        env = ENV_PREFIX + f.name.upper()
+    for name, f in Settings.model_fields.items():
+        type_ = cast(type, f.annotation) if f.annotation in (int, float, bool) else str
+        env = ENV_PREFIX + name.upper()
         secret = f.repr is False
-        default: Any = getattr(defaults, f.name)
-        if f.name == "api_key_pepper":
+        default: Any = f.default
+        if name == "api_key_pepper":
             default = "(random per start)"
         shown = "(set)" if secret and default else repr(default) if default == "" else default
-        text = f"{helps.get(f.name, '')} [env {env}; default {shown}]".strip()
+        kind = allowed(f)
+        doc = f"{f.description} Allowed: {kind}." if kind != "text" else f.description
+        text = f"{doc} [env {env}; default {shown}]"
         if secret:
             text += " Prefer the variable: flags show in `ps`."
-        flag = "--" + f.name.replace("_", "-")
-        decls = [f"{flag}/--no-{flag[2:]}"] if type_ is bool else [flag, *ALIASES.get(f.name, [])]
+        flag = "--" + name.replace("_", "-")
+        decls = [f"{flag}/--no-{flag[2:]}"] if type_ is bool else [flag, *ALIASES.get(name, [])]
         option = typer.Option(*decls, help=text, show_default=False)
         params.append(
             inspect.Parameter(
-                f.name,
+                name,
                 inspect.Parameter.KEYWORD_ONLY,
                 default=None,
                 annotation=Annotated[type_ | None, option],
