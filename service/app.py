@@ -24,7 +24,7 @@ from scheduler.tenancy.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
 from service.api_keys import KeyHasher
 from service.auth import Authenticator, AuthInterceptor
-from service.chat_template import load_chat_template
+from service.chat_template import chat_template_for
 from service.decode_guard import DecodeGuardInterceptor
 from service.drain import CUT_WAIT_S, Drain
 from service.engines.factory import build_engine
@@ -201,7 +201,13 @@ class App:
             # The model's tokenizer knows the vocabulary; SGLang's HTTP API does not
             # say it, and one token id past the embedding table kills its scheduler.
             vocab_size=tokenizer.vocab_size if tokenizer.exact else cap.vocab_size,
-            chat_template=load_chat_template(settings.chat_template_path, settings.tokenizer_path),
+            # The simulated model's format is the default template: no warning for it.
+            chat_template=chat_template_for(
+                model_name,
+                settings.chat_template_path,
+                settings.tokenizer_path,
+                warn=engine.kind != "simulator",
+            ),
             preempt_threshold=cap.preempt_threshold,
             isolation=isolation,
         )
