@@ -60,7 +60,9 @@ async def test_health_command(server: App) -> None:
 async def test_serve_refuses_a_bad_tenants_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     bad = tmp_path / "tenants.yaml"
     bad.write_text("tenants:\n  - id: x\n    weight: -1\n")
-    code, _, err = await _run("serve", "--tenants", str(bad), "--listen", "127.0.0.1:0")
+    code, _, err = await _run(
+        "serve", "--tenants", str(bad), "--listen", "127.0.0.1:0", "--http-listen", ""
+    )
     assert code == 2
     assert "tenant 'x'" in err and "weight" in err and "Traceback" not in err
 
@@ -70,12 +72,12 @@ async def test_serve_refuses_preemption_the_engine_cannot_do(
 ) -> None:
     # The simulator without priority scheduling preempts nothing.
     monkeypatch.setenv("FAIRGATE_FAIR_ISOLATION", "preempt")
-    code, _, err = await _run("serve", "--listen", "127.0.0.1:0")
+    code, _, err = await _run("serve", "--listen", "127.0.0.1:0", "--http-listen", "")
     assert code == 2
     assert "fair_isolation=preempt needs an engine that preempts" in err
     assert "Traceback" not in err
     monkeypatch.setenv("FAIRGATE_FAIR_ISOLATION", "sometimes")
-    code, _, err = await _run("serve", "--listen", "127.0.0.1:0")
+    code, _, err = await _run("serve", "--listen", "127.0.0.1:0", "--http-listen", "")
     assert code == 2 and "fair_isolation must be one of auto, preempt, reserve" in err
 
 
@@ -143,5 +145,7 @@ async def test_version_completion_and_help() -> None:
 
 async def test_serve_flags_reach_the_settings(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # A flag for a setting that used to be env-only: its validation answers.
-    code, _, err = await _run("serve", "--store", "nowhere", "--listen", "127.0.0.1:0")
+    code, _, err = await _run(
+        "serve", "--store", "nowhere", "--listen", "127.0.0.1:0", "--http-listen", ""
+    )
     assert code == 2 and "unknown store 'nowhere'" in err

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 FAIRGATE = [sys.executable, "-m", "fairgate.cli.main", "serve", "--listen", "127.0.0.1:0"]
+FAIRGATE += ["--http-listen", "127.0.0.1:0"]  # whatever the default port
 LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING) ")
 
 
