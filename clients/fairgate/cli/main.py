@@ -19,8 +19,7 @@ from fairgate.plan.cli import plan_command
 typer_app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    # Help text is plain text: `fairgate[plot]` is not Rich markup.
-    rich_markup_mode=None,
+    rich_markup_mode="markdown",
     context_settings={"max_content_width": 100},
     help="fairgate: a weighted-fair, multi-tenant gRPC front door for LLM engines.",
 )
@@ -58,7 +57,7 @@ TenantOpt = Annotated[str | None, typer.Option(help="tenant name sent in x-fairg
 
 @typer_app.command()
 def generate(
-    prompt: Annotated[str, typer.Argument(help="prompt text")],
+    prompt: Annotated[str, typer.Argument(help="prompt text", metavar="PROMPT")],
     address: TargetOpt = DEFAULT_TARGET,
     tenant: TenantOpt = None,
     max_tokens: Annotated[int | None, typer.Option(help="tokens to generate")] = None,
@@ -157,7 +156,7 @@ def models(
 
 @typer_app.command("count-tokens")
 def count_tokens(
-    text: str,
+    text: Annotated[str, typer.Argument(help="text to count", metavar="TEXT")],
     address: TargetOpt = DEFAULT_TARGET,
     model: str = "",
     api_key: ApiKeyOpt = None,
