@@ -126,8 +126,10 @@ async def test_version_completion_and_help() -> None:
     assert (code, out.strip()) == (0, f"fairgate {version()}")
     code, out, _ = await _run("--help")
     assert code == 0 and "--install-completion" in out
-    # Every setting is a serve flag, with its variable and default.
+    # Every setting is a serve flag, in a section, with its default; choices listed.
     from dataclasses import fields
+
+    from fairgate.cli.serve import OTHER_SECTION, SECTIONS, section_of
 
     from service.settings import Settings
 
@@ -136,8 +138,14 @@ async def test_version_completion_and_help() -> None:
     flat = " ".join(out.split())
     for f in fields(Settings):
         assert "--" + f.name.replace("_", "-") in flat, f.name
-        assert "FAIRGATE_" + f.name.upper() in flat, f.name
-    assert "[env FAIRGATE_LISTEN; default 127.0.0.1:50051]" in flat
+        assert section_of(f.name) != OTHER_SECTION, f"{f.name} is in no section"
+    assert all(f"\n{title}:\n" in out for title, _, _ in SECTIONS)
+    assert "--listen <str> [default 127.0.0.1:50051]" in flat
+    assert "--engine [simulator|sglang-http|sglang]" in flat
+    assert "FAIRGATE_HTTP_LISTEN" in flat  # the rule for every variable, said once
+    code, out, _ = await _run("generate", "--help")
+    usage = out.splitlines()[0]  # typer marks a required argument with braces: {PROMPT}
+    assert code == 0 and "generate [OPTIONS]" in usage and "PROMPT" in usage, usage
     # Help text is not Rich markup: `[plot]` survives.
     code, out, _ = await _run("bench", "load", "--help")
     assert code == 0 and "fairgate[plot]" in out

@@ -4,6 +4,8 @@ Every field of `service.settings.Settings` becomes `--field-name`; its help
 is the comment above the field in settings.py, followed by the environment
 variable and the default, so the flags, the variables and the defaults are
 one list that cannot drift. Precedence: flag > FAIRGATE_* variable > default.
+`serve --help` lists them in sections (`SECTIONS`), a setting with a fixed set
+of values shows them as its metavar (`choices`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from typing import Annotated, Any
 
 import typer
 
+# typer carries its own click (typer._click): TyperCommand's hooks take its types.
+from typer._click import Context, HelpFormatter
+from typer.core import TyperCommand
+
 # Short names kept from earlier releases.
 ALIASES = {
     "sim_time_scale": ["--time-scale"],
@@ -23,6 +29,83 @@ ALIASES = {
     "tokenizer_path": ["--tokenizer"],
 }
 _FIELD = re.compile(r"^\s{4}(\w+): [^=]+= ")
+
+# `serve --help` sections: a setting goes in the first whose names or prefixes
+# match it (a test checks that none is left over).
+SECTIONS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
+    (
+        "Listening",
+        ("listen", "http_listen", "metrics_listen", "workers", "event_loop", "shutdown_grace_s"),
+        ("tls_",),
+    ),
+    (
+        "Model and engine",
+        ("engine", "model_name", "tokenizer_path", "chat_template_path", "default_max_tokens"),
+        ("max_output_tokens", "capacity_refresh_s", "stream_coalesce"),
+    ),
+    ("Simulated engine (engine simulator)", (), ("sim_",)),
+    ("SGLang engines (engine sglang-http, sglang)", (), ("sglang_",)),
+    (
+        "Scheduling and fairness",
+        ("policy", "kv_target_fraction", "running_target_fraction", "idle_tenant_ttl_s"),
+        ("fair_", "vtc_", "rate_limit_"),
+    ),
+    (
+        "Tenants and authentication",
+        ("tenants_file", "default_tenant", "tenant_header", "auth_mode", "admin_token"),
+        ("api_key_", "tenant_sync_"),
+    ),
+    ("Shared state and replicas (store redis)", ("store", "replicas"), ("redis_",)),
+    ("Transport limits", ("max_request_bytes", "max_concurrent_streams"), ("max_", "keepalive_")),
+    ("Logs and telemetry", ("log_level", "log_format"), ("telemetry_",)),
+]
+OTHER_SECTION = "Options"  # --help, and a setting no section names
+
+
+def section_of(name: str) -> str:
+    for title, names, prefixes in SECTIONS:
+        if name in names or name.startswith(prefixes):
+            return title
+    return OTHER_SECTION
+
+
+def choices() -> dict[str, tuple[str, ...]]:
+    """Settings with a fixed set of values → the values (their metavar in the help)."""
+    from scheduler.ordering.policies import POLICIES
+    from service.engines.simulator.hardware import GPUS, MODELS
+    from service.event_loop import EVENT_LOOPS
+    from service.settings import AUTH_MODES, ENGINES, FAILURE_MODES, ISOLATIONS, STORES
+
+    return {
+        "engine": ENGINES,
+        "sim_gpu": tuple(GPUS),
+        "sim_model": tuple(MODELS),
+        "policy": tuple(POLICIES),
+        "fair_isolation": ISOLATIONS,
+        "auth_mode": AUTH_MODES,
+        "store": STORES,
+        "redis_failure_mode": FAILURE_MODES,
+        "event_loop": EVENT_LOOPS,
+        "log_format": ("text", "json"),
+        "log_level": ("DEBUG", "INFO", "WARNING", "ERROR"),
+    }
+
+
+class ServeCommand(TyperCommand):
+    """`serve`, whose help lists the settings' flags in `SECTIONS`."""
+
+    def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
+        rows: dict[str, list[tuple[str, str]]] = {title: [] for title, _, _ in SECTIONS}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            title = section_of(param.name or "") if param.name != "help" else OTHER_SECTION
+            rows.setdefault(title, []).append(record)
+        for title, records in rows.items():
+            if records:
+                with formatter.section(title):
+                    formatter.write_dl(records)
 
 
 def field_help() -> dict[str, str]:
@@ -52,6 +135,7 @@ def serve_command() -> Callable[..., None]:
     from service.settings import ENV_PREFIX, Settings
 
     helps = field_help()
+    listed = choices()
     defaults = Settings()
     params: list[inspect.Parameter] = []
     for f in dataclasses.fields(Settings):
@@ -61,13 +145,18 @@ def serve_command() -> Callable[..., None]:
         default: Any = getattr(defaults, f.name)
         if f.name == "api_key_pepper":
             default = "(random per start)"
-        shown = "(set)" if secret and default else repr(default) if default == "" else default
-        text = f"{helps.get(f.name, '')} [env {env}; default {shown}]".strip()
+        if type_ is bool:
+            default = "on" if default else "off"
+        # The variable is FAIRGATE_ + the flag's name (said once, in the description);
+        # an empty default (unset) goes unsaid.
+        shown = "" if default == "" else f" [default {'(set)' if secret else default}]"
+        text = f"{helps.get(f.name, '')}{shown}".strip()
         if secret:
-            text += " Prefer the variable: flags show in `ps`."
+            text += f" Prefer the variable {env}: flags show in `ps`."
         flag = "--" + f.name.replace("_", "-")
         decls = [f"{flag}/--no-{flag[2:]}"] if type_ is bool else [flag, *ALIASES.get(f.name, [])]
-        option = typer.Option(*decls, help=text, show_default=False)
+        metavar = "[" + "|".join(listed[f.name]) + "]" if f.name in listed else None
+        option = typer.Option(*decls, help=text, show_default=False, metavar=metavar)
         params.append(
             inspect.Parameter(
                 f.name,
@@ -91,6 +180,7 @@ def serve_command() -> Callable[..., None]:
     serve.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
     serve.__doc__ = (
         "Run the server (embedded defaults: simulated RTX 4090, in-memory state). "
-        "Every setting is a flag and a FAIRGATE_* variable; flags win."
+        "Every setting is a flag and a variable, FAIRGATE_ and the flag's name "
+        "(--http-listen: FAIRGATE_HTTP_LISTEN); flags win."
     )
     return serve
