@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING, Any
 from service import event_loop
 from service.settings import Settings
 from service.startup import StartupError, check_address
-from service.telemetry import Telemetry
-from service.telemetry.logs import configure_logging
 
 if TYPE_CHECKING:
     from service.app import App
+    from service.telemetry import Telemetry
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -68,12 +67,15 @@ async def serve(
 
 def run(settings: Settings) -> int:
     """Serve until stopped; returns the process exit code (2: bad configuration)."""
-    configure_logging(settings.log_level, settings.log_format)
     try:
         check_ports(settings)
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    # Imported once the ports are known to be free: a refusal stays quick.
+    from service.telemetry.logs import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
     if settings.workers > 1:
         from service.workers import supervise
 

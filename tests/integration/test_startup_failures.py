@@ -102,11 +102,8 @@ def cases(port: int, files: Path) -> dict[str, Case]:
             "tls_cert_file",
             "not a PEM certificate and its key",
         ),
-        "unreachable Redis, fail closed": Case(
+        "unreachable Redis": Case(
             (*redis, "--redis-failure-mode", "closed"), "redis_url", "unreachable", 1
-        ),
-        "unreachable Redis, fail open": Case(
-            (*redis, "--redis-failure-mode", "open"), "redis_url", "unreachable", 1
         ),
     }
 
