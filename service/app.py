@@ -260,8 +260,15 @@ class App:
             port = 0
         if port == 0:
             raise BindError("listen", f"cannot listen on {settings.listen}", EXIT_ENVIRONMENT)
-        await telemetry.start()
         undo.push_async_callback(telemetry.aclose)
+        try:
+            await telemetry.start()
+        except OSError as exc:  # the metrics port (a worker's: its base + its index)
+            raise BindError(
+                "metrics_listen",
+                f"cannot listen on the metrics port: {exc.strerror}",
+                EXIT_ENVIRONMENT,
+            ) from None
         await server.start()
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from service.startup import StartupError
+from tests.conftest import StartServer
+
 FAIRGATE = [sys.executable, "-m", "fairgate.cli.main", "serve", "--listen", "127.0.0.1:0"]
 FAIRGATE += ["--http-listen", "127.0.0.1:0"]  # whatever the default port
 LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING) ")
@@ -148,3 +151,16 @@ def test_startup_failure_is_one_line_naming_the_setting(
     assert line.startswith("error: ") and case.says in line, line
     assert f"setting {case.setting}: {flag} / {var}" in line, line
     assert "Traceback" not in err and "never awaited" not in err
+
+
+async def test_a_port_taken_after_the_check_closes_what_had_started(
+    start_server: StartServer, busy_port: int
+) -> None:
+    # App.start itself (the port taken between the check and the bind): the gRPC
+    # server, engine and stores it had started are closed before the error.
+    before = asyncio.all_tasks()
+    with pytest.raises(StartupError) as err:
+        await start_server(http_listen=f"127.0.0.1:{busy_port}")
+    assert err.value.setting == "http_listen" and "cannot listen" in str(err.value)
+    await asyncio.sleep(0)
+    assert asyncio.all_tasks() - before == set()
