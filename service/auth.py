@@ -140,12 +140,17 @@ class Authenticator:
             )
         token = _bearer(md)
         if token is None:
-            raise AdminTokenInvalid("the admin API needs `authorization: Bearer <admin token>`")
+            raise AdminTokenInvalid(
+                "no admin token sent: set FAIRGATE_ADMIN_TOKEN (or --token) to the server's "
+                "admin token (sent as `authorization: Bearer <token>`)"
+            )
         if tokens_equal(token, self.admin_token):
             return
         if self.directory.verify_key(token) is not None:
             raise AdminRequired("tenant API keys cannot use the admin API")
-        raise AdminTokenInvalid("invalid admin token")
+        raise AdminTokenInvalid(
+            "invalid admin token: FAIRGATE_ADMIN_TOKEN (or --token) must be the server's"
+        )
 
 
 _Req = TypeVar("_Req")

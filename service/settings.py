@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     # -- serving ------------------------------------------------------------------
     listen: str = _s("127.0.0.1:50051", "gRPC address, host:port (port 0 picks a free one).")
     http_listen: str = _s(
-        "",
+        "127.0.0.1:8000",
         "OpenAI-compatible HTTP API host:port (/v1/chat/completions, /v1/completions, "
         '/v1/models); "" = off, port 0 picks a free one.',
     )
@@ -117,7 +117,9 @@ class Settings(BaseSettings):
         "template; empty: approximate counts.",
     )
     chat_template_path: str = _s(
-        "", "Jinja2 chat template file; overrides the tokenizer directory's."
+        "",
+        "Jinja2 chat template file; overrides the tokenizer directory's (neither: fairgate's "
+        "ChatML).",
     )
     stream_coalesce: bool = _s(
         True, "Send tokens that are ready together in one message (never waits for more)."

@@ -49,11 +49,16 @@ def env_name(name: str) -> str:
     return ENV_PREFIX + name.upper()
 
 
+def options(field: FieldInfo) -> tuple[str, ...] | None:
+    """A setting's fixed set of values (declared `OneOf`), or None."""
+    return next((m.options for m in field.metadata if isinstance(m, OneOf)), None)
+
+
 def allowed(field: FieldInfo) -> str:
     """What a setting accepts: "an integer in [1, 256]", "one of a, b", "true or false"."""
-    choices = next((m for m in field.metadata if isinstance(m, OneOf)), None)
+    choices = options(field)
     if choices is not None:
-        return "one of " + ", ".join(choices.options)
+        return "one of " + ", ".join(choices)
     if field.annotation is bool:
         return "true or false"
     if field.annotation not in (int, float):

@@ -25,8 +25,20 @@ if TYPE_CHECKING:
 SKIP_RULES: ContextVar[bool] = ContextVar("skip_rules", default=False)
 
 
+HOST_PORT = "must be host:port (e.g. 127.0.0.1:8000)"
+
+
+def host_port(address: str) -> tuple[str, int] | None:
+    """`host:port` (an IPv6 host in brackets) → (host without brackets, port);
+    None when it is not that. An empty host is every interface."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        return None
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 def _host_port(value: str) -> bool:
-    return ":" in value
+    return host_port(value) is not None
 
 
 def rule_problems(s: Settings) -> list[tuple[tuple[str, ...], str]]:
@@ -38,13 +50,9 @@ def rule_problems(s: Settings) -> list[tuple[tuple[str, ...], str]]:
         if not ok:
             out.append((fields, message))
 
-    need(_host_port(s.listen), ("listen",), "must be host:port")
-    need(not s.http_listen or _host_port(s.http_listen), ("http_listen",), "must be host:port")
-    need(
-        not s.metrics_listen or _host_port(s.metrics_listen),
-        ("metrics_listen",),
-        "must be host:port",
-    )
+    need(_host_port(s.listen), ("listen",), HOST_PORT)
+    need(not s.http_listen or _host_port(s.http_listen), ("http_listen",), HOST_PORT)
+    need(not s.metrics_listen or _host_port(s.metrics_listen), ("metrics_listen",), HOST_PORT)
     need(
         s.max_request_bytes <= s.max_receive_message_bytes,
         ("max_request_bytes", "max_receive_message_bytes"),

@@ -24,7 +24,9 @@ async def start_server() -> AsyncIterator[StartServer]:
     apps: list[App] = []
 
     async def _start(telemetry: Telemetry | None = None, **overrides: Any) -> App:
-        base = Settings(listen="127.0.0.1:0", sim_time_scale=0.0, shutdown_grace_s=1.0)
+        base = Settings(
+            listen="127.0.0.1:0", http_listen="", sim_time_scale=0.0, shutdown_grace_s=1.0
+        )
         settings = base.replace(**overrides)
         app = await App.start(settings, telemetry or Telemetry.disabled())
         apps.append(app)

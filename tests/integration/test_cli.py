@@ -63,7 +63,9 @@ async def test_serve_refuses_a_bad_tenants_file(tmp_path) -> None:  # type: igno
         "tenants:\n  - id: x\n    weight: -1\n  - id: y\n    over_quota: later\n"
         "  - id: z\n    quotas: {max_queued: many}\n"
     )
-    code, _, err = await _run("serve", "--tenants", str(bad), "--listen", "127.0.0.1:0")
+    code, _, err = await _run(
+        "serve", "--tenants", str(bad), "--listen", "127.0.0.1:0", "--http-listen", ""
+    )
     assert code == 2 and "Traceback" not in err
     # Issue 26: every bad tenant at once, not the first.
     assert "3 problems" in err
@@ -76,7 +78,9 @@ async def test_serve_lists_every_bad_setting_from_variables_and_flags(
 ) -> None:
     monkeypatch.setenv("FAIRGATE_KV_TARGET_FRACTION", "2")
     monkeypatch.setenv("FAIRGATE_WORKERS", "many")
-    code, out, err = await _run("serve", "--listen", "127.0.0.1:0", "--policy", "lottery")
+    code, out, err = await _run(
+        "serve", "--listen", "127.0.0.1:0", "--http-listen", "", "--policy", "lottery"
+    )
     assert (code, out) == (2, "")
     assert err.splitlines() == [
         "error: invalid settings (3 problems):",
@@ -91,12 +95,12 @@ async def test_serve_refuses_preemption_the_engine_cannot_do(
 ) -> None:
     # The simulator without priority scheduling preempts nothing.
     monkeypatch.setenv("FAIRGATE_FAIR_ISOLATION", "preempt")
-    code, _, err = await _run("serve", "--listen", "127.0.0.1:0")
+    code, _, err = await _run("serve", "--listen", "127.0.0.1:0", "--http-listen", "")
     assert code == 2
     assert "fair_isolation=preempt needs an engine that preempts" in err
     assert "Traceback" not in err
     monkeypatch.setenv("FAIRGATE_FAIR_ISOLATION", "sometimes")
-    code, _, err = await _run("serve", "--listen", "127.0.0.1:0")
+    code, _, err = await _run("serve", "--listen", "127.0.0.1:0", "--http-listen", "")
     assert code == 2
     assert "FAIRGATE_FAIR_ISOLATION='sometimes': expected one of auto, preempt, reserve" in err
 
@@ -152,7 +156,10 @@ async def test_version_completion_and_help() -> None:
     assert (code, out.strip()) == (0, f"fairgate {version()}")
     code, out, _ = await _run("--help")
     assert code == 0 and "--install-completion" in out
-    # Every setting is a serve flag, with its variable and default.
+    # Every setting is a serve flag, in a section, with its doc and default; choices
+    # listed (from the declaration), ranges said.
+    from fairgate.cli.serve import OTHER_SECTION, SECTIONS, section_of
+
     from service.settings import Settings
 
     code, out, _ = await _run("serve", "--help")
@@ -160,8 +167,19 @@ async def test_version_completion_and_help() -> None:
     flat = " ".join(out.split())
     for name in Settings.model_fields:
         assert "--" + name.replace("_", "-") in flat, name
-        assert "FAIRGATE_" + name.upper() in flat, name
-    assert "[env FAIRGATE_LISTEN; default 127.0.0.1:50051]" in flat
+        assert section_of(name) != OTHER_SECTION, f"{name} is in no section"
+    assert all(f"\n{title}:\n" in out for title, _, _ in SECTIONS)
+    assert (
+        "--listen <str> gRPC address, host:port (port 0 picks a free one). "
+        "[default 127.0.0.1:50051]"
+    ) in flat
+    assert "--engine [simulator|sglang-http|sglang]" in flat
+    assert "--log-level [DEBUG|INFO|WARNING|ERROR|CRITICAL]" in flat
+    assert "Allowed: a number in (0, 1]. [default 0.9]" in flat  # kv_target_fraction
+    assert "FAIRGATE_HTTP_LISTEN" in flat  # the rule for every variable, said once
+    code, out, _ = await _run("generate", "--help")
+    usage = out.splitlines()[0]  # typer marks a required argument with braces: {PROMPT}
+    assert code == 0 and "generate [OPTIONS]" in usage and "PROMPT" in usage, usage
     # Help text is not Rich markup: `[plot]` survives.
     code, out, _ = await _run("bench", "load", "--help")
     assert code == 0 and "fairgate[plot]" in out
@@ -169,5 +187,7 @@ async def test_version_completion_and_help() -> None:
 
 async def test_serve_flags_reach_the_settings(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # A flag for a setting that used to be env-only: its validation answers.
-    code, _, err = await _run("serve", "--store", "nowhere", "--listen", "127.0.0.1:0")
+    code, _, err = await _run(
+        "serve", "--store", "nowhere", "--listen", "127.0.0.1:0", "--http-listen", ""
+    )
     assert code == 2 and "--store='nowhere' (FAIRGATE_STORE): expected one of memory, redis" in err

@@ -31,6 +31,7 @@ async def start_server(redis_url: str) -> AsyncIterator[StartServer]:
     async def _start(**overrides: Any) -> App:
         base = Settings(
             listen="127.0.0.1:0",
+            http_listen="",
             sim_time_scale=0.0,
             shutdown_grace_s=1.0,
             store="redis",

@@ -51,6 +51,7 @@ async def start_server(redis_url: str, tmp_path: Path) -> AsyncIterator[StartSer
     async def _start(telemetry: Telemetry | None = None, **overrides: Any) -> App:
         base = Settings(
             listen="127.0.0.1:0",
+            http_listen="",
             sim_time_scale=0.0,
             shutdown_grace_s=1.0,
             store="redis",

@@ -27,6 +27,7 @@ class ServerThread:
     def __init__(self, **overrides: Any) -> None:
         base = Settings(
             listen="127.0.0.1:0",
+            http_listen="",
             sim_time_scale=0.0,
             shutdown_grace_s=0.5,
             admin_token=ADMIN_TOKEN,

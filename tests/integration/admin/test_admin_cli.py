@@ -237,8 +237,10 @@ def test_admin_credentials(server_thread: ServerThread) -> None:
     no_token = Cli(server_thread.address, token=None)
     r = no_token("admin", "tenants", "list")
     assert r.exit_code == 5 and "UNAUTHENTICATED" in r.stderr
+    assert "set FAIRGATE_ADMIN_TOKEN (or --token)" in r.stderr
     r = no_token("admin", "--token", "wrong", "tenants", "list")
     assert r.exit_code == 5 and "invalid admin token" in r.stderr
+    assert "FAIRGATE_ADMIN_TOKEN" in r.stderr
 
 
 def test_options_after_the_subcommand_and_output_formats(

@@ -48,6 +48,10 @@ def test_variables_are_read_whatever_their_case_and_bools_strictly() -> None:
         ({"FAIRGATE_IDLE_TENANT_TTL_S": "0"}, r"expected a number in \[1, 604800\]"),
         ({"FAIRGATE_LOG_LEVEL": "loud"}, "expected one of DEBUG, INFO"),
         ({"FAIRGATE_HTTP_LISTEN": "8000"}, "FAIRGATE_HTTP_LISTEN='8000': must be host:port"),
+        # The shape the server binds (ports as numbers), checked with the settings.
+        ({"FAIRGATE_LISTEN": "localhost"}, "FAIRGATE_LISTEN='localhost': must be host:port"),
+        ({"FAIRGATE_LISTEN": "localhost:grpc"}, "FAIRGATE_LISTEN='localhost:grpc': must be"),
+        ({"FAIRGATE_METRICS_LISTEN": "[::1]:65536"}, "FAIRGATE_METRICS_LISTEN='.*must be host"),
         # Workers share admission through Redis: the error names the setting to change.
         ({"FAIRGATE_WORKERS": "2"}, "workers=2 needs store=redis .*FAIRGATE_STORE=redis"),
     ],
