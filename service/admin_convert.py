@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -12,28 +11,19 @@ from fairgate.v1 import inference_pb2 as pb
 from google.protobuf import timestamp_pb2
 
 from scheduler.request import Priority
+from scheduler.tenancy.tenant_check import config_of, read_tenant
 from scheduler.tenancy.tenant_store import ApiKeyRecord, TenantRecord
 from scheduler.tenancy.tenants import (
-    ALL_PRIORITIES,
+    QUOTA_RANGES,
     OverQuotaMode,
     TenantConfig,
-    TenantQuotas,
     tenant_id_problem,
 )
 from service.api_keys import hint
 from service.errors import FieldViolation, InvalidRequest
 
 MAX_DISPLAY_NAME_CHARS = 64
-QUOTA_FIELDS = tuple(f.name for f in dataclasses.fields(TenantQuotas))
-_INT_QUOTAS = frozenset(
-    {
-        "max_concurrent",
-        "max_queued",
-        "max_prompt_tokens",
-        "max_output_tokens",
-        "max_output_tokens_interactive",
-    }
-)
+QUOTA_FIELDS = tuple(QUOTA_RANGES)
 MASK_PATHS = frozenset(
     {
         "weight",
@@ -76,10 +66,10 @@ def require_tenant_id(tenant_id: str, field: str = "tenant_id") -> str:
 
 
 def tenant_violations(t: apb.Tenant, path: str) -> tuple[TenantConfig | None, list[FieldViolation]]:
-    """(config, []) when valid, else (None, every violation with its field path)."""
+    """(config, []) when valid, else (None, every violation with its field path):
+    the proto's own enums here, the rest by the validator every source uses."""
     out = check_tenant_id(t.id, f"{path}.id")
-    weight = t.weight if t.HasField("weight") else 1.0
-    priorities: set[Priority] = set()
+    priorities: list[str] = []
     for i, p in enumerate(t.priorities):
         if p not in _PRIORITY_FROM_PB:
             out.append(
@@ -88,27 +78,26 @@ def tenant_violations(t: apb.Tenant, path: str) -> tuple[TenantConfig | None, li
                 )
             )
         else:
-            priorities.add(_PRIORITY_FROM_PB[p])
+            priorities.append(_PRIORITY_FROM_PB[p].name.lower())
     mode = _MODE_FROM_PB.get(t.over_quota)
     if mode is None:
         out.append(FieldViolation(f"{path}.over_quota", f"unknown mode {t.over_quota}"))
-    quotas: dict[str, Any] = {}
-    for name in QUOTA_FIELDS:
-        if t.quotas.HasField(name):  # type: ignore[arg-type]
-            value = getattr(t.quotas, name)
-            quotas[name] = int(value) if name in _INT_QUOTAS else float(value)
-    cfg = TenantConfig(
-        tenant_id=t.id,
-        weight=float(weight),
-        priorities=frozenset(priorities) or ALL_PRIORITIES,
-        enabled=t.enabled if t.HasField("enabled") else True,
-        quotas=TenantQuotas(**quotas),
-        over_quota=mode or "reject",
-    )
-    for field, message in cfg.problems():
-        if field != "id":
-            out.append(FieldViolation(f"{path}.{field}", message))
-    return (None, out) if out else (cfg, [])
+    raw: dict[str, Any] = {
+        "id": t.id,
+        "weight": float(t.weight) if t.HasField("weight") else None,
+        "enabled": t.enabled if t.HasField("enabled") else None,
+        "over_quota": mode,
+        "quotas": {
+            name: getattr(t.quotas, name)
+            for name in QUOTA_FIELDS
+            if t.quotas.HasField(name)  # type: ignore[arg-type]
+        },
+    }
+    if priorities:
+        raw["priorities"] = priorities
+    values, problems = read_tenant(raw)
+    out.extend(FieldViolation(f"{path}.{f}", m) for f, m in problems if f != "id")
+    return (None, out) if out else (config_of(values), [])
 
 
 def tenant_from_proto(t: apb.Tenant, path: str = "tenant") -> TenantConfig:

@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import Clock, MonotonicClock
+from scheduler.errors import StoreUnavailable
 from scheduler.gate import AdmissionGate
 from scheduler.ordering.policies import PolicyOptions
 from scheduler.tenancy.tenant_file import load_tenants
@@ -23,7 +24,7 @@ from scheduler.tenancy.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
 from service.api_keys import KeyHasher
 from service.auth import Authenticator, AuthInterceptor
-from service.chat_template import load_chat_template
+from service.chat_template import chat_template_for
 from service.decode_guard import DecodeGuardInterceptor
 from service.drain import CUT_WAIT_S, Drain
 from service.engines.factory import build_engine
@@ -37,6 +38,7 @@ from service.shared_state import (
     build_tenant_store,
     close_tenant_store,
 )
+from service.startup import EXIT_ENVIRONMENT, StartupError
 from service.telemetry import Telemetry, build_telemetry
 from service.tenant_directory import TenantDirectory
 from service.tls import server_credentials
@@ -48,8 +50,8 @@ SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].ful
 ADMIN_SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 
 
-class BindError(OSError):
-    """The gRPC port could not be bound (taken, or a bad address)."""
+class BindError(StartupError):
+    """A port could not be bound (taken, or a bad address)."""
 
 
 def admission_limits(cap: EngineCapacity, settings: Settings) -> AdmissionLimits:
@@ -135,18 +137,39 @@ class App:
 
     @classmethod
     async def start(cls, settings: Settings, telemetry: Telemetry | None = None) -> App:
-        """`telemetry`: defaults to what the OTEL_* environment configures."""
+        """`telemetry`: defaults to what the OTEL_* environment configures. A failure
+        half-way (StartupError) closes what was started, so nothing is left to the loop."""
+        async with contextlib.AsyncExitStack() as undo:
+            try:
+                app = await cls._start(settings, telemetry, undo)
+            except StoreUnavailable as exc:
+                raise StartupError(
+                    "redis_url",
+                    f"store=redis but Redis at {settings.redis_url} is unreachable ({exc}): "
+                    "start it, or point the setting at it",
+                    EXIT_ENVIRONMENT,
+                ) from None
+            undo.pop_all()  # started: App.stop closes it all from now on
+        return app
+
+    @classmethod
+    async def _start(
+        cls, settings: Settings, telemetry: Telemetry | None, undo: contextlib.AsyncExitStack
+    ) -> App:
         telemetry = telemetry or build_telemetry(settings)
         engine, model_name = build_engine(settings)
         await engine.start()
+        undo.push_async_callback(engine.aclose)
         # SGLang engines learn the served model's name when they start.
         model_name = model_name or getattr(engine, "served_model_name", "") or "default"
         cap = engine.capacity()
         clock = MonotonicClock()
         # Tenants and key hashes live in the tenant store (in memory, or in Redis
         # with store=redis: shared by every replica); a tenants file seeds a new store.
+        store = build_tenant_store(settings)
+        undo.push_async_callback(close_tenant_store, store)
         directory = TenantDirectory(
-            build_tenant_store(settings),
+            store,
             KeyHasher.from_setting(settings.api_key_pepper),
             fallback_default=settings.default_tenant,
         )
@@ -165,6 +188,7 @@ class App:
             model_name,
             isolation,
         )
+        undo.push_async_callback(dispatcher.aclose)
         tokenizer = load_tokenizer(settings.tokenizer_path or None, cap.vocab_size)
         model = ServedModel(
             name=model_name,
@@ -177,7 +201,13 @@ class App:
             # The model's tokenizer knows the vocabulary; SGLang's HTTP API does not
             # say it, and one token id past the embedding table kills its scheduler.
             vocab_size=tokenizer.vocab_size if tokenizer.exact else cap.vocab_size,
-            chat_template=load_chat_template(settings.chat_template_path, settings.tokenizer_path),
+            # The simulated model's format is the default template: no warning for it.
+            chat_template=chat_template_for(
+                model_name,
+                settings.chat_template_path,
+                settings.tokenizer_path,
+                warn=engine.kind != "simulator",
+            ),
             preempt_threshold=cap.preempt_threshold,
             isolation=isolation,
         )
@@ -219,24 +249,41 @@ class App:
             ),
             server,
         )
+        undo.push_async_callback(server.stop, 0)
         creds = server_credentials(settings)
         try:
             if creds is None:
                 port = server.add_insecure_port(settings.listen)
             else:
                 port = server.add_secure_port(settings.listen, creds)
-        except RuntimeError as exc:  # grpc's "Failed to bind to address …"
-            raise BindError(f"could not bind {settings.listen}: {exc}") from None
+        except RuntimeError:  # grpc's "Failed to bind to address …" (checked before: a race)
+            port = 0
         if port == 0:
-            raise BindError(f"could not bind {settings.listen}")
-        await telemetry.start()
+            raise BindError("listen", f"cannot listen on {settings.listen}", EXIT_ENVIRONMENT)
+        undo.push_async_callback(telemetry.aclose)
+        try:
+            await telemetry.start()
+        except OSError as exc:  # the metrics port (a worker's: its base + its index)
+            raise BindError(
+                "metrics_listen",
+                f"cannot listen on the metrics port: {exc.strerror}",
+                EXIT_ENVIRONMENT,
+            ) from None
         await server.start()
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         app = cls(settings, server, engine, models, health, port, directory, telemetry, drain)
         if settings.http_listen:
             app.http = OpenAIFront(settings, models, auth, telemetry, drain)
-            await app.http.start()
+            undo.push_async_callback(app.http.stop)
+            try:
+                await app.http.start()
+            except OSError as exc:  # checked before (service.main.check_ports): a race
+                raise BindError(
+                    "http_listen",
+                    f"cannot listen on {settings.http_listen}: {exc.strerror}",
+                    EXIT_ENVIRONMENT,
+                ) from None
         if settings.tenant_sync_interval_s > 0:
             app._tasks.append(
                 asyncio.create_task(

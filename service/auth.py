@@ -33,11 +33,11 @@ from scheduler.tenancy.tenants import tenant_id_problem
 from service import errors
 from service.api_keys import tokens_equal
 from service.identity import Identity, current_identity
+from service.settings import AUTH_MODES
 from service.tenant_directory import TenantDirectory
 
 __all__ = ["AuthInterceptor", "Authenticator", "Identity", "current_identity"]
 
-AUTH_MODES = ("auto", "api-key", "dev-header")
 INFERENCE_PREFIX = "/fairgate.v1.InferenceService/"
 ADMIN_PREFIX = "/fairgate.v1.AdminService/"
 
@@ -140,12 +140,17 @@ class Authenticator:
             )
         token = _bearer(md)
         if token is None:
-            raise AdminTokenInvalid("the admin API needs `authorization: Bearer <admin token>`")
+            raise AdminTokenInvalid(
+                "no admin token sent: set FAIRGATE_ADMIN_TOKEN (or --token) to the server's "
+                "admin token (sent as `authorization: Bearer <token>`)"
+            )
         if tokens_equal(token, self.admin_token):
             return
         if self.directory.verify_key(token) is not None:
             raise AdminRequired("tenant API keys cannot use the admin API")
-        raise AdminTokenInvalid("invalid admin token")
+        raise AdminTokenInvalid(
+            "invalid admin token: FAIRGATE_ADMIN_TOKEN (or --token) must be the server's"
+        )
 
 
 _Req = TypeVar("_Req")

@@ -7,13 +7,19 @@ or from an explicit file (`FAIRGATE_CHAT_TEMPLATE_PATH`). It is rendered the way
 `raise_exception`, `tojson`, `strftime_now`, the special tokens as variables,
 `add_generation_prompt=True`), so the engine sees the same prompt as with
 the model's own tokenizer.
+
+A model with none gets fairgate's default, ChatML (`chat_templates/chatml.jinja`):
+the simulated model's format, and for a real model a guess, said in a warning
+at start, that `FAIRGATE_CHAT_TEMPLATE_PATH` or the tokenizer directory replaces.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from datetime import datetime
+from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -22,6 +28,9 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 _SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
+DEFAULT_TEMPLATE = "chatml.jinja"
+
+log = logging.getLogger(__name__)
 
 
 class ChatTemplateError(ValueError):
@@ -111,3 +120,27 @@ def load_chat_template(template_path: str, tokenizer_path: str) -> ChatTemplate 
         if isinstance(raw, str):
             source = raw
     return None if source is None else ChatTemplate(source, special)
+
+
+def default_chat_template() -> ChatTemplate:
+    """fairgate's default template (ChatML), shipped in the package."""
+    source = resources.files("service.chat_templates").joinpath(DEFAULT_TEMPLATE)
+    return ChatTemplate(source.read_text(encoding="utf-8"))
+
+
+def chat_template_for(
+    model_name: str, template_path: str, tokenizer_path: str, *, warn: bool = True
+) -> ChatTemplate:
+    """The model's template (`load_chat_template`), else the default; `warn`: say so
+    (a real model may have been trained on another format)."""
+    found = load_chat_template(template_path, tokenizer_path)
+    if found is not None:
+        return found
+    if warn:
+        log.warning(
+            "model %r has no chat template: chat requests are rendered as ChatML "
+            "(fairgate's default), which may not be the format it was trained on; set "
+            "FAIRGATE_CHAT_TEMPLATE_PATH, or FAIRGATE_TOKENIZER_PATH to its tokenizer directory",
+            model_name,
+        )
+    return default_chat_template()

@@ -12,6 +12,8 @@ import importlib.util
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from service.startup import StartupError
+
 T = TypeVar("T")
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
@@ -22,7 +24,7 @@ def uvloop_installed() -> bool:
 
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The factory for `choice` (None: asyncio's default). Raises ValueError when
+    """The factory for `choice` (None: asyncio's default). Raises StartupError when
     uvloop is asked for and not installed."""
     if choice not in EVENT_LOOPS:
         raise ValueError(f"unknown event_loop {choice!r} (available: {', '.join(EVENT_LOOPS)})")
@@ -30,15 +32,22 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
         return None
     try:
         import uvloop
-    except ImportError as exc:
-        raise ValueError(
-            "event_loop=uvloop but uvloop is not installed (pip install 'fairgate[uvloop]')"
-        ) from exc
+    except ImportError:
+        raise StartupError(
+            "event_loop",
+            "event_loop=uvloop but uvloop is not installed: pip install 'fairgate[uvloop]', "
+            "or use event_loop=auto",
+        ) from None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
 
 
 def run(main: Coroutine[Any, Any, T], choice: str) -> T:
     """`asyncio.run(main)` on the chosen loop."""
-    with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
+    try:
+        factory = loop_factory(choice)
+    except StartupError:
+        main.close()  # never run: no "coroutine was never awaited" warning
+        raise
+    with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)

@@ -11,13 +11,15 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service import event_loop
-from service.app import App, BindError
 from service.settings import Settings
-from service.telemetry import Telemetry
-from service.telemetry.logs import configure_logging
+from service.startup import StartupError, check_address
+
+if TYPE_CHECKING:
+    from service.app import App
+    from service.telemetry import Telemetry
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -39,6 +41,9 @@ async def serve(
     on_ready: Callable[[App], None] = announce,
     stop_signals: Sequence[signal.Signals] = STOP_SIGNALS,
 ) -> None:
+    # Imported here: a start refused before this (a port taken) skips its imports.
+    from service.app import App
+
     app = await App.start(settings, telemetry)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -62,6 +67,14 @@ async def serve(
 
 def run(settings: Settings) -> int:
     """Serve until stopped; returns the process exit code (2: bad configuration)."""
+    try:
+        check_ports(settings)
+    except StartupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    # Imported once the ports are known to be free: a refusal stays quick.
+    from service.telemetry.logs import configure_logging
+
     configure_logging(settings.log_level, settings.log_format)
     if settings.workers > 1:
         from service.workers import supervise
@@ -70,16 +83,26 @@ def run(settings: Settings) -> int:
     return run_server(settings, serve(settings))
 
 
+def check_ports(settings: Settings) -> None:
+    """The server's addresses resolve and are free: refused here, before anything
+    starts, rather than half-way through (StartupError)."""
+    check_address("listen", settings.listen)
+    if settings.http_listen:
+        check_address("http_listen", settings.http_listen, '; "" turns the OpenAI API off')
+    if settings.metrics_listen:
+        check_address("metrics_listen", settings.metrics_listen, '; "" turns it off')
+
+
 def run_server(settings: Settings, main: Coroutine[Any, Any, None], who: str = "") -> int:
     """Run `main` (a `serve`) on the configured loop; the exit code (2: bad configuration,
-    1: a port taken)."""
+    1: a port taken, Redis down)."""
     try:
         event_loop.run(main, settings.event_loop)
+    except StartupError as exc:
+        print(f"error: {who}{exc}", file=sys.stderr)
+        return exc.exit_code
     except (ValueError, FileNotFoundError) as exc:
         # Configuration problems (tenants file, presets) say what to fix, no traceback.
         print(f"error: {who}{exc}", file=sys.stderr)
         return 2
-    except BindError as exc:
-        print(f"error: {who}{exc}", file=sys.stderr)
-        return 1
     return 0

@@ -23,8 +23,8 @@ class ServedModel:
     max_output_tokens: int
     default_max_tokens: int
     vocab_size: int
-    # Renders chat messages into the prompt; None: chat input is refused.
-    chat_template: ChatTemplate | None = None
+    # Renders chat messages into the prompt (the model's, or the default ChatML).
+    chat_template: ChatTemplate
     # The engine's priority-preemption threshold (None: it never preempts) and
     # whether light tenants are lent room beyond it, for rules.engine_priority.
     preempt_threshold: int | None = None

@@ -133,6 +133,7 @@ class OpenAIFront:
             shutdown_timeout=CUT_WAIT_S,
         )
         await runner.setup()
+        self._runner = runner  # stop() cleans it up, also when the port is refused
         # Workers of one node share the port (service/workers.py).
         site = web.TCPSite(
             runner,
@@ -142,7 +143,6 @@ class OpenAIFront:
             reuse_port=self.settings.workers > 1 or None,
         )
         await site.start()
-        self._runner = runner
         self.port = runner.addresses[0][1]  # the bound port when 0 was asked for
 
     async def stop(self) -> None:

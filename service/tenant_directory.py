@@ -100,6 +100,8 @@ class TenantDirectory:
             )
         except VersionConflict:
             log.info("tenant store seeded meanwhile by another replica; %s not loaded", path)
+            return
+        log.info("tenants file %s loaded: %d tenants", path, len(registry))
 
     async def refresh(self) -> None:
         async with self._lock:

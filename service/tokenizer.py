@@ -16,6 +16,8 @@ import zlib
 from pathlib import Path
 from typing import Protocol
 
+from service.startup import StartupError
+
 _PIECE = re.compile(r" ?[A-Za-z]+| ?[0-9]{1,3}| ?[^\sA-Za-z0-9]|\s+(?!\S)|\s+")
 
 
@@ -52,17 +54,24 @@ class HfTokenizer:
     exact = True
 
     def __init__(self, path: Path) -> None:
+        """StartupError (setting tokenizer_path) when it cannot be loaded."""
         try:
             from tokenizers import Tokenizer as _HfTokenizer
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise RuntimeError(
-                "a tokenizer.json was configured but the `tokenizers` package is missing; "
-                "install fairgate[hf]"
-            ) from exc
+        except ImportError:
+            raise StartupError(
+                "tokenizer_path",
+                "a tokenizer is configured but the `tokenizers` package is missing: "
+                "pip install 'fairgate[hf]'",
+            ) from None
         file = path / "tokenizer.json" if path.is_dir() else path
         if not file.is_file():
-            raise FileNotFoundError(f"no tokenizer.json at {path}")
-        self._tok = _HfTokenizer.from_file(str(file))
+            raise StartupError("tokenizer_path", f"no tokenizer.json at {str(path)!r}")
+        try:
+            self._tok = _HfTokenizer.from_file(str(file))
+        except Exception as exc:  # noqa: BLE001 - `tokenizers` raises bare Exception on a bad file
+            raise StartupError(
+                "tokenizer_path", f"{str(file)!r} is not a Hugging Face tokenizer.json ({exc})"
+            ) from None
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> list[int]:

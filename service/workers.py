@@ -33,7 +33,6 @@ This process (the supervisor) serves nothing. It:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -75,10 +74,10 @@ class WorkerFailed(RuntimeError):
 def settings_env(settings: Settings) -> dict[str, str]:
     """Every setting as its FAIRGATE_* variable (what a worker reads back)."""
     out = {}
-    for f in dataclasses.fields(settings):
-        value = getattr(settings, f.name)
+    for name in Settings.model_fields:
+        value = getattr(settings, name)
         text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-        out[ENV_PREFIX + f.name.upper()] = text
+        out[ENV_PREFIX + name.upper()] = text
     return out
 
 
@@ -107,7 +106,7 @@ def worker_settings(settings: Settings, index: int, metrics_listen: str) -> Sett
     if metrics_listen:
         host, port = _split(metrics_listen)
         metrics_listen = f"{host}:{port + index if port else 0}"
-    return dataclasses.replace(settings, metrics_listen=metrics_listen)
+    return settings.replace(metrics_listen=metrics_listen)
 
 
 def _resource_attributes(environ: Mapping[str, str], index: int) -> str:
@@ -169,9 +168,7 @@ class Supervisor:
                     "engine=sglang-http",
                     s.workers,
                 )
-            shared = dataclasses.replace(
-                s, listen=listen, http_listen=http_listen, api_key_pepper=pepper
-            )
+            shared = s.replace(listen=listen, http_listen=http_listen, api_key_pepper=pepper)
             metrics = prometheus_listen(s, {**os.environ, **self.extra_env})
             for i in range(s.workers):
                 if self.stopping:  # a signal while starting them

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -25,8 +24,10 @@ async def start_server() -> AsyncIterator[StartServer]:
     apps: list[App] = []
 
     async def _start(telemetry: Telemetry | None = None, **overrides: Any) -> App:
-        base = Settings(listen="127.0.0.1:0", sim_time_scale=0.0, shutdown_grace_s=1.0)
-        settings = dataclasses.replace(base, **overrides).validate()
+        base = Settings(
+            listen="127.0.0.1:0", http_listen="", sim_time_scale=0.0, shutdown_grace_s=1.0
+        )
+        settings = base.replace(**overrides)
         app = await App.start(settings, telemetry or Telemetry.disabled())
         apps.append(app)
         return app

@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, get_type_hints
 
 from scheduler.errors import (
     PriorityNotAllowed,
@@ -30,7 +30,8 @@ ALL_PRIORITIES = frozenset(Priority)
 # Tenant ids travel in metadata, metric labels, Redis keys and logs: keep them short
 # and plain. The one rule for every entry point (admin API, tenants file, headers).
 MAX_TENANT_ID_CHARS = 63
-_TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_TENANT_ID_RE = re.compile(TENANT_ID_PATTERN)
 
 
 def tenant_id_problem(tenant_id: str) -> str | None:
@@ -52,18 +53,6 @@ def tenant_id_problem(tenant_id: str) -> str | None:
 # delay, a weight of 5e-324 makes VTC counters infinite, inf never refills. Bounds
 # are generous (one request per ~12 days up to a million per second).
 WEIGHT_RANGE = (1e-3, 1e3)
-QUOTA_RANGES: dict[str, tuple[float, float]] = {
-    "requests_per_s": (1e-6, 1e6),
-    "requests_burst": (1.0, 1e9),
-    "tokens_per_min": (1.0, 1e12),
-    "tokens_burst": (1.0, 1e12),
-    "max_concurrent": (1, 1_000_000),
-    "max_queued": (1, 1_000_000),
-    "max_queue_wait_s": (1e-3, 86_400.0),
-    "max_prompt_tokens": (1, 100_000_000),
-    "max_output_tokens": (1, 100_000_000),
-    "max_output_tokens_interactive": (1, 100_000_000),
-}
 
 
 def range_problem(name: str, value: float, bounds: tuple[float, float]) -> str | None:
@@ -74,35 +63,54 @@ def range_problem(name: str, value: float, bounds: tuple[float, float]) -> str |
     return None
 
 
+def _quota(lo: float, hi: float, doc: str) -> Any:
+    """A quota: unlimited (None) by default, else within [lo, hi]; `doc`: one line."""
+    return field(default=None, metadata={"range": (lo, hi), "doc": doc})
+
+
 @dataclass(frozen=True, slots=True)
 class TenantQuotas:
-    """Per-tenant limits; None means unlimited."""
+    """Per-tenant limits; None means unlimited. The one declaration of the quotas'
+    names, kinds (int or float) and ranges: the tenants file, the admin API and the
+    admin CLI read them from here (QUOTA_RANGES, INTEGER_QUOTAS)."""
 
-    requests_per_s: float | None = None
-    # Requests that may arrive at once; default: one second's worth (at least 1).
-    requests_burst: float | None = None
-    tokens_per_min: float | None = None
-    # Tokens (prompt + max_tokens) that may be reserved at once; default: one minute's worth.
-    tokens_burst: float | None = None
-    max_concurrent: int | None = None
-    max_queued: int | None = None
-    max_queue_wait_s: float | None = None
-    max_prompt_tokens: int | None = None
-    max_output_tokens: int | None = None
-    # A lower output cap for interactive traffic (long generations belong in batch).
-    max_output_tokens_interactive: int | None = None
+    requests_per_s: float | None = _quota(1e-6, 1e6, "Requests per second (token bucket).")
+    requests_burst: float | None = _quota(
+        1.0, 1e9, "Requests that may arrive at once; default: one second's worth (at least 1)."
+    )
+    tokens_per_min: float | None = _quota(
+        1.0, 1e12, "Tokens (prompt + max_tokens) per minute, reserved at admission."
+    )
+    tokens_burst: float | None = _quota(
+        1.0, 1e12, "Tokens that may be reserved at once; default: one minute's worth."
+    )
+    max_concurrent: int | None = _quota(1, 1_000_000, "Requests in flight at once.")
+    max_queued: int | None = _quota(1, 1_000_000, "Requests waiting in the queue at once.")
+    max_queue_wait_s: float | None = _quota(
+        1e-3, 86_400.0, "Longest wait in the queue before the request is refused."
+    )
+    max_prompt_tokens: int | None = _quota(1, 100_000_000, "Longest prompt, in tokens.")
+    max_output_tokens: int | None = _quota(
+        1, 100_000_000, "Most output tokens one request may ask for."
+    )
+    max_output_tokens_interactive: int | None = _quota(
+        1,
+        100_000_000,
+        "A lower output cap for interactive traffic (long generations belong in batch).",
+    )
 
-    def problems(self) -> list[tuple[str, str]]:
-        """(field, what to fix) for every invalid value."""
+    def problems(self, rules: bool = True) -> list[tuple[str, str]]:
+        """(field, what to fix) for every invalid value; `rules`: also the rules
+        between quotas (off to judge a partial update, whose rest is elsewhere)."""
         out: list[tuple[str, str]] = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            msg = None if value is None else range_problem(f.name, value, QUOTA_RANGES[f.name])
+        for name, bounds in QUOTA_RANGES.items():
+            value = getattr(self, name)
+            msg = None if value is None else range_problem(name, value, bounds)
             if msg:
-                out.append((f.name, msg + "; omit it or set it to null for no limit"))
-        if self.requests_burst is not None and self.requests_per_s is None:
+                out.append((name, msg + "; omit it or set it to null for no limit"))
+        if rules and self.requests_burst is not None and self.requests_per_s is None:
             out.append(("requests_burst", "requests_burst needs requests_per_s"))
-        if self.tokens_burst is not None and self.tokens_per_min is None:
+        if rules and self.tokens_burst is not None and self.tokens_per_min is None:
             out.append(("tokens_burst", "tokens_burst needs tokens_per_min"))
         return out
 
@@ -127,6 +135,14 @@ class TenantQuotas:
         return min(present) if present else None
 
 
+QUOTA_RANGES: dict[str, tuple[float, float]] = {
+    f.name: f.metadata["range"] for f in dataclasses.fields(TenantQuotas)
+}
+INTEGER_QUOTAS = frozenset(
+    name for name, hint in get_type_hints(TenantQuotas).items() if hint == int | None
+)
+
+
 @dataclass(frozen=True, slots=True)
 class TenantConfig:
     tenant_id: str
@@ -138,7 +154,8 @@ class TenantConfig:
     # Over a rate quota: "reject" at once with a retry delay, or "wait" queued.
     over_quota: OverQuotaMode = "reject"
 
-    def problems(self) -> list[tuple[str, str]]:
+    def problems(self, rules: bool = True) -> list[tuple[str, str]]:
+        """(field, what to fix) for every invalid value (see TenantQuotas.problems)."""
         out: list[tuple[str, str]] = []
         id_problem = tenant_id_problem(self.tenant_id)
         if id_problem:
@@ -150,7 +167,7 @@ class TenantConfig:
             out.append(("priorities", "allow at least one priority class"))
         if self.over_quota not in OVER_QUOTA_MODES:
             out.append(("over_quota", f"must be one of {list(OVER_QUOTA_MODES)}"))
-        out.extend((f"quotas.{name}", msg) for name, msg in self.quotas.problems())
+        out.extend((f"quotas.{name}", msg) for name, msg in self.quotas.problems(rules))
         return out
 
     def validated(self) -> TenantConfig:

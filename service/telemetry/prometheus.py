@@ -23,9 +23,9 @@ class MetricsEndpoint:
         app.router.add_get("/metrics", self._metrics)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
+        self._runner = runner  # stop() cleans it up, also when the port is refused
         site = web.TCPSite(runner, self.host, self.port)
         await site.start()
-        self._runner = runner
         self.port = runner.addresses[0][1]  # the bound port when 0 was asked for
 
     async def stop(self) -> None:

@@ -56,7 +56,7 @@ def test_trace_is_seeded_and_mixes_the_shapes() -> None:
     f = scenarios(20)["f"]
     alone = Scenario("x", "victim alone", {"victim": f.tenants["victim"]})
     assert [a for a in f.trace(3) if a.tenant == "victim"] == alone.trace(3)
-    assert set(SHAPES) == {"fixed", "long_prompt", "long_output", "chat"}
+    assert set(SHAPES) == {"fixed", "long_prompt", "long_output", "chat", "rag", "conversation"}
 
 
 @pytest.mark.parametrize(

@@ -49,8 +49,7 @@ async def test_messages_render_with_the_template(start_server: StartServer, tmp_
     ("turns", "field", "with_template"),
     [
         ((), "messages", True),
-        ((("", "no role"),), "messages[0].role", True),
-        ((("user", "hi"),), "messages", False),
+        ((("", "no role"),), "messages[0].role", False),
     ],
 )
 async def test_bad_messages_are_invalid_argument(
@@ -69,6 +68,19 @@ async def test_bad_messages_are_invalid_argument(
     assert field in [f for f, _ in exc.field_violations]
     assert sim(app).stats.started == 0
     await assert_no_leaks(app)
+
+
+async def test_the_simulated_model_speaks_chatml_by_default(server: App) -> None:
+    # No template configured: fairgate's default (ChatML) renders the turns.
+    out = await _generate(server, _chat(("system", "be brief"), ("user", "hello")))
+    rendered = (
+        "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    model = server.models.resolve("")
+    assert model is not None
+    assert out[-1].result.usage.prompt_tokens == len(model.tokenizer.encode(rendered))
+    assert out[-1].result.usage.completion_tokens == 4
 
 
 async def test_python_client_sends_messages(start_server: StartServer, tmp_path: Path) -> None:

@@ -59,10 +59,35 @@ async def test_health_command(server: App) -> None:
 
 async def test_serve_refuses_a_bad_tenants_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     bad = tmp_path / "tenants.yaml"
-    bad.write_text("tenants:\n  - id: x\n    weight: -1\n")
-    code, _, err = await _run("serve", "--tenants", str(bad), "--listen", "127.0.0.1:0")
-    assert code == 2
-    assert "tenant 'x'" in err and "weight" in err and "Traceback" not in err
+    bad.write_text(
+        "tenants:\n  - id: x\n    weight: -1\n  - id: y\n    over_quota: later\n"
+        "  - id: z\n    quotas: {max_queued: many}\n"
+    )
+    code, _, err = await _run(
+        "serve", "--tenants", str(bad), "--listen", "127.0.0.1:0", "--http-listen", ""
+    )
+    assert code == 2 and "Traceback" not in err
+    # Issue 26: every bad tenant at once, not the first.
+    assert "3 problems" in err
+    assert "tenant 'x': field 'weight'" in err and "tenant 'y': field 'over_quota'" in err
+    assert "tenant 'z': field 'quotas.max_queued'" in err
+
+
+async def test_serve_lists_every_bad_setting_from_variables_and_flags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FAIRGATE_KV_TARGET_FRACTION", "2")
+    monkeypatch.setenv("FAIRGATE_WORKERS", "many")
+    code, out, err = await _run(
+        "serve", "--listen", "127.0.0.1:0", "--http-listen", "", "--policy", "lottery"
+    )
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "error: invalid settings (3 problems):",
+        "  FAIRGATE_WORKERS='many': expected an integer in [1, 256]",
+        "  FAIRGATE_KV_TARGET_FRACTION='2': expected a number in (0, 1]",
+        "  --policy='lottery' (FAIRGATE_POLICY): expected one of vtc, fcfs, rate-limit",
+    ]
 
 
 async def test_serve_refuses_preemption_the_engine_cannot_do(
@@ -70,13 +95,14 @@ async def test_serve_refuses_preemption_the_engine_cannot_do(
 ) -> None:
     # The simulator without priority scheduling preempts nothing.
     monkeypatch.setenv("FAIRGATE_FAIR_ISOLATION", "preempt")
-    code, _, err = await _run("serve", "--listen", "127.0.0.1:0")
+    code, _, err = await _run("serve", "--listen", "127.0.0.1:0", "--http-listen", "")
     assert code == 2
     assert "fair_isolation=preempt needs an engine that preempts" in err
     assert "Traceback" not in err
     monkeypatch.setenv("FAIRGATE_FAIR_ISOLATION", "sometimes")
-    code, _, err = await _run("serve", "--listen", "127.0.0.1:0")
-    assert code == 2 and "fair_isolation must be one of auto, preempt, reserve" in err
+    code, _, err = await _run("serve", "--listen", "127.0.0.1:0", "--http-listen", "")
+    assert code == 2
+    assert "FAIRGATE_FAIR_ISOLATION='sometimes': expected one of auto, preempt, reserve" in err
 
 
 async def test_bench_store_prints_both_stores(redis_url: str) -> None:
@@ -130,18 +156,30 @@ async def test_version_completion_and_help() -> None:
     assert (code, out.strip()) == (0, f"fairgate {version()}")
     code, out, _ = await _run("--help")
     assert code == 0 and "--install-completion" in out
-    # Every setting is a serve flag, with its variable and default.
-    from dataclasses import fields
+    # Every setting is a serve flag, in a section, with its doc and default; choices
+    # listed (from the declaration), ranges said.
+    from fairgate.cli.serve import OTHER_SECTION, SECTIONS, section_of
 
     from service.settings import Settings
 
     code, out, _ = await _run("serve", "--help")
     assert code == 0
     flat = " ".join(out.split())
-    for f in fields(Settings):
-        assert "--" + f.name.replace("_", "-") in flat, f.name
-        assert "FAIRGATE_" + f.name.upper() in flat, f.name
-    assert "[env FAIRGATE_LISTEN; default 127.0.0.1:50051]" in flat
+    for name in Settings.model_fields:
+        assert "--" + name.replace("_", "-") in flat, name
+        assert section_of(name) != OTHER_SECTION, f"{name} is in no section"
+    assert all(f"\n{title}:\n" in out for title, _, _ in SECTIONS)
+    assert (
+        "--listen <str> gRPC address, host:port (port 0 picks a free one). "
+        "[default 127.0.0.1:50051]"
+    ) in flat
+    assert "--engine [simulator|sglang-http|sglang]" in flat
+    assert "--log-level [DEBUG|INFO|WARNING|ERROR|CRITICAL]" in flat
+    assert "Allowed: a number in (0, 1]. [default 0.9]" in flat  # kv_target_fraction
+    assert "FAIRGATE_HTTP_LISTEN" in flat  # the rule for every variable, said once
+    code, out, _ = await _run("generate", "--help")
+    usage = out.splitlines()[0]  # typer marks a required argument with braces: {PROMPT}
+    assert code == 0 and "generate [OPTIONS]" in usage and "PROMPT" in usage, usage
     # Help text is not Rich markup: `[plot]` survives.
     code, out, _ = await _run("bench", "load", "--help")
     assert code == 0 and "fairgate[plot]" in out
@@ -149,5 +187,7 @@ async def test_version_completion_and_help() -> None:
 
 async def test_serve_flags_reach_the_settings(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # A flag for a setting that used to be env-only: its validation answers.
-    code, _, err = await _run("serve", "--store", "nowhere", "--listen", "127.0.0.1:0")
-    assert code == 2 and "unknown store 'nowhere'" in err
+    code, _, err = await _run(
+        "serve", "--store", "nowhere", "--listen", "127.0.0.1:0", "--http-listen", ""
+    )
+    assert code == 2 and "--store='nowhere' (FAIRGATE_STORE): expected one of memory, redis" in err

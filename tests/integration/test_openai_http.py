@@ -190,20 +190,6 @@ async def test_unknown_model_is_404_and_bad_json_is_400(http_app: App) -> None:
             assert r.status == 200
 
 
-async def test_chat_without_a_template_is_400(start_server: StartServer) -> None:
-    app = await start_server(http_listen="127.0.0.1:0")
-    async with client(app, max_retries=0) as oai:
-        with pytest.raises(openai.BadRequestError) as err:
-            await oai.chat.completions.create(
-                model=app.models.default, messages=[{"role": "user", "content": "hi"}]
-            )
-        body: Any = err.value.body
-        assert body["param"] == "messages" and "chat template" in body["message"]
-        # Text completions need no template.
-        ok = await oai.completions.create(model=app.models.default, prompt="hi", max_tokens=2)
-    assert ok.choices[0].finish_reason == "length"
-
-
 async def test_quota_429_carries_retry_after_and_the_sdk_retries(http_app: App) -> None:
     async with client(http_app, tenant="limited", max_retries=0) as oai:
         await oai.completions.create(model=http_app.models.default, prompt="a", max_tokens=1)

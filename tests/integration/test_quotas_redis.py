@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,12 +31,13 @@ async def start_server(redis_url: str) -> AsyncIterator[StartServer]:
     async def _start(**overrides: Any) -> App:
         base = Settings(
             listen="127.0.0.1:0",
+            http_listen="",
             sim_time_scale=0.0,
             shutdown_grace_s=1.0,
             store="redis",
             redis_url=redis_url,
         )
-        app = await App.start(dataclasses.replace(base, **overrides).validate())
+        app = await App.start(base.replace(**overrides))
         apps.append(app)
         return app
 

@@ -12,7 +12,7 @@ Markers: an HTML comment on the line just before a fenced block.
   blocks under `bash -euo pipefail`, Python with this interpreter.
 
 Mark every block that works on the defaults; leave unmarked what needs more
-(a GPU, a Docker daemon, grpcurl, a chat template the simulator lacks yet).
+(a GPU, a Docker daemon, grpcurl).
 
 What the test changes, and nothing else: servers listen on free loopback
 ports instead of the documented 127.0.0.1:50051 (gRPC) and 127.0.0.1:8000
@@ -85,7 +85,14 @@ def _start(block: Block) -> Server:
     proc = subprocess.Popen(
         argv,
         cwd=REPO,
-        env={**_clean_env(), "FAIRGATE_LISTEN": "127.0.0.1:0", **env},
+        # Both ports free ones, also where a block leaves the defaults: the
+        # servers of several blocks run at once.
+        env={
+            **_clean_env(),
+            "FAIRGATE_LISTEN": "127.0.0.1:0",
+            "FAIRGATE_HTTP_LISTEN": "127.0.0.1:0",
+            **env,
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -36,6 +36,7 @@ async def test_a_killed_replica_gives_its_engine_room_back(redis_url: str, tmp_p
     env = {
         **os.environ,
         "FAIRGATE_LISTEN": "127.0.0.1:0",
+        "FAIRGATE_HTTP_LISTEN": "",
         "FAIRGATE_ENGINE": "sglang-http",
         "FAIRGATE_SGLANG_URLS": sim.url,
         "FAIRGATE_STORE": "redis",

@@ -118,6 +118,7 @@ async def fleet(redis_url: str, tmp_path: Path) -> AsyncIterator[tuple[list[str]
     env = {
         **os.environ,
         "FAIRGATE_LISTEN": "127.0.0.1:0",
+        "FAIRGATE_HTTP_LISTEN": "",
         "FAIRGATE_ENGINE": "sglang-http",
         "FAIRGATE_SGLANG_URLS": sim.url,
         "FAIRGATE_STORE": "redis",

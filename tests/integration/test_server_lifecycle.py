@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from pathlib import Path
 
 import grpc
 import pytest
@@ -11,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from service.app import SERVICE_NAME, App
+from tests.conftest import StartServer
 from tests.helpers import assert_no_leaks, eventually, sim
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -83,3 +86,13 @@ async def test_shutdown_grace_expiry_cuts_streams_without_leaks(start_server) ->
         events = [ev async for ev in stream]
         assert events[-1].finish_reason == "cancelled"  # type: ignore[union-attr]
     await assert_no_leaks(app)
+
+
+async def test_a_tenants_file_is_logged_as_loaded(
+    start_server: StartServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants:\n  - id: a\n  - id: b\n    weight: 2\n")
+    with caplog.at_level(logging.INFO, logger="service.tenant_directory"):
+        await start_server(tenants_file=str(path))
+    assert f"tenants file {path} loaded: 2 tenants" in caplog.messages

@@ -121,6 +121,7 @@ async def test_sigterm_drains_and_a_second_signal_cuts(tmp_path: object) -> None
     env = {
         **os.environ,
         "FAIRGATE_LISTEN": "127.0.0.1:0",
+        "FAIRGATE_HTTP_LISTEN": "",
         "FAIRGATE_SIM_TIME_SCALE": "1.0",
         "FAIRGATE_SHUTDOWN_GRACE_S": "600",
         "FAIRGATE_LOG_LEVEL": "WARNING",

@@ -5,7 +5,6 @@ requests and on another replica sharing the same Redis."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -52,6 +51,7 @@ async def start_server(redis_url: str, tmp_path: Path) -> AsyncIterator[StartSer
     async def _start(telemetry: Telemetry | None = None, **overrides: Any) -> App:
         base = Settings(
             listen="127.0.0.1:0",
+            http_listen="",
             sim_time_scale=0.0,
             shutdown_grace_s=1.0,
             store="redis",
@@ -59,7 +59,7 @@ async def start_server(redis_url: str, tmp_path: Path) -> AsyncIterator[StartSer
             tenants_file=str(path),
             admin_token=ADMIN_TOKEN,
         )
-        settings = dataclasses.replace(base, **overrides).validate()
+        settings = base.replace(**overrides)
         app = await App.start(settings, telemetry or Telemetry.disabled())
         apps.append(app)
         return app

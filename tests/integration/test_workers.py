@@ -96,6 +96,7 @@ def _env(redis_url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
     return {
         **os.environ,
         "FAIRGATE_LISTEN": "127.0.0.1:0",
+        "FAIRGATE_HTTP_LISTEN": "",
         "FAIRGATE_STORE": "redis",
         "FAIRGATE_REDIS_URL": redis_url,
         "FAIRGATE_REDIS_DOMAIN": "workers-test",
@@ -274,6 +275,7 @@ async def test_workers_share_one_api_key_pepper(redis_url: str, tmp_path: Path) 
 
 async def test_workers_need_redis() -> None:
     env = {**os.environ, "FAIRGATE_STORE": "memory", "FAIRGATE_LISTEN": "127.0.0.1:0"}
+    env["FAIRGATE_HTTP_LISTEN"] = ""
     proc = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "fairgate.cli.main", "serve", "--workers", "2"),
         env=env,
@@ -312,11 +314,11 @@ async def test_one_server_does_not_share_a_taken_port() -> None:
         port = taken.getsockname()[1]
         proc = await asyncio.create_subprocess_exec(
             *(sys.executable, "-m", "fairgate.cli.main", "serve"),
-            env={**os.environ, "FAIRGATE_LISTEN": f"127.0.0.1:{port}"},
+            env={**os.environ, "FAIRGATE_LISTEN": f"127.0.0.1:{port}", "FAIRGATE_HTTP_LISTEN": ""},
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 1, (out, err)
-    assert f"could not bind 127.0.0.1:{port}" in err.decode()
+    assert f"cannot listen on 127.0.0.1:{port}: address already in use" in err.decode()
     assert "Traceback" not in err.decode()

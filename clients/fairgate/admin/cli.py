@@ -104,7 +104,13 @@ def tenants_create(
     """Create a tenant."""
     try:
         tenant, _ = tenant_from_flags(
-            tenant_id, weight, priority, over_quota, quota, None if not disabled else False
+            tenant_id,
+            weight,
+            priority,
+            over_quota,
+            quota,
+            None if not disabled else False,
+            whole=True,
         )
     except FlagErrors as exc:
         raise _bad_flags(exc) from None

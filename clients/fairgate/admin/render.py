@@ -134,7 +134,10 @@ def _columns(table: Table, names: Iterable[str], wrap: Iterable[str], right: boo
 
 
 def tenants_table(tenants: Iterable[apb.Tenant], default_id: str) -> Table:
-    table = _table("tenants", "* default tenant" if default_id else None)
+    tenants = list(tenants)
+    # The legend only when a row carries the mark.
+    marked = any(t.id == default_id for t in tenants)
+    table = _table("tenants", "* default tenant" if marked else None)
     _columns(table, ("id", "weight", "on", "classes", "mode", "quotas", "keys", "etag"), ["id"])
     for t in tenants:
         mark = " *" if t.id == default_id else ""
@@ -189,17 +192,14 @@ def usage_table(resp: apb.GetUsageResponse, keep: Iterable[str] | None = None) -
     """Live usage in 8 narrow columns (fits 80; tokens in the window and
     rejections by reason: -o json); `keep`: only these tenants."""
     kept = None if keep is None else set(keep)
+    shown = [u for u in resp.usage if kept is None or u.tenant_id in kept]
     models = {u.model for u in resp.usage}
     fleet = f", {resp.replicas} replicas" if resp.replicas > 1 else ""
-    table = _table(
-        f"usage (policy {resp.policy}{fleet})",
-        "* paused (held by its own limits); more columns: -o json",
-    )
+    paused = "* paused (held by its own limits); " if any(u.paused for u in shown) else ""
+    table = _table(f"usage (policy {resp.policy}{fleet})", f"{paused}more columns: -o json")
     cols = ("tenant", "run", "queued", "req bkt", "tok bkt", "counter", "rej", "done")
     _columns(table, cols, ["tenant"], right=True)
-    for u in resp.usage:
-        if kept is not None and u.tenant_id not in kept:
-            continue
+    for u in shown:
         name = u.tenant_id + (f" ({u.model})" if len(models) > 1 else "")
         table.add_row(
             name + (" *" if u.paused else ""),

@@ -2,33 +2,30 @@
 
 Tenants files are read by `scheduler.tenancy.tenant_file`, the loader `fairgate serve
 --tenants` uses, so `apply` accepts exactly the same format (and refuses the
-same mistakes, naming the file, the tenant and the field).
+same mistakes, every one at once, naming the file, the tenant and the field).
+The create/update flags go through the same validator (`tenant_check.read_tenant`),
+so every bad flag is listed at once too.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
 from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import inference_pb2 as pb
+from scheduler.tenancy.tenant_check import read_tenant
+from scheduler.tenancy.tenants import QUOTA_RANGES
 
-QUOTA_NAMES = (
-    "requests_per_s",
-    "requests_burst",
-    "tokens_per_min",
-    "tokens_burst",
-    "max_concurrent",
-    "max_queued",
-    "max_queue_wait_s",
-    "max_prompt_tokens",
-    "max_output_tokens",
-    "max_output_tokens_interactive",
-)
-_INT_QUOTAS = frozenset(n for n in QUOTA_NAMES if n.startswith("max_") and n != "max_queue_wait_s")
 PRIORITIES = {"interactive": pb.PRIORITY_CLASS_INTERACTIVE, "batch": pb.PRIORITY_CLASS_BATCH}
 MODES = {"reject": apb.OVER_QUOTA_MODE_REJECT, "wait": apb.OVER_QUOTA_MODE_WAIT}
+_FLAGS = {
+    "id": "TENANT_ID",
+    "weight": "--weight",
+    "priorities": "--priority",
+    "over_quota": "--over-quota",
+    "enabled": "--enable/--disable",
+}
 
 
 class FlagErrors(ValueError):
@@ -39,31 +36,24 @@ class FlagErrors(ValueError):
         self.problems = problems
 
 
-def quota_updates(
-    items: Sequence[str], problems: list[str] | None = None
-) -> dict[str, float | int | None]:
-    """["requests_per_s=5", "max_queued=none"] → {name: value or None (no limit)};
-    bad items are appended to `problems` (or raised together)."""
-    found: list[str] = [] if problems is None else problems
-    out: dict[str, float | int | None] = {}
+def _flag(field: str) -> str:
+    """A tenant field as the flag that sets it: "quotas.max_queued" → "--quota max_queued"."""
+    if field.startswith("quotas."):
+        return "--quota " + field.removeprefix("quotas.")
+    return _FLAGS.get(field, field)
+
+
+def _quota_items(items: Sequence[str], problems: list[str]) -> dict[str, str]:
+    """["requests_per_s=5", "max_queued=none"] → {name: text}; the values are
+    read_tenant's to judge."""
+    out: dict[str, str] = {}
     for item in items:
         name, sep, raw = item.partition("=")
-        name, raw = name.strip(), raw.strip()
-        if not sep or name not in QUOTA_NAMES:
-            found.append(
-                f"--quota {item!r}: expected NAME=VALUE with NAME one of {', '.join(QUOTA_NAMES)}"
-            )
+        if not sep or not name.strip():
+            names = ", ".join(QUOTA_RANGES)
+            problems.append(f"--quota {item!r}: expected NAME=VALUE with NAME one of {names}")
             continue
-        if raw.lower() in ("none", "null", ""):
-            out[name] = None
-            continue
-        try:
-            out[name] = int(raw) if name in _INT_QUOTAS else float(raw)
-        except ValueError:
-            kind = "an integer" if name in _INT_QUOTAS else "a number"
-            found.append(f"--quota {name}: expected {kind} or 'none', got {raw!r}")
-    if problems is None and found:
-        raise FlagErrors(found)
+        out[name.strip()] = raw.strip()
     return out
 
 
@@ -74,89 +64,50 @@ def tenant_from_flags(
     over_quota: str | None,
     quotas: Sequence[str] | None,
     enabled: bool | None,
+    *,
+    whole: bool = False,
 ) -> tuple[apb.Tenant, list[str]]:
     """The tenant the flags describe, and the update-mask paths they touch.
 
-    Raises `FlagErrors` listing every flag that cannot be read; the values'
-    ranges are the server's to judge (it lists every violation too)."""
-    t = apb.Tenant(id=tenant_id)
-    paths: list[str] = []
+    Raises `FlagErrors` listing every bad flag, judged by the validator the
+    tenants file and the server use (scheduler/tenancy/tenant_check.py); `whole`
+    (create): the flags are the whole tenant, so the rules between quotas apply
+    too, else (update) the server judges them with the fields it keeps."""
+    raw: dict[str, Any] = {"id": tenant_id}
     problems: list[str] = []
     if weight is not None:
-        t.weight = weight
-        paths.append("weight")
+        raw["weight"] = weight
     if priorities:
-        unknown = [p for p in priorities if p not in PRIORITIES]
-        for p in unknown:
-            problems.append(f"--priority {p!r}: use {' or '.join(PRIORITIES)}")
-        t.priorities.extend(PRIORITIES[p] for p in priorities if p in PRIORITIES)
-        paths.append("priorities")
+        raw["priorities"] = list(priorities)
     if over_quota is not None:
-        if over_quota not in MODES:
-            problems.append(f"--over-quota {over_quota!r}: use reject or wait")
-        else:
-            t.over_quota = MODES[over_quota]
-        paths.append("over_quota")
+        raw["over_quota"] = over_quota
     if enabled is not None:
-        t.enabled = enabled
+        raw["enabled"] = enabled
+    if quotas:
+        raw["quotas"] = _quota_items(quotas, problems)
+    values, found = read_tenant(raw, text=True, partial=not whole)
+    problems.extend(f"{_flag(field)}: {message}" for field, message in found)
+    if problems:
+        raise FlagErrors(problems)
+    t = apb.Tenant(id=tenant_id)
+    paths: list[str] = []
+    if "weight" in values:
+        t.weight = values["weight"]
+        paths.append("weight")
+    if "priorities" in values:
+        t.priorities.extend(PRIORITIES[p] for p in dict.fromkeys(raw["priorities"]))
+        paths.append("priorities")
+    if "over_quota" in values:
+        t.over_quota = MODES[values["over_quota"]]
+        paths.append("over_quota")
+    if "enabled" in values:
+        t.enabled = values["enabled"]
         paths.append("enabled")
-    for name, value in quota_updates(quotas or (), problems).items():
+    for name, value in values.get("quotas", {}).items():
         if value is not None:
             setattr(t.quotas, name, value)
         paths.append(f"quotas.{name}")
-    if problems:
-        raise FlagErrors(problems)
     return t, paths
-
-
-def file_problems(path: str) -> list[str]:
-    """Every problem of a tenants file, each as the server's loader words it.
-
-    The loader (`scheduler.tenancy.tenant_file`) stops at the first bad field; to
-    list them all without restating its rules, each tenant is checked alone
-    and a field it names is dropped before checking again."""
-    import yaml
-
-    from scheduler.tenancy.tenant_file import TenantConfigError, load_tenants, parse_tenants
-
-    try:
-        load_tenants(path)
-        return []
-    except TenantConfigError as exc:
-        if exc.tenant is None:  # unreadable, not YAML, not a list: nothing more to find
-            return [str(exc)]
-        first = str(exc)
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f)
-    problems: list[str] = []
-    entries = data.get("tenants") if isinstance(data, dict) else None
-    for entry in entries if isinstance(entries, list) else ():
-        if not isinstance(entry, dict):
-            continue
-        probe: dict[str, Any] = copy.deepcopy(entry)
-        for _ in range(64):
-            try:
-                parse_tenants({"tenants": [probe]}, path)
-                break
-            except TenantConfigError as exc:
-                problems.append(str(exc))
-                if not _drop(probe, exc.field):
-                    break
-    return problems or [first]
-
-
-def _drop(entry: dict[str, Any], field: str | None) -> bool:
-    """Remove `field` ("weight", "quotas.max_queued") from a tenant entry."""
-    if not field or field == "id" or field.startswith("tenants["):
-        return False
-    head, _, rest = field.partition(".")
-    if rest and isinstance(entry.get(head), dict) and rest in entry[head]:
-        del entry[head][rest]
-        return True
-    if not rest and head in entry:
-        del entry[head]
-        return True
-    return False
 
 
 def tenants_to_file(tenants: Sequence[apb.Tenant], default_tenant_id: str) -> dict[str, Any]:
@@ -172,7 +123,7 @@ def tenants_to_file(tenants: Sequence[apb.Tenant], default_tenant_id: str) -> di
         if not t.enabled:
             entry["enabled"] = False
         entry["over_quota"] = modes.get(t.over_quota, "reject")
-        quotas = {n: getattr(t.quotas, n) for n in QUOTA_NAMES if t.quotas.HasField(n)}  # type: ignore[arg-type]
+        quotas = {n: getattr(t.quotas, n) for n in QUOTA_RANGES if t.quotas.HasField(n)}  # type: ignore[arg-type]
         if quotas:
             entry["quotas"] = quotas
         out.append(entry)
@@ -190,8 +141,8 @@ def tenants_from_file(path: str) -> tuple[list[apb.Tenant], str]:
 
     try:
         registry = load_tenants(path)
-    except TenantConfigError:
-        raise FlagErrors(file_problems(path)) from None
+    except TenantConfigError as exc:
+        raise FlagErrors(exc.lines()) from None
     out = []
     for cfg in registry:
         t = apb.Tenant(
@@ -201,7 +152,7 @@ def tenants_from_file(path: str) -> tuple[list[apb.Tenant], str]:
             over_quota=MODES[cfg.over_quota],
             priorities=[PRIORITIES[p.name.lower()] for p in sorted(cfg.priorities)],
         )
-        for name in QUOTA_NAMES:
+        for name in QUOTA_RANGES:
             value = getattr(cfg.quotas, name)
             if value is not None:
                 setattr(t.quotas, name, value)

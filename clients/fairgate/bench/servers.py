@@ -60,6 +60,7 @@ async def _serve(mode: str, overrides: dict[str, str]) -> None:
         # telemetry=off|on|env: none, everything on with exporters that discard, OTEL_*.
         telemetry_mode = overrides.pop("telemetry", "env")
         env = {f"FAIRGATE_{k.upper()}": v for k, v in overrides.items()}
+        env.setdefault("FAIRGATE_HTTP_LISTEN", "")  # on only where a bench asks for it
         settings = Settings.from_env(env, listen="127.0.0.1:0", log_level="WARNING")
         from fairgate.bench.telemetry_server import bench_telemetry
 

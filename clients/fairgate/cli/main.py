@@ -11,7 +11,7 @@ import typer
 from fairgate.admin.cli import admin_app
 from fairgate.bench.load_cli import load_command
 from fairgate.cli.conn import ApiKeyOpt, CaFileOpt, CertFileOpt, KeyFileOpt, TlsOpt, tls_config
-from fairgate.cli.serve import serve_command
+from fairgate.cli.serve import ServeCommand, serve_command
 from fairgate.cli.shared import version
 from fairgate.errors import FairgateError
 from fairgate.plan.cli import plan_command
@@ -19,12 +19,17 @@ from fairgate.plan.cli import plan_command
 typer_app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    # Help text is plain text: `fairgate[plot]` is not Rich markup.
+    # Help is plain text, the same in every command (`fairgate[plot]` is not
+    # markup); `serve` groups its settings in sections (fairgate.cli.serve).
     rich_markup_mode=None,
     context_settings={"max_content_width": 100},
     help="fairgate: a weighted-fair, multi-tenant gRPC front door for LLM engines.",
 )
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (print ratios measured in one run).")
+bench_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Benchmarks (print ratios measured in one run).",
+)
 typer_app.add_typer(bench_app, name="bench")
 bench_app.command("load")(load_command)
 typer_app.command("plan")(plan_command)
@@ -58,7 +63,7 @@ TenantOpt = Annotated[str | None, typer.Option(help="tenant name sent in x-fairg
 
 @typer_app.command()
 def generate(
-    prompt: Annotated[str, typer.Argument(help="prompt text")],
+    prompt: Annotated[str, typer.Argument(help="prompt text", metavar="PROMPT")],
     address: TargetOpt = DEFAULT_TARGET,
     tenant: TenantOpt = None,
     max_tokens: Annotated[int | None, typer.Option(help="tokens to generate")] = None,
@@ -157,7 +162,7 @@ def models(
 
 @typer_app.command("count-tokens")
 def count_tokens(
-    text: str,
+    text: Annotated[str, typer.Argument(help="text to count", metavar="TEXT")],
     address: TargetOpt = DEFAULT_TARGET,
     model: str = "",
     api_key: ApiKeyOpt = None,
@@ -503,7 +508,7 @@ def _fail(exc: FairgateError) -> None:
     raise typer.Exit(1)
 
 
-typer_app.command("serve")(serve_command())
+typer_app.command("serve", cls=ServeCommand)(serve_command())
 app = typer_app
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -70,16 +71,17 @@ def plan_command(
     from fairgate.plan import PlanInputs, make_plan, plan_to_dict
     from fairgate.plan.capacity import build_gpu, build_model, tensor_parallel
     from fairgate.plan.search import Slos
-    from service.engines.simulator.hardware import CostModel
+    from service.engines.simulator.hardware import CostModel, DoesNotFit
 
     try:
+        one_gpu = build_gpu(
+            None if gpu == "custom" else gpu,
+            memory_gib=gpu_memory_gib,
+            bandwidth_gbps=gpu_bandwidth_gbps,
+            tflops=gpu_tflops,
+        )
         gpu_spec = tensor_parallel(
-            build_gpu(
-                None if gpu == "custom" else gpu,
-                memory_gib=gpu_memory_gib,
-                bandwidth_gbps=gpu_bandwidth_gbps,
-                tflops=gpu_tflops,
-            ),
+            one_gpu,
             tp,
         )
         model_spec = build_model(
@@ -99,7 +101,17 @@ def plan_command(
             mem_fraction_static=mem_fraction,
             reserve_bytes=reserve_gib * 1e9 * tp,
         )
-        cost.kv_capacity_tokens  # noqa: B018  (raises when the weights do not fit)
+        try:
+            cost.kv_capacity_tokens  # noqa: B018  (raises when the weights do not fit)
+        except DoesNotFit:
+            # The fewest GPUs (a power of two, as TP groups go) whose memory holds it.
+            room = one_gpu.memory_bytes * mem_fraction - reserve_gib * 1e9
+            need = model_spec.weight_bytes / room if room > 0 else float("inf")
+            hint = ""
+            if need < 64:
+                n = 1 << math.ceil(math.log2(math.floor(need) + 1))
+                hint = f"split it over {n} GPUs (--tp {n}), " if n > tp else ""
+            raise DoesNotFit(cost, hint) from None
         if not 0 <= headroom < 1:
             raise ValueError("headroom must be in [0, 1)")
         if cv <= 0 or requests < 20:

@@ -123,21 +123,26 @@ class SimCore:
         sampling: SamplingOptions,
         priority: int = 0,
     ) -> SimRequest:
-        if sampling.seed is not None:
-            seed = sampling.seed
-        elif sampling.temperature == 0.0:
-            seed = hash(tuple(prompt_ids)) & 0xFFFFFFFF  # greedy: same prompt, same text
-        else:
-            seed = self._seed_rng.getrandbits(32)
         return SimRequest(
             rid=rid,
             prompt_len=len(prompt_ids),
             max_new_tokens=max_new_tokens,
             sampling=sampling,
-            rng=random.Random(seed),
+            rng=random.Random(self._text_seed(prompt_ids, sampling)),
             stop=StopMatcher(sampling.stop),
             priority=priority if self.config.priority_scheduling else 0,
         )
+
+    def _text_seed(self, prompt_ids: list[int], sampling: SamplingOptions) -> str | int:
+        """What the text follows, as a model's sampling would: a request's seed with its
+        temperature (another temperature samples other words), the prompt alone when
+        greedy (temperature 0), else a fresh draw from the engine's seed."""
+        if sampling.temperature == 0.0:
+            return f"greedy:{','.join(map(str, prompt_ids))}"
+        if sampling.seed is not None:
+            # A str seeds `random` through SHA-512: the same in every process.
+            return f"{sampling.seed}:{sampling.temperature!r}"
+        return self._seed_rng.getrandbits(32)
 
     def add(self, req: SimRequest) -> None:
         limit = self.config.max_queued_requests

@@ -66,6 +66,23 @@ class ModelSpec:
         return 2.0 * self.params
 
 
+class DoesNotFit(ValueError):
+    """The weights and the reserve leave no memory for the KV cache; the message
+    gives the sizes and the next steps (`hint` adds one, e.g. a command's flag)."""
+
+    def __init__(self, cost: CostModel, hint: str = "") -> None:
+        m, g = cost.model, cost.gpu
+        usable = g.memory_bytes * cost.mem_fraction_static
+        super().__init__(
+            f"{m.name} does not fit in {g.name}: weights {m.weight_bytes / 1e9:.1f} GB + "
+            f"reserve {cost.reserve_bytes / 1e9:.1f} GB need more than the "
+            f"{usable / 1e9:.1f} GB usable ({cost.mem_fraction_static:.0%} of "
+            f"{g.memory_bytes / GIB:.0f} GiB), leaving nothing for the KV cache "
+            f"({m.kv_bytes_per_token / 1024:.0f} KiB per token); {hint}use a smaller or "
+            "quantized model (fp8, int4), or a GPU with more memory"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class CostModel:
     gpu: GpuSpec
@@ -81,7 +98,7 @@ class CostModel:
         usable = self.gpu.memory_bytes * self.mem_fraction_static
         free = usable - self.model.weight_bytes - self.reserve_bytes
         if free <= 0:
-            raise ValueError(f"{self.model.name} does not fit in {self.gpu.name}")
+            raise DoesNotFit(self)
         return int(free // self.model.kv_bytes_per_token)
 
     def prefill_s(self, tokens: int) -> float:

@@ -4,7 +4,6 @@ CLI and AdminClient can drive it from plain test functions), admin helpers."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -28,11 +27,12 @@ class ServerThread:
     def __init__(self, **overrides: Any) -> None:
         base = Settings(
             listen="127.0.0.1:0",
+            http_listen="",
             sim_time_scale=0.0,
             shutdown_grace_s=0.5,
             admin_token=ADMIN_TOKEN,
         )
-        self.settings = dataclasses.replace(base, **overrides).validate()
+        self.settings = base.replace(**overrides)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

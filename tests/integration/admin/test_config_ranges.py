@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from scheduler.tenancy.tenant_file import TenantConfigError, parse_tenants
-from scheduler.tenancy.tenants import QUOTA_RANGES
+from scheduler.tenancy.tenants import INTEGER_QUOTAS, QUOTA_RANGES
 from tests.integration.admin.conftest import ADMIN_TOKEN, Cli, ServerThread
 
-_INT_QUOTAS = {n for n, (lo, _) in QUOTA_RANGES.items() if isinstance(lo, int)}
+_INT_QUOTAS = INTEGER_QUOTAS
 _ADMIN_MD = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
 # Codes a well-formed request may end with; never UNKNOWN or INTERNAL.
 _SERVED = {

@@ -166,6 +166,8 @@ async def test_coalescing_changes_no_result(
 
 
 def test_the_window_setting_is_bounded() -> None:
-    with pytest.raises(ValueError, match="stream_coalesce_window_ms"):
+    with pytest.raises(
+        ValueError, match=r"FAIRGATE_STREAM_COALESCE_WINDOW_MS\): expected a number in \[0, 1000\]"
+    ):
         Settings.from_env({}, stream_coalesce_window_ms=-1.0)
     assert Settings.from_env({}, stream_coalesce_window_ms=2.5).stream_coalesce_window_ms == 2.5

@@ -208,3 +208,22 @@ def test_cli_json_with_tensor_parallelism() -> None:
     assert plan["recommended_rate_per_s"] == pytest.approx(plan["max_rate_per_s"] * 0.8)
     assert plan["at_expected"]["rate_per_s"] == 1 and plan["probes"]
     assert plan["steps"][0].startswith("1. GPU 2× h100-sxm")
+
+
+def test_a_model_that_does_not_fit_gets_the_sizes_and_the_next_steps() -> None:
+    from fairgate.cli.main import app
+    from typer.testing import CliRunner
+
+    r = CliRunner().invoke(app, ["plan", "--gpu", "rtx-4090", "--model", "llama-3.1-70b-int4"])
+    assert r.exit_code == 2
+    line = " ".join(r.stderr.split())
+    weights = build_model("llama-3.1-70b-int4").weight_bytes / 1e9
+    assert f"does not fit in rtx-4090: weights {weights:.1f} GB + reserve 2.0 GB" in line
+    assert "the 22.7 GB usable (88% of 24 GiB)" in line
+    # Two 4090s hold its 38 GB; or a smaller model, or a bigger GPU.
+    assert "split it over 2 GPUs (--tp 2)" in line and "a GPU with more memory" in line
+    fast = ["--requests", "20", "--prompt-tokens", "64", "--output-tokens", "16"]
+    r = CliRunner().invoke(
+        app, ["plan", "--gpu", "rtx-4090", "--model", "llama-3.1-70b-int4", "--tp", "2", *fast]
+    )
+    assert r.exit_code == 0, r.stderr

@@ -153,3 +153,48 @@ def test_registry_rejects_invalid_config_objects() -> None:
         TenantRegistry([TenantConfig("a"), TenantConfig("a")])
     with pytest.raises(ValueError, match="default tenant"):
         TenantRegistry([TenantConfig("a")], default_tenant_id="b")
+
+
+def test_every_problem_of_a_tenants_file_at_once(tmp_path: Path) -> None:
+    body = (
+        "default_tenant: nobody\n"
+        "extra: 1\n"
+        "tenants:\n"
+        "  - id: a\n    weight: 0\n    wieght: 2\n"
+        "    quotas: {max_queued: abc, tokens_burst: 9, requests_per_s: 0}\n"
+        "  - id: b\n    over_quota: later\n    priorities: [urgent, batch]\n    enabled: maybe\n"
+        "  - id: a\n"
+        "  - weight: 1\n"
+        "  - 7\n"
+    )
+    with pytest.raises(TenantConfigError) as err:
+        _load(tmp_path, body)
+    got = {(p.tenant, p.field) for p in err.value.problems}
+    assert got == {
+        (None, "extra"),
+        ("a", "wieght"),
+        ("a", "weight"),
+        ("a", "quotas.max_queued"),
+        ("a", "quotas.tokens_burst"),
+        ("a", "quotas.requests_per_s"),
+        ("b", "over_quota"),
+        ("b", "priorities"),
+        ("b", "enabled"),
+        ("a", "id"),
+        (None, "tenants[3].id"),
+        (None, "tenants[4]"),
+        (None, "default_tenant"),
+    }
+    assert len(err.value.problems) == 13
+    assert f"{len(got)} problems:" in str(err.value)
+    assert all(line.startswith(str(tmp_path)) for line in err.value.lines())
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_n_bad_fields_report_n(tmp_path: Path, n: int) -> None:
+    entries = "".join(f"  - id: t{i}\n    weight: -{i + 1}\n" for i in range(n))
+    with pytest.raises(TenantConfigError) as err:
+        _load(tmp_path, "tenants:\n" + entries + "  - id: fine\n")
+    assert [(p.tenant, p.field) for p in err.value.problems] == [
+        (f"t{i}", "weight") for i in range(n)
+    ]

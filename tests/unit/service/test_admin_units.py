@@ -100,10 +100,10 @@ async def test_weights_follow_the_store_live() -> None:
 
 def test_settings_for_auth_and_tls() -> None:
     with pytest.raises(ValueError, match="auth_mode"):
-        Settings(auth_mode="none").validate()
+        Settings(auth_mode="none")
     with pytest.raises(ValueError, match="go together"):
-        Settings(tls_cert_file="c.pem").validate()
+        Settings(tls_cert_file="c.pem")
     with pytest.raises(ValueError, match="mutual TLS"):
-        Settings(tls_client_ca_file="ca.pem").validate()
+        Settings(tls_client_ca_file="ca.pem")
     s = Settings.from_env({"FAIRGATE_ADMIN_TOKEN": "secret-token", "FAIRGATE_AUTH_MODE": "api-key"})
     assert s.admin_token == "secret-token" and "secret-token" not in repr(s)

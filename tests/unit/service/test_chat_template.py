@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
-from service.chat_template import ChatMessage, ChatTemplateError, load_chat_template
+from service.chat_template import (
+    ChatMessage,
+    ChatTemplateError,
+    chat_template_for,
+    load_chat_template,
+)
 
 LLAMA2_STYLE = (
     "{{ bos_token }}{% for m in messages %}"
@@ -64,6 +70,26 @@ def test_named_templates_use_the_default_and_jinja_file_wins(tmp_path: Path) -> 
 def test_no_template_anywhere_is_none(tmp_path: Path) -> None:
     assert load_chat_template("", "") is None
     assert load_chat_template("", str(_config(tmp_path, bos_token="<s>"))) is None
+
+
+def test_a_model_without_one_gets_chatml_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    turns = [ChatMessage("system", "be brief"), ChatMessage("user", "hi")]
+    chatml = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+    with caplog.at_level(logging.WARNING, logger="service.chat_template"):
+        tpl = chat_template_for("llama", "", str(_config(tmp_path, bos_token="<s>")))
+    assert tpl.render(turns) == chatml + "<|im_start|>assistant\n"
+    (record,) = caplog.records
+    assert "'llama' has no chat template" in record.getMessage()
+    assert "FAIRGATE_CHAT_TEMPLATE_PATH" in record.getMessage()
+    # The simulated model's format is ChatML: no warning; a model's own wins.
+    caplog.clear()
+    assert chat_template_for("sim", "", "", warn=False).render(turns).startswith(chatml)
+    explicit = tmp_path / "own.jinja"
+    explicit.write_text("OWN")
+    assert chat_template_for("llama", str(explicit), "").render(turns) == "OWN"
+    assert not caplog.records
 
 
 def test_the_sandbox_refuses_unsafe_templates(tmp_path: Path) -> None:

@@ -130,11 +130,11 @@ def test_priority_options_from_server_args(
 
 def test_sglang_settings_validation() -> None:
     with pytest.raises(ValueError, match="sglang_urls"):
-        Settings(engine="sglang-http").validate()
+        Settings(engine="sglang-http")
     with pytest.raises(ValueError, match="http"):
-        Settings(engine="sglang-http", sglang_urls="127.0.0.1:30000").validate()
+        Settings(engine="sglang-http", sglang_urls="127.0.0.1:30000")
     with pytest.raises(ValueError, match="sglang_model_path"):
-        Settings(engine="sglang").validate()
+        Settings(engine="sglang")
     env = {
         "FAIRGATE_ENGINE": "sglang-http",
         "FAIRGATE_SGLANG_URLS": "http://127.0.0.1:1,http://127.0.0.1:2",

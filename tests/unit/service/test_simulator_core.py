@@ -109,6 +109,30 @@ def test_eos_ends_requests_early_unless_ignored() -> None:
     assert done["keep"] is FinishKind.LENGTH
 
 
+def _text(prompt: list[int], sampling: SamplingOptions, core: SimCore | None = None) -> str:
+    core = core or _core()
+    core.add(core.make_request("r", prompt, 24, sampling))
+    words: list[str] = []
+    while not core.idle:
+        words += [em.text for em in core.step().emissions]
+    return "".join(words)
+
+
+def test_text_follows_the_seed_and_the_temperature() -> None:
+    prompt = [17, 18, 19]
+    seeded = _text(prompt, SamplingOptions(seed=7))
+    assert seeded.strip() and seeded == _text(prompt, SamplingOptions(seed=7))
+    assert seeded != _text(prompt, SamplingOptions(seed=8))
+    # Another temperature samples other text from the same seed, as a model does.
+    assert seeded != _text(prompt, SamplingOptions(seed=7, temperature=0.5))
+    # Greedy: the prompt decides, whatever the seed; unseeded: each request its own.
+    greedy = _text(prompt, SamplingOptions(temperature=0.0))
+    assert greedy == _text(prompt, SamplingOptions(temperature=0.0, seed=3))
+    assert greedy != _text([17, 18, 20], SamplingOptions(temperature=0.0))
+    core = _core()
+    assert len({_text(prompt, SamplingOptions(), core) for _ in range(3)}) == 3
+
+
 def _first_token_order(core: SimCore, steps: int = 50) -> list[str]:
     order: list[str] = []
     for _ in range(steps):

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from service.engines.stop import StopMatcher
+from service.startup import StartupError
 from service.tokenizer import ApproxTokenizer, HfTokenizer, load_tokenizer
 
 
@@ -67,5 +68,6 @@ def test_hf_tokenizer_exact_counts(tokenizer_dir: Path) -> None:
 
 
 def test_missing_tokenizer_json_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"tokenizer\.json"):
+    with pytest.raises(StartupError, match=r"no tokenizer\.json at .*tokenizer_path") as err:
         HfTokenizer(tmp_path)
+    assert err.value.setting == "tokenizer_path"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 
 import pytest
@@ -40,7 +39,7 @@ def test_every_worker_counts_as_a_replica() -> None:
 def test_worker_i_serves_metrics_on_port_plus_i(listen: str, expected: list[str]) -> None:
     s = Settings(store="redis", workers=3)
     assert [worker_settings(s, i, listen).metrics_listen for i in range(3)] == expected
-    assert dataclasses.replace(worker_settings(s, 2, listen), metrics_listen="") == s
+    assert worker_settings(s, 2, listen).replace(metrics_listen="") == s
 
 
 def test_port_zero_becomes_one_port_every_worker_can_bind() -> None:

@@ -1,0 +1,1 @@
+"""Chat templates shipped with fairgate (package data)."""
