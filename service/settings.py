@@ -234,6 +234,14 @@ class Settings(BaseSettings):
         ge=0,
         le=1e9,
     )
+    fair_allowance_tokens: float = _s(
+        4096.0,
+        "With replicas (store=redis): how far (weighted tokens per unit weight) a "
+        "request may be behind a tenant queued on another replica and still be admitted; "
+        "adds as much to the fairness bound.",
+        ge=0,
+        le=1e9,
+    )
     vtc_w_in: float = _s(1.0, "VTC cost of a prompt token.", ge=_W_LO, le=_W_HI)
     vtc_w_out: float = _s(2.0, "VTC cost of an output token.", ge=_W_LO, le=_W_HI)
     rate_limit_per_s: float = _s(

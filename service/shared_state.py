@@ -93,6 +93,7 @@ async def build_dispatcher(
             reserve_window_s=settings.fair_reserve_window_s,
             isolation=isolation,
             light_credit=settings.fair_light_credit,
+            allowance=settings.fair_allowance_tokens,
             w_in=settings.vtc_w_in,
             w_out=settings.vtc_w_out,
             flush_s=settings.redis_flush_ms / 1000,

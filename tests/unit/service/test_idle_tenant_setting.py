@@ -1,4 +1,5 @@
-"""FAIRGATE_IDLE_TENANT_TTL_S reaches both dispatchers `build_dispatcher` makes."""
+"""FAIRGATE_IDLE_TENANT_TTL_S reaches both dispatchers `build_dispatcher` makes;
+FAIRGATE_FAIR_ALLOWANCE_TOKENS the shared one."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import FakeClock
 from scheduler.request import QueuedRequest
+from scheduler.shared.dispatcher import SharedDispatcher
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 from service.app import policy_options
 from service.settings import Settings
@@ -49,5 +51,24 @@ async def test_an_idle_unconfigured_tenant_is_forgotten_after_the_configured_ttl
         clock.advance(0.35)  # 1.25 s idle, past a sweep (every TTL / 4)
         await one("other")
         assert "caller" not in known() and "other" in known()
+    finally:
+        await gate.aclose()
+
+
+async def test_the_fleet_allowance_setting_reaches_the_shared_dispatcher(redis_url: str) -> None:
+    env = {
+        "FAIRGATE_FAIR_ALLOWANCE_TOKENS": "123",
+        "FAIRGATE_STORE": "redis",
+        "FAIRGATE_REDIS_URL": redis_url,
+    }
+    settings = Settings.from_env(env)
+    clock = FakeClock(100.0)
+    reg = TenantRegistry([], template=TenantConfig("x"))
+    gate = await build_dispatcher(
+        settings, policy_options(settings, clock, reg), AdmissionLimits(4, 10_000), clock, reg, "m"
+    )
+    try:
+        assert isinstance(gate, SharedDispatcher)
+        assert gate.options.step(AdmissionLimits(4, 10_000)).allowance == 123.0
     finally:
         await gate.aclose()
