@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.engines.protocol import (
     EngineCapacity,
@@ -32,7 +32,9 @@ from service.engines.sglang_chunks import (
     sampling_params,
 )
 from service.engines.sglang_http import DEFAULT_VOCAB_SIZE
-from service.settings import Settings
+
+if TYPE_CHECKING:  # the engine runs in SGLang's venv too, where only its imports need be
+    from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
