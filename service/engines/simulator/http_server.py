@@ -227,6 +227,7 @@ class SimServer:
                     ids.extend(ch.token_ids)
                     meta["completion_tokens"] = ch.completion_tokens
                     meta["prompt_tokens"] = ch.prompt_tokens
+                    meta["cached_tokens"] = ch.cached_tokens
                     meta["num_retractions"] = ch.retractions
                     if ch.finish is not None:
                         meta["finish_reason"] = finish_reason(ch.finish, ch.stop_matched, req)
