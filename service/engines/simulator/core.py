@@ -202,6 +202,13 @@ class SimCore:
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache, only when idle (SGLang's /flush_cache)."""
+        if not self.idle:
+            return False
+        self.kv = KvPool(self.capacity, prefix_cache=self.config.prefix_cache)
+        return True
+
     # -- one iteration ------------------------------------------------------
     @staticmethod
     def _prefill_order(req: SimRequest) -> tuple[bool, int, int]:

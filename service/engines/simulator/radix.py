@@ -19,7 +19,7 @@ _BLOCK = 64
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int], start_b: int = 0) -> int:
-    """How many leading items of `a` equal `b[start_b:]`, item by item."""
+    """How many leading items of `a` equal `b[start_b:]` (lists compare fastest)."""
     n = min(len(a), len(b) - start_b)
     i = 0
     while i < n:
@@ -27,9 +27,10 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int], start_b: int = 0) -> i
         if a[i:j] == b[start_b + i : start_b + j]:
             i = j
             continue
-        while a[i] == b[start_b + i]:
+        while i < j and a[i] == b[start_b + i]:
             i += 1
-        return i
+        if i < j:
+            return i
     return n
 
 
