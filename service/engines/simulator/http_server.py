@@ -432,6 +432,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--incremental-streaming-output", action="store_true")
     p.add_argument("--enable-priority-scheduling", action="store_true")
     p.add_argument("--disable-priority-preemption", action="store_true")
+    p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument(
         "--priority-scheduling-preemption-threshold", type=int, default=SGLANG_PREEMPTION_THRESHOLD
     )
@@ -446,6 +447,7 @@ def main(argv: list[str] | None = None) -> None:
         max_queued_requests=a.max_queued_requests or None,
         kv_capacity_tokens=a.kv_capacity_tokens or None,
         seed=a.seed,
+        prefix_cache=not a.disable_radix_cache,
         priority_scheduling=a.enable_priority_scheduling,
         priority_preemption_threshold=(
             None if a.disable_priority_preemption else a.priority_scheduling_preemption_threshold
