@@ -41,6 +41,15 @@ async def test_token_ids_in_and_out(client: AsyncClient, server: App) -> None:
     assert len(comp.token_ids) == comp.result.usage.completion_tokens == 25
 
 
+async def test_a_repeated_prompt_reports_the_engine_cached_tokens(client: AsyncClient) -> None:
+    # The simulator's prefix cache matches all but the last prompt token, as SGLang.
+    prompt = [4000 + 7 * i for i in range(64)]
+    first = await client.complete(prompt, max_tokens=3)
+    again = await client.complete(prompt, max_tokens=3)
+    assert first.result.usage.cached_tokens == 0
+    assert again.result.usage.cached_tokens == 63
+
+
 async def test_request_id_is_echoed(client: AsyncClient) -> None:
     comp = await client.complete("hello", max_tokens=3, request_id="req-abc_1")
     assert comp.result.request_id == "req-abc_1"

@@ -141,6 +141,20 @@ async def test_non_streaming_chat_and_completion(http_app: App) -> None:
     await assert_no_leaks(http_app)
 
 
+async def test_a_repeated_prompt_reports_cached_prompt_tokens(http_app: App) -> None:
+    prompt = "a prompt the prefix cache keeps for the second time it is sent"
+    async with client(http_app) as oai:
+        first, again = [
+            await oai.completions.create(model=http_app.models.default, prompt=prompt, max_tokens=2)
+            for _ in range(2)
+        ]
+    assert first.usage is not None and again.usage is not None
+    assert first.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details is not None
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+
+
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [

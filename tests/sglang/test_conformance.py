@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 
+from tests.helpers import eventually
 from tests.sglang.real_server import RealSglang
 from tests.sglang.wire import Answer, call, shape
 from tests.sglang_helpers import StartSim
@@ -205,3 +207,94 @@ def _subset(real: Any, sim: Any, path: str = "") -> list[str]:
     if isinstance(real, list) and isinstance(sim, list):
         return _subset(real[0], sim[0], f"{path}[0]") if real and sim else []
     return [] if "null" in (real, sim) or real == sim else [f"{path}: {real!r} vs {sim!r}"]
+
+
+# -- the prefix cache: the same story told to both, cached_tokens compared ----------
+
+
+async def _cached(
+    s: aiohttp.ClientSession, url: str, ids: list[int], n: int = 4
+) -> tuple[int, list[int]]:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "ignore_eos": True}}
+    answer = await call(s, "POST", url + "/generate", body=body)
+    assert answer.status == 200, answer
+    meta = answer.body["meta_info"]
+    assert meta["prompt_tokens"] == len(ids)
+    return meta["cached_tokens"], answer.body["output_ids"]
+
+
+async def _cached_while_decoding(s: aiohttp.ClientSession, url: str, ids: list[int]) -> int:
+    """The same prompt again while its first request decodes (after its prefill)."""
+    body = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
+        "stream": True,
+    }
+    async with s.post(url + "/generate", json=body) as first:
+        async for line in first.content:
+            if line.startswith(b"data: {"):  # first token: the prompt is prefilled
+                break
+        twin, _ = await _cached(s, url, ids)
+        await first.read()
+    return twin
+
+
+async def _flush(s: aiohttp.ClientSession, url: str) -> None:
+    async def flushed() -> bool:  # refused while another test's request still runs
+        return (await call(s, "POST", url + "/flush_cache")).status == 200
+
+    await eventually(flushed, timeout_s=30, what="an idle server to flush its cache")
+
+
+async def prefix_story(s: aiohttp.ClientSession, url: str) -> dict[str, int]:
+    """cached_tokens along a fixed story; ids below the tiny model's 474."""
+    rng = random.Random(23)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(10, 400) for _ in range(n)]
+
+    await _flush(s, url)
+    seen: dict[str, int] = {}
+    a = ids(200)
+    seen["first"] = (await _cached(s, url, a))[0]
+    seen["same again"] = (await _cached(s, url, a))[0]
+    seen["first 150 shared"] = (await _cached(s, url, a[:150] + ids(50)))[0]
+    seen["a strict prefix (100)"] = (await _cached(s, url, a[:100]))[0]
+    seen["20 longer"] = (await _cached(s, url, a + ids(20)))[0]
+    c = ids(100)
+    _, out = await _cached(s, url, c, n=10)
+    seen["prompt + 10 output + 5"] = (await _cached(s, url, c + out + ids(5)))[0]
+    one = ids(1)
+    await _cached(s, url, one)
+    seen["one token again"] = (await _cached(s, url, one))[0]
+    seen["twin while decoding"] = await _cached_while_decoding(s, url, ids(100))
+    e = ids(1000)
+    await _cached(s, url, e)
+    seen["1000 again"] = (await _cached(s, url, e))[0]
+    for _ in range(24):  # 24 x 1002 tokens: past the 16384 KV tokens of both
+        await _cached(s, url, ids(1000), n=2)
+    seen["1000 after a flood"] = (await _cached(s, url, e))[0]
+    return seen
+
+
+async def test_prefix_cache_counts_as_sglang(sglang_a: RealSglang, start_sim: StartSim) -> None:
+    stand_in = await start_sim(time_scale=1.0, kv_capacity_tokens=16384)
+    async with aiohttp.ClientSession() as s:
+        real = await prefix_story(s, sglang_a.url)
+        sim = await prefix_story(s, stand_in.url)
+    assert sim == real
+    # SGLang's rules: a match stops one token short of the prompt (its logits are
+    # recomputed); a finished request leaves prompt + output less the last token;
+    # a running one shares its prompt; an unreferenced prefix is evicted LRU.
+    assert real == {
+        "first": 0,
+        "same again": 199,
+        "first 150 shared": 150,
+        "a strict prefix (100)": 99,
+        "20 longer": 200,
+        "prompt + 10 output + 5": 109,
+        "one token again": 0,
+        "twin while decoding": 99,
+        "1000 again": 999,
+        "1000 after a flood": 0,
+    }

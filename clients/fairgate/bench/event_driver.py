@@ -20,6 +20,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from fairgate.bench.workload import distinct_prompt_ids
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import FakeClock
 from scheduler.decision import head_verdict
@@ -54,6 +55,7 @@ class Arrival:
 class _Call:
     arrival: Arrival
     req: QueuedRequest
+    index: int  # arrival order: its prompt ids (shared with no other request)
     gone: bool = False
     state: str = "new"  # queued, running, done, rejected, cancelled, expired
     output_tokens: int = 0
@@ -240,7 +242,7 @@ class Driver:
             priority=a.priority,
             deadline_s=deadline,
         )
-        call = _Call(a, req, driver=self)
+        call = _Call(a, req, len(self.calls), driver=self)
         self.calls.append(call)
         self.monitor.weights[a.tenant_id] = self._weight(a.tenant_id)
         self.queued[a.tenant_id][a.priority] += 1
@@ -283,9 +285,10 @@ class Driver:
                 call.req.lent,
                 call.req.prompt_tokens if self._tiered else None,
             )
+            vocab = self.core.config.vocab_size
             sim_req = self.core.make_request(
                 call.req.request_id,
-                [1] * call.req.prompt_tokens,
+                distinct_prompt_ids(call.index, call.req.prompt_tokens, vocab),
                 call.req.max_tokens,
                 sampling,
                 priority,

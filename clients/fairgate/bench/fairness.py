@@ -49,6 +49,7 @@ from fairgate.bench.fairness_scenarios import (
 )
 from fairgate.bench.fairness_virtual import replay as replay_virtual
 from fairgate.bench.redis_local import RedisServer, find_redis_server
+from fairgate.bench.workload import distinct_prompt_ids
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
 from scheduler.rules import vtc_bound
@@ -174,7 +175,7 @@ async def _replay(
         replica %= len(addresses)
         stub = stubs[replica * 2 + (i // len(addresses)) % 2]
         req = pb.GenerateRequest(
-            token_ids=pb.TokenIds(ids=[17] * rec.prompt_tokens),
+            token_ids=pb.TokenIds(ids=distinct_prompt_ids(i, rec.prompt_tokens)),
             return_token_ids=True,
             sampling=pb.SamplingParams(max_tokens=rec.max_tokens, ignore_eos=True),
         )

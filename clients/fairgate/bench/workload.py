@@ -249,3 +249,16 @@ def prompt_ids(n: int, rng: random.Random, vocab_size: int = 32000) -> list[int]
     """A token-id prompt of exactly n tokens (ids well inside the vocabulary)."""
     hi = max(2, min(vocab_size, 32000) - 1)
     return [rng.randrange(1, hi) for _ in range(n)]
+
+
+# Ids below this are special in most vocabularies.
+FIRST_PLAIN_ID = 256
+
+
+def distinct_prompt_ids(index: int, n: int, vocab_size: int = 32000) -> list[int]:
+    """Request `index`'s n prompt ids, sharing no prefix with any other request's
+    among `vocab_size - 256` consecutive ones (its first id is its own), so that the
+    engine's prefix cache finds nothing: a trace without shared prefixes.
+    (One id repeated would make every prompt a prefix of every longer one.)"""
+    span = vocab_size - FIRST_PLAIN_ID
+    return [FIRST_PLAIN_ID + (index + k) % span for k in range(n)]

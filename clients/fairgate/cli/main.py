@@ -229,6 +229,9 @@ def sim_server(
         bool, typer.Option(help="stream new text only, as SGLang's flag of that name")
     ] = False,
     enable_priority_scheduling: Annotated[bool, typer.Option()] = False,
+    disable_radix_cache: Annotated[
+        bool, typer.Option(help="no prefix cache (cached_tokens 0), as SGLang's flag")
+    ] = False,
     fault_garble_after_chunks: Annotated[
         int | None, typer.Option(help="test fault: broken JSON after N chunks of each stream")
     ] = None,
@@ -254,6 +257,8 @@ def sim_server(
         args.append("--incremental-streaming-output")
     if enable_priority_scheduling:
         args.append("--enable-priority-scheduling")
+    if disable_radix_cache:
+        args.append("--disable-radix-cache")
     if fault_garble_after_chunks is not None:
         args.append(f"--fault-garble-after-chunks={fault_garble_after_chunks}")
     if fault_stall_after_chunks is not None:

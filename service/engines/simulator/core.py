@@ -19,6 +19,8 @@ from service.engines.protocol import FinishKind, SamplingOptions
 from service.engines.sglang_chunks import SGLANG_PREEMPTION_THRESHOLD
 from service.engines.simulator import vocab
 from service.engines.simulator.hardware import CostModel
+from service.engines.simulator.kv import KvPool
+from service.engines.simulator.radix import Node
 from service.engines.stop import StopMatcher
 
 
@@ -45,6 +47,8 @@ class SimConfig:
     # latest arrival, first), as SGLang's --priority-scheduling-preemption-threshold
     # (default 10); None: --disable-priority-preemption.
     priority_preemption_threshold: int | None = SGLANG_PREEMPTION_THRESHOLD
+    # SGLang's radix cache (off: --disable-radix-cache).
+    prefix_cache: bool = True
 
     @property
     def kv_capacity(self) -> int:
@@ -60,18 +64,33 @@ class _State(enum.Enum):
 @dataclass(slots=True, eq=False)
 class SimRequest:
     rid: str
-    prompt_len: int
+    prompt_ids: list[int]
     max_new_tokens: int
     sampling: SamplingOptions
     rng: random.Random
     stop: StopMatcher
-    generated: int = 0
-    # Tokens of (prompt + generated) materialized in the KV cache.
+    output_ids: list[int] = field(default_factory=list)
+    # Tokens of (prompt + generated) materialized in the KV cache, cached ones included.
     in_kv: int = 0
+    # The leading part of in_kv held in the prefix tree, locked through `node` (kv.py).
+    tree_len: int = 0
+    node: Node | None = None
+    # Prompt tokens served from the prefix cache, as SGLang's meta_info reports them.
+    cached_tokens: int = 0
+    # in_kv when admitted (its cached prefix): the prefill is under way past it.
+    prefill_from: int = 0
     state: _State = _State.WAITING
     preemptions: int = 0
     priority: int = 0
     seq: int = 0
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def generated(self) -> int:
+        return len(self.output_ids)
 
     @property
     def context_len(self) -> int:
@@ -108,7 +127,7 @@ class SimCore:
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self._by_rid: dict[str, SimRequest] = {}
-        self.used_kv = 0
+        self.kv = KvPool(self.capacity, prefix_cache=config.prefix_cache)
         self.preemptions = 0
         self._eos_p = 1.0 / config.mean_output_tokens if config.mean_output_tokens else 0.0
         self._seed_rng = random.Random(config.seed)
@@ -125,7 +144,7 @@ class SimCore:
     ) -> SimRequest:
         return SimRequest(
             rid=rid,
-            prompt_len=len(prompt_ids),
+            prompt_ids=list(prompt_ids),
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             rng=random.Random(self._text_seed(prompt_ids, sampling)),
@@ -170,18 +189,31 @@ class SimCore:
             self.waiting.remove(req)
         else:
             self.running.remove(req)
-            self.used_kv -= req.in_kv
+            # SGLang finishes an aborted request like any other: the tree keeps its KV.
+            self.kv.release(req, insert=True)
         return True
+
+    @property
+    def used_kv(self) -> int:
+        """KV tokens in use, evictable cache excluded (SGLang's num_used_tokens)."""
+        return self.kv.used
 
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache, only when idle (SGLang's /flush_cache)."""
+        if not self.idle:
+            return False
+        self.kv = KvPool(self.capacity, prefix_cache=self.config.prefix_cache)
+        return True
+
     # -- one iteration ------------------------------------------------------
     @staticmethod
     def _prefill_order(req: SimRequest) -> tuple[bool, int, int]:
         # A chunked prefill under way first (SGLang continues it), then priority.
-        return (req.in_kv == 0, -req.priority, req.seq)
+        return (req.in_kv == req.prefill_from, -req.priority, req.seq)
 
     def _reserved(self, req: SimRequest) -> float:
         remaining = req.max_new_tokens - req.generated
@@ -196,16 +228,22 @@ class SimCore:
         retracted: list[SimRequest] = []
         while self.waiting:
             head = self.waiting[0]
-            need = self._reserved(head)
+            used = self.kv.used
+            self.kv.admit(head)  # lock its cached prefix: no longer evictable room
+            need = self._reserved(head) + self.kv.used - used
             slots_full = len(self.running) >= cfg.max_running_requests
             if slots_full or (need > headroom and self.running):
                 freed = self._preempt_by_priority(
                     head, need - headroom, slots_full, preemptible, retracted
                 )
                 if freed is None:
+                    self.kv.release(head, insert=False)
                     break
                 headroom += freed
             self.waiting.popleft()
+            head.prefill_from = head.in_kv
+            if head.preemptions == 0:  # counted once, as SGLang's retracted_stain
+                head.cached_tokens = head.in_kv
             head.state = _State.PREFILL
             self.running.append(head)
             headroom -= need
@@ -247,8 +285,7 @@ class SimCore:
     def _retract(self, victim: SimRequest) -> None:
         """Free a running request's KV; it waits to be prefilled again (prompt and
         the output so far), behind the waiting requests of its priority or more."""
-        self.used_kv -= victim.in_kv
-        victim.in_kv = 0
+        self.kv.release(victim, insert=False)
         victim.state = _State.WAITING
         victim.preemptions += 1
         self.preemptions += 1
@@ -276,11 +313,11 @@ class SimCore:
         for req in prefilling:
             if budget <= 0:
                 break
-            take = min(budget, req.context_len - req.in_kv, self.capacity - self.used_kv)
+            take = min(budget, req.context_len - req.in_kv, self.kv.available)
             if take <= 0:
                 break
-            req.in_kv += take
-            self.used_kv += take
+            self.kv.alloc(req, take)
+            self.kv.checkpoint(req)
             budget -= take
             prefill_tokens += take
             if req.in_kv == req.context_len:
@@ -304,9 +341,8 @@ class SimCore:
         token = vocab.sample_token(req.rng)
         if self._eos_p and not s.ignore_eos and min_done and req.rng.random() < self._eos_p:
             token = vocab.EOS_TOKEN_ID
-        req.generated += 1
-        req.in_kv += 1
-        self.used_kv += 1
+        req.output_ids.append(token)
+        self.kv.alloc(req, 1)
         text, matched = req.stop.feed(vocab.piece(token))
         em = Emission(rid=req.rid, token_id=token, text=text, generated=req.generated)
         if token == vocab.EOS_TOKEN_ID:
@@ -325,4 +361,4 @@ class SimCore:
     def _release(self, req: SimRequest) -> None:
         self.running.remove(req)
         self._by_rid.pop(req.rid, None)
-        self.used_kv -= req.in_kv
+        self.kv.release(req, insert=True)

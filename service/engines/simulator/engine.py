@@ -177,6 +177,7 @@ class SimulatedEngine:
                     token_ids=[],
                     completion_tokens=sreq.generated,
                     prompt_tokens=sreq.prompt_len,
+                    cached_tokens=sreq.cached_tokens,
                 )
                 for em in ems:
                     if em.finish is FinishKind.ABORT:
@@ -199,6 +200,7 @@ class SimulatedEngine:
                             token_ids=[],
                             completion_tokens=em.generated,
                             prompt_tokens=sreq.prompt_len,
+                            cached_tokens=sreq.cached_tokens,
                         )
                 if chunk.token_ids or chunk.finish is not None:
                     yield chunk

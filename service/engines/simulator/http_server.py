@@ -3,7 +3,8 @@
 A GPU-free stand-in for `python -m sglang.launch_server`: `POST /generate`
 (SSE streaming with cumulative or incremental text, or one JSON answer),
 `POST /abort_request`, `GET /server_info` (and `/get_server_info`),
-`GET /v1/loads`, `/health`, `/health_generate`, `/model_info`, `/v1/models`.
+`GET /v1/loads`, `/health`, `/health_generate`, `/model_info`, `/v1/models`,
+`/flush_cache` (the prefix cache, kept per engine as SGLang's radix cache).
 Field names follow SGLang 0.5 (see the team's sglang-notes). It records the
 `traceparent` headers and aborts it receives, and has fault switches
 (`Faults`) so tests can make it stall, truncate or garble a stream, or die.
@@ -45,6 +46,10 @@ from service.engines.simulator.sglang_wire import (
 from service.tokenizer import ApproxTokenizer
 
 DONE = b"data: [DONE]\n\n"
+FLUSHED = (
+    b"Cache flushed.\nPlease check backend logs for more details. "
+    b"(When there are running or waiting requests, the operation will not be performed.)\n"
+)
 
 
 @dataclass(slots=True)
@@ -99,6 +104,7 @@ class SimServer:
         app.router.add_get("/model_info", self._model_info)
         app.router.add_get("/get_model_info", self._model_info)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_route("*", "/flush_cache", self._flush_cache)
         self.app = app
 
     @property
@@ -227,6 +233,7 @@ class SimServer:
                     ids.extend(ch.token_ids)
                     meta["completion_tokens"] = ch.completion_tokens
                     meta["prompt_tokens"] = ch.prompt_tokens
+                    meta["cached_tokens"] = ch.cached_tokens
                     meta["num_retractions"] = ch.retractions
                     if ch.finish is not None:
                         meta["finish_reason"] = finish_reason(ch.finish, ch.stop_matched, req)
@@ -257,6 +264,13 @@ class SimServer:
                 self.record.aborted.append(rid)
                 await self.engine.abort(rid)
         return web.Response(status=200)
+
+    async def _flush_cache(self, request: web.Request) -> web.Response:
+        if request.method not in ("GET", "POST"):
+            raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
+        if not self.engine.core.flush_cache():
+            return web.Response(status=400, body=b"Flush cache failed.\n")
+        return web.Response(status=200, body=FLUSHED)
 
     def server_info(self) -> dict[str, Any]:
         cfg, core = self.engine.config, self.engine.core
@@ -418,6 +432,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--incremental-streaming-output", action="store_true")
     p.add_argument("--enable-priority-scheduling", action="store_true")
     p.add_argument("--disable-priority-preemption", action="store_true")
+    p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument(
         "--priority-scheduling-preemption-threshold", type=int, default=SGLANG_PREEMPTION_THRESHOLD
     )
@@ -432,6 +447,7 @@ def main(argv: list[str] | None = None) -> None:
         max_queued_requests=a.max_queued_requests or None,
         kv_capacity_tokens=a.kv_capacity_tokens or None,
         seed=a.seed,
+        prefix_cache=not a.disable_radix_cache,
         priority_scheduling=a.enable_priority_scheduling,
         priority_preemption_threshold=(
             None if a.disable_priority_preemption else a.priority_scheduling_preemption_threshold

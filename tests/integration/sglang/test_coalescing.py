@@ -158,7 +158,11 @@ async def test_coalescing_changes_no_result(
     opts: dict[str, Any] = dict(max_tokens=60, seed=5, stop=["ab"], return_token_ids=True)
     async with AsyncClient(coalesced.address) as a, AsyncClient(other.address) as b:
         for prompt in ("fair queueing is", "tokens and more tokens"):
-            got, want = await a.complete(prompt, **opts), await b.complete(prompt, **opts)
+            # Each from a cold prefix cache, so that cached_tokens compare too.
+            assert stand_in.engine.core.flush_cache()
+            got = await a.complete(prompt, **opts)
+            assert stand_in.engine.core.flush_cache()
+            want = await b.complete(prompt, **opts)
             assert (got.text, got.token_ids) == (want.text, want.token_ids)
             assert got.result.usage == want.result.usage
             assert got.result.finish_reason == want.result.finish_reason
