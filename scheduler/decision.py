@@ -121,15 +121,6 @@ def admit_round(r: Round[C], reserve_fraction: float, isolation: rules.Isolation
     return None
 
 
-def head_verdict(
-    r: Round[C], reserve_fraction: float, isolation: rules.Isolation
-) -> Verdict | None:
-    """What the rules say of the head now, changing nothing (None: nobody queued;
-    the benchmarks' work-conservation check)."""
-    c = r.head()
-    return None if c is None else judge(r, c, reserve_fraction, isolation)[0]
-
-
 def tenant_load(
     tenant_id: str,
     active: Iterable[str],

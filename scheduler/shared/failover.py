@@ -38,10 +38,19 @@ from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.errors import StoreUnavailable
-from scheduler.shared.options import FleetObserver, FleetSeen, SharedOptions, StoreHealth
+from scheduler.shared.options import SharedOptions, StoreHealth
 from scheduler.shared.outbox import Outbox
 from scheduler.state.memory_store import MemoryStore
-from scheduler.state.store import BucketLimits, Lease, Settlement, Step, StepOutcome, Store
+from scheduler.state.store import (
+    BucketLimits,
+    FleetObserver,
+    FleetSeen,
+    Lease,
+    Settlement,
+    Step,
+    StepOutcome,
+    Store,
+)
 
 # The dispatcher's logger: operators filter on one name for the whole replica.
 log = logging.getLogger("scheduler.shared.dispatcher")

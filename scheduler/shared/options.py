@@ -9,9 +9,7 @@ from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.ordering.vtc import DEFAULT_BATCH_EVERY_N
 from scheduler.quotas import TenantUsage
-from scheduler.state.store import FleetObserver, FleetSeen, SeenLevel, Step
-
-__all__ = ["FleetObserver", "FleetSeen", "SeenLevel"]  # their home is state/store.py
+from scheduler.state.store import Step
 from scheduler.tenancy.tenants import TenantRegistry
 
 FailureMode = Literal["open", "closed"]

@@ -25,8 +25,7 @@ from scheduler.gate_stats import BucketStats, GateStats, StoreMode, TenantStats,
 from scheduler.shared import fleet_usage
 from scheduler.shared.fleet_usage import ReplicaUsage
 from scheduler.shared.local import Entry, LocalQueues
-from scheduler.shared.options import FleetObserver
-from scheduler.state.store import BucketLimits, Store, StoreSnapshot
+from scheduler.state.store import BucketLimits, FleetObserver, Store, StoreSnapshot
 from scheduler.tenancy.tenants import TenantRegistry
 
 Refusal = TypeVar("Refusal", QuotaExceeded, RequestTooLarge)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from itertools import count
 
 from scheduler import decision, rules
 from scheduler.budget import AdmissionLimits
@@ -254,15 +253,21 @@ class MemoryStore:
             self.concurrency.get(c.tenant_id, 0), c.max_concurrent, bucket_wait
         )
 
+    def _fleet_queued(self) -> dict[str, int]:
+        """Each backlogged tenant's queue length summed over the replicas it is
+        backlogged on (held ones count their length; one unknown counts as heavy)."""
+        heavy = rules.LIGHT_QUEUE + 1
+        queued: dict[str, int] = {}
+        for key in self.backlog:
+            queued[key[1]] = queued.get(key[1], 0) + abs(self.backlog_queued.get(key, heavy))
+        return queued
+
     def _reserve_load(self, step: Step, tenant: str, now_s: float) -> rules.TenantLoad:
         """The candidate's load among the tenants active anywhere (backlogged on a
         replica, in flight, offered in this step, or seen within the window).
         Queue lengths are summed over the replicas a tenant is backlogged on (one
         whose length is unknown counts as heavy); a candidate's own if in none."""
-        heavy = rules.LIGHT_QUEUE + 1
-        queued: dict[str, int] = {}
-        for key in self.backlog:
-            queued[key[1]] = queued.get(key[1], 0) + abs(self.backlog_queued.get(key, heavy))
+        queued = self._fleet_queued()
         for c in step.candidates:
             queued.setdefault(c.tenant_id, c.queued)
         recent = [t for t, exp in self.recent.items() if exp > now_s]
@@ -281,10 +286,7 @@ class MemoryStore:
         every replica (unknown: heavy), for `rules.behind`. Empty with one replica."""
         if all(r == replica_id for r, _ in self.backlog):
             return {}
-        heavy = rules.LIGHT_QUEUE + 1
-        queued: dict[str, int] = {}
-        for key in self.backlog:
-            queued[key[1]] = queued.get(key[1], 0) + abs(self.backlog_queued.get(key, heavy))
+        queued = self._fleet_queued()
         return {
             t: queued[t]
             for r, t in self.backlog
@@ -391,7 +393,7 @@ class _StoreRound:
         self.pending: dict[str, deque[int]] = {}
         for i, c in enumerate(step.candidates):
             self.pending.setdefault(c.tenant_id, deque()).append(i)
-        self.index = {id(c): i for i, c in zip(count(), step.candidates, strict=False)}
+        self.index = {id(c): i for i, c in enumerate(step.candidates)}
 
     @property
     def limits(self) -> AdmissionLimits:

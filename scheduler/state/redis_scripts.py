@@ -263,6 +263,17 @@ local function fits_lent(n_now, kv_now, c)
   local lent_kv = max_kv * reserve_fraction
   return n_now + 1 <= max_req + lent_req and kv_now + c.kv <= max_kv + lent_kv
 end
+-- each backlogged tenant's queue length summed over the replicas it is backlogged
+-- on (held ones count theirs; unknown: heavy) (memory_store.py: _fleet_queued)
+local function fleet_queued(members)
+  local q = {}
+  for _, m in ipairs(members) do
+    local tenant = string.sub(m, string.find(m, '\0', 1, true) + 1)
+    local len = math.abs(tonumber(redis.call('HGET', BLQ, m)) or (LIGHT_QUEUE + 1))
+    q[tenant] = (q[tenant] or 0) + len
+  end
+  return q
+end
 -- the tenants active anywhere (backlogged on a replica, in flight, offered now, or
 -- seen within the window), which of them are queued, and their weights' sum in
 -- name order (memory_store.py: _reserve_load)
@@ -276,12 +287,9 @@ local function get_active()
   local function add(tenant)
     if not known[tenant] then known[tenant] = true; table.insert(active.names, tenant) end
   end
-  for _, m in ipairs(redis.call('ZRANGE', BL, 0, -1)) do
-    local tenant = string.sub(m, string.find(m, '\0', 1, true) + 1)
-    local q = math.abs(tonumber(redis.call('HGET', BLQ, m)) or (LIGHT_QUEUE + 1))
-    active.queued[tenant] = (active.queued[tenant] or 0) + q
-    add(tenant)
-  end
+  local members = redis.call('ZRANGE', BL, 0, -1)
+  active.queued = fleet_queued(members)
+  for _, m in ipairs(members) do add(string.sub(m, string.find(m, '\0', 1, true) + 1)) end
   for _, c in ipairs(cands) do
     if active.queued[c.tenant] == nil then active.queued[c.tenant] = c.queued end
     add(c.tenant)
@@ -334,15 +342,12 @@ local function first_elsewhere(tenant)
   if elsewhere == nil then
     elsewhere = {}
     local members = redis.call('ZRANGE', BL, 0, -1)
-    local q, others = {}, false
+    local others = false
     for _, m in ipairs(members) do
-      local sep = string.find(m, '\0', 1, true)
-      local tt = string.sub(m, sep + 1)
-      local len = math.abs(tonumber(redis.call('HGET', BLQ, m)) or (LIGHT_QUEUE + 1))
-      q[tt] = (q[tt] or 0) + len
-      if string.sub(m, 1, sep - 1) ~= replica then others = true end
+      if string.sub(m, 1, string.find(m, '\0', 1, true) - 1) ~= replica then others = true end
     end
     if others then
+      local q = fleet_queued(members)
       for _, m in ipairs(members) do
         local sep = string.find(m, '\0', 1, true)
         local r, tt = string.sub(m, 1, sep - 1), string.sub(m, sep + 1)

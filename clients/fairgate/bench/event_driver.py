@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from fairgate.bench.workload import distinct_prompt_ids
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import FakeClock
-from scheduler.decision import head_verdict
+from scheduler.decision import judge
 from scheduler.dispatcher import Dispatcher
 from scheduler.errors import SchedulingError
 from scheduler.ordering.policy import QueuePolicy
@@ -189,7 +189,7 @@ class Driver:
             call = next(c for c in self.calls if c.req is head)
             if call.wanted():
                 # Work conservation: the head waits only for room, or for the reserve.
-                v = head_verdict(d.round(), d.reserve.fraction, d.isolation)
+                v, _ = judge(d.round(), head, d.reserve.fraction, d.isolation)
                 waits = v in (Verdict.FULL, Verdict.HOLD)
                 assert waits, "work conservation: an admissible request waits"
         next_timer = self.timers.next_s()
