@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler.errors import DeadlineExpired, QueueTimeout, SchedulingError
@@ -236,6 +237,22 @@ def vtc_rank(
     its admission number, 0 when newly backlogged, so a lifted newcomer goes
     before the tenant it ties with), then the earlier head."""
     return (order_key(counter, queued, light_credit), last_admitted, head_seq)
+
+
+def locality_pick(cached: Sequence[int]) -> int:
+    """Locality within the fair order (D²LPM-style, "Locality-aware Fair
+    Scheduling in LLM Serving", 2025): `cached` holds, for the requests that may
+    go next in fair order (the first tenant's head, then the heads of tenants
+    within the allowance of it), how many prompt tokens a worker with room
+    holds. The one with the most goes first: its prefill is mostly skipped.
+    Ties go to the earlier in fair order, so with nothing cached anywhere the
+    fair head goes. The bound between two backlogged tenants grows by the
+    allowance: a tenant is passed over only while it is within it."""
+    best = 0
+    for i, c in enumerate(cached):
+        if c > cached[best]:
+            best = i
+    return best
 
 
 def behind(key: float, first_elsewhere: float | None, allowance: float) -> bool:

@@ -245,9 +245,10 @@ class Settings(BaseSettings):
     )
     fair_allowance_tokens: float = _s(
         4096.0,
-        "With replicas (store=redis): how far (weighted tokens per unit weight) a "
-        "request may be behind a tenant queued on another replica and still be admitted; "
-        "adds as much to the fairness bound.",
+        "How far (weighted tokens per unit weight) a request may go ahead of the fair "
+        "order: with replicas, ahead of a tenant queued on another replica; with a pool "
+        "routing by locality, because a worker with room holds its prompt's prefix. "
+        "Adds as much to the fairness bound.",
         ge=0,
         le=1e9,
     )

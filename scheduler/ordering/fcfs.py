@@ -25,8 +25,12 @@ class FcfsPolicy:
     def peek_next(self) -> QueuedRequest | None:
         return self._backlog.peek()
 
-    def pop_next(self) -> QueuedRequest | None:
-        return self._backlog.pop()
+    def heads_within(self, allowance: float) -> list[QueuedRequest]:
+        head = self._backlog.peek()  # a baseline: arrival order only
+        return [] if head is None else [head]
+
+    def pop_next(self, chosen: QueuedRequest | None = None) -> QueuedRequest | None:
+        return self._backlog.pop(None if chosen is None else chosen.tenant_id)
 
     def remove(self, req: QueuedRequest) -> bool:
         return self._backlog.remove(req)

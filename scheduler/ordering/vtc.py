@@ -24,6 +24,10 @@ interval receive weighted service (per unit weight) within
 the longest prompt, M the tokens the engine holds; plus `light_credit` when
 either may be light.
 
+Locality (`heads_within`): the dispatcher may admit, instead of the first
+tenant's head, the head of another tenant within an allowance of it in this
+order (`rules.locality_pick`); the bound grows by that allowance.
+
 Within a tenant: FIFO, interactive before batch, with the anti-starvation
 rule of `TenantQueue` (one batch admission at least every `batch_every_n` + 1).
 """
@@ -100,8 +104,11 @@ class VtcPolicy:
     def peek_next(self) -> QueuedRequest | None:
         return self._backlog.peek()
 
-    def pop_next(self) -> QueuedRequest | None:
-        head = self._backlog.peek()
+    def heads_within(self, allowance: float) -> list[QueuedRequest]:
+        return self._backlog.heads_within(allowance)
+
+    def pop_next(self, chosen: QueuedRequest | None = None) -> QueuedRequest | None:
+        head = chosen or self._backlog.peek()
         if head is None:
             return None
         tid = head.tenant_id
@@ -111,7 +118,7 @@ class VtcPolicy:
         self._admissions += 1
         self._last_admitted[tid] = self._admissions
         # pop() re-keys the tenant with its new counter.
-        popped = self._backlog.pop()
+        popped = self._backlog.pop(tid)
         if popped is not head:
             raise AssertionError("backlog pop disagrees with peek")
         return head

@@ -407,6 +407,9 @@ class _StoreRound:
     def in_flight_kv(self) -> int:
         return self.s.in_flight_kv
 
+    def prefer(self, c: Candidate) -> Candidate:
+        return c  # the shared path offers no locality yet
+
     def head(self) -> Candidate | None:
         cands, pending = self.step.candidates, self.pending
         while pending:
