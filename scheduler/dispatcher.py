@@ -165,6 +165,8 @@ class _QueueRound:
     def admit(self, c: QueuedRequest, lent: bool) -> bool:
         d, entry = self.d, self._entry(c)
         d.locality_picks_total += c is not d.policy.peek_next()
+        if d.locality is not None:
+            c.cached_estimate = d.locality(c)
         if d.policy.pop_next(c) is not c:
             raise AssertionError("policy pop_next disagrees with heads_within")
         c.lent = lent
@@ -354,16 +356,26 @@ class Dispatcher:
             self.policy.resume(tenant_id)
 
     # -- in flight ----------------------------------------------------------
+    def on_cached_tokens(self, req: QueuedRequest, reported: int) -> None:
+        entry = self._entries.get(id(req))
+        if entry is None or entry.queued or reported >= req.cached_estimate:
+            return
+        self.policy.on_cached_tokens(req, reported)
+        self._charged()
+
+    def _charged(self) -> None:
+        # A charge can change which tenant is next (VTC): a request that was
+        # waiting behind a head too big for the room may now be the head and fit.
+        if len(self.policy) and self.budget.in_flight_requests < self.budget.limits.max_requests:
+            self.pump()
+
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
         entry = self._entries.get(id(req))
         if entry is None or entry.queued or tokens <= 0:
             return
         entry.output_tokens += tokens
         self.policy.on_output_tokens(req, tokens)
-        # A charge can change which tenant is next (VTC): a request that was
-        # waiting behind a head too big for the room may now be the head and fit.
-        if len(self.policy) and self.budget.in_flight_requests < self.budget.limits.max_requests:
-            self.pump()
+        self._charged()
 
     def finish(self, req: QueuedRequest) -> None:
         """The admitted request left the engine (done, cancelled or failed)."""

@@ -42,6 +42,9 @@ class QueuedRequest:
     # The prompt's prefix keys (service/engines/prefix_index.py), when the engine
     # routes by locality: admission asks how much of the prompt a worker holds.
     prefix_keys: Sequence[int] = ()
+    # Set at admission with locality: the prompt tokens a worker was thought to
+    # hold, charged at the cached rate (rules.admission_charge).
+    cached_estimate: int = 0
 
     @property
     def kv_tokens(self) -> int:

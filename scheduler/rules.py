@@ -99,8 +99,26 @@ def lifted(counter: float, floor: float) -> float:
     return max(counter, floor)
 
 
-def admission_charge(w_in: float, prompt_tokens: int, weight: float) -> float:
-    return w_in * prompt_tokens / weight
+def admission_charge(
+    w_in: float, prompt_tokens: int, weight: float, cached: int = 0, w_cached: float = 0.0
+) -> float:
+    """The prompt's charge at admission: `w_in` per token the engine computes,
+    `w_cached` per token of its prefix a worker is thought to hold (`cached`,
+    the locality estimate; 0 without locality). The engine reports what it really
+    had cached at the first token: `cached_shortfall` charges the difference when
+    it had less. Never a credit: counters only grow, which is what lets the
+    shared path tell a wiped store from its own bookkeeping."""
+    hit = min(max(0, cached), prompt_tokens)
+    return (w_in * (prompt_tokens - hit) + w_cached * hit) / weight
+
+
+def cached_shortfall(
+    w_in: float, w_cached: float, estimated: int, reported: int, weight: float
+) -> float:
+    """What admission under-charged: the engine had `reported` prompt tokens
+    cached, fewer than the `estimated` charged at `w_cached` (never negative: a
+    better hit than estimated is not refunded)."""
+    return (w_in - w_cached) * max(0, estimated - max(0, reported)) / weight
 
 
 def output_charge(w_out: float, tokens: int, weight: float) -> float:

@@ -75,6 +75,7 @@ def policy_options(
         weight_of=weight_of,
         vtc_w_in=settings.vtc_w_in,
         vtc_w_out=settings.vtc_w_out,
+        vtc_w_cached=settings.vtc_w_cached,
         light_credit=settings.fair_light_credit,
         rate_limit_per_s=settings.rate_limit_per_s,
         rate_limit_burst=settings.rate_limit_burst or None,

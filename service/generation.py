@@ -164,6 +164,9 @@ class Generation:
                         if new_tokens > 0:
                             ticket.charge(new_tokens)
                         prompt_tokens = chunk.prompt_tokens or prompt_tokens
+                        if first_token_s is None and (chunk.text or chunk.token_ids):
+                            # What the engine had cached: admission charged an estimate.
+                            ticket.cached(chunk.cached_tokens)
                         cached_tokens = chunk.cached_tokens
                         retractions = max(retractions, chunk.retractions)
                         if chunk.text or chunk.token_ids:

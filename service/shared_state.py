@@ -101,6 +101,8 @@ async def build_dispatcher(
             allowance=settings.fair_allowance_tokens,
             w_in=settings.vtc_w_in,
             w_out=settings.vtc_w_out,
+            w_cached=settings.vtc_w_cached,
+            locality=locality,
             flush_s=settings.redis_flush_ms / 1000,
             poll_s=settings.redis_poll_ms / 1000,
             heartbeat_s=settings.redis_heartbeat_s,

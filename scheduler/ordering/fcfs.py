@@ -44,6 +44,9 @@ class FcfsPolicy:
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
         return None
 
+    def on_cached_tokens(self, req: QueuedRequest, reported: int) -> None:
+        return None
+
     def on_finish(self, req: QueuedRequest) -> None:
         return None
 

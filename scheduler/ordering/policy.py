@@ -56,6 +56,11 @@ class QueuePolicy(Protocol):
         """An admitted request produced `tokens` more output tokens."""
         ...
 
+    def on_cached_tokens(self, req: QueuedRequest, reported: int) -> None:
+        """The engine had `reported` of an admitted request's prompt tokens cached
+        (charged at admission on `req.cached_estimate`)."""
+        ...
+
     def on_finish(self, req: QueuedRequest) -> None:
         """An admitted request left the engine."""
         ...

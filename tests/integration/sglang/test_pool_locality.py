@@ -10,6 +10,7 @@ import pytest
 from fairgate import AsyncClient, Completion
 
 from scheduler.dispatcher import Dispatcher
+from scheduler.ordering.vtc import VtcPolicy
 from service.engines.pool import WorkerPool
 from service.engines.simulator.http_server import SimServer
 from tests.conftest import StartServer
@@ -170,4 +171,35 @@ async def test_admission_lets_a_cached_request_into_the_worker_that_holds_it(
         assert d.locality_picks_total == 0
     assert done_a.result.finish_reason == "length"
     await eventually(lambda: pool.in_flight == 0, what="all ended")
+    await assert_no_sglang_leaks(app, *workers)
+
+
+async def test_a_cache_hit_is_charged_at_the_cached_rate_and_a_miss_in_full(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    """The fair counter charges the prefix a worker holds at vtc_w_cached; when the
+    worker turns out not to have it (flushed, restarted, or it says so), the
+    shortfall is charged at the first token: never less than the engine did."""
+    workers = [await start_sim(time_scale=0.0) for _ in range(2)]
+    app = await start_server(**sglang_settings(*workers, vtc_w_cached=0.1))
+    model = app.models.resolve("")
+    assert model is not None
+    d = model.dispatcher
+    assert isinstance(d, Dispatcher)
+    policy = d.policy
+    assert isinstance(policy, VtcPolicy)
+    prefix = [5, *range(200, 1000)]  # 801 tokens: 800 in whole blocks
+    async with AsyncClient(app.address, tenant="t") as c:
+
+        async def charged(last: int) -> float:
+            before = policy.counter("t")
+            done = await c.complete([*prefix, last], max_tokens=1, ignore_eos=True)
+            assert done.result.usage.completion_tokens == 1
+            return policy.counter("t") - before - policy.w_out  # the prompt's part
+
+        assert await charged(1) == 802  # cold: every prompt token
+        assert await charged(2) == pytest.approx(2 + 0.1 * 800)
+        for w in workers:
+            assert w.engine.core.flush_cache()
+        assert await charged(3) == pytest.approx(802)  # estimated 800 cached, had 0
     await assert_no_sglang_leaks(app, *workers)
