@@ -36,6 +36,7 @@ from service.servicer import InferenceServicer
 from service.settings import Settings
 from service.shared_state import (
     build_dispatcher,
+    build_prefix_share,
     build_tenant_store,
     close_tenant_store,
 )
@@ -193,6 +194,10 @@ class App:
             None if pool is None else pool.cached_prefix,
         )
         undo.push_async_callback(dispatcher.aclose)
+        if pool is not None and settings.store == "redis":
+            share = build_prefix_share(settings, model_name, pool)
+            await share.start()
+            undo.push_async_callback(share.aclose)
         tokenizer = load_tokenizer(settings.tokenizer_path or None, cap.vocab_size)
         model = ServedModel(
             name=model_name,

@@ -120,6 +120,9 @@ class WorkerPool:
         # Prompt tokens the workers reported cached, and those the index expected.
         self.cached_tokens_total = 0
         self.predicted_cached_total = 0
+        # Replicas: each sequence routed (worker URL, its deepest prefix key) goes to
+        # the others (prefix_share.py), whose routes come back through `learn`.
+        self.on_routed: Callable[[str, int], None] | None = None
         self.served_model_name = ""
         self.moved_requests = 0
         self._where: dict[str, Worker] = {}
@@ -258,7 +261,7 @@ class WorkerPool:
             self._where[req.request_id] = w
             # The prompt is there once prefilled; routing the next request with this
             # prefix here before then still finds it cached or being computed.
-            self.index.insert(i, keys)
+            self._routed(i, keys)
             output: list[int] = []
             started = False
             try:
@@ -271,12 +274,11 @@ class WorkerPool:
                             self._reported(i, keys, req.prompt_tokens, matched, chunk)
                         if keys:
                             output.extend(chunk.token_ids)
+                        if chunk.finish is not None:
+                            # Before the last chunk goes out: the consumer stops there
+                            # and closes this generator.
+                            self._ended(i, req, keys, output)
                         yield chunk
-                w.breaker.on_success(self.clock())
-                if keys:
-                    # SGLang caches the finished sequence: a conversation's next turn
-                    # re-sends it.
-                    self.index.insert(i, self.index.chain([*req.prompt_token_ids, *output]))
                 return
             except EngineError as exc:
                 self._stream_failed(w, exc)
@@ -289,6 +291,25 @@ class WorkerPool:
                 w.kv_in_flight -= kv
                 w.pending_prefill -= pending
                 self._where.pop(req.request_id, None)
+
+    def _ended(self, i: int, req: EngineRequest, keys: list[int], output: list[int]) -> None:
+        """A stream the worker finished."""
+        self.workers[i].breaker.on_success(self.clock())
+        if keys:
+            # SGLang caches the finished sequence: a conversation's next turn re-sends it.
+            self._routed(i, self.index.chain([*req.prompt_token_ids, *output]))
+
+    def _routed(self, i: int, keys: list[int]) -> None:
+        self.index.insert(i, keys)
+        if keys and self.on_routed is not None:
+            self.on_routed(self.workers[i].url, keys[-1])
+
+    def learn(self, url: str, key: int) -> None:
+        """Another replica routed a sequence with this deepest key to `url`."""
+        for i, w in enumerate(self.workers):
+            if w.url == url:
+                self.index.insert(i, [key])
+                return
 
     def prefix_keys(self, prompt_token_ids: Sequence[int]) -> list[int]:
         """The keys locality routing matches a prompt by ([] with least_full)."""

@@ -103,25 +103,27 @@ async def test_a_short_request_avoids_the_worker_in_a_long_prefill(
 async def test_a_worker_that_loses_its_cache_is_corrected_by_what_it_reports(
     start_server: StartServer, start_sim: StartSim
 ) -> None:
-    """The index thinks worker 0 holds a prefix; the worker flushes its cache (a
-    restart would too) and reports cached_tokens 0: the index forgets that much,
-    and then learns the prefix again from the request that re-computed it."""
+    """The index thinks worker 0 holds two prefixes; the worker flushes its cache
+    (a restart would too) and then reports cached_tokens 0 for the newer one: the
+    index forgets as much of what it believed, the older prefix first, and learns
+    the newer one again from the request that re-computed it."""
     workers = [await start_sim(time_scale=0.0) for _ in range(2)]
     app = await start_server(**sglang_settings(*workers))
     pool = _pool(app)
-    prefix = [3, *range(100, 900)]
+    old, new = [3, *range(100, 900)], [4, *range(1100, 1900)]
+    block = pool.index.block
     async with AsyncClient(app.address) as c:
-        await c.complete([*prefix, 1], max_tokens=2)
-        held = pool.index.size(0)
-        assert held >= len(prefix) - pool.index.block
-        again = await c.complete([*prefix, 2], max_tokens=2)
-        assert again.result.usage.cached_tokens >= len(prefix) - pool.index.block
+        await c.complete([*old, 1], max_tokens=2)
+        await c.complete([*new, 1], max_tokens=2)
+        assert pool.index.match(0, pool.index.chain(old)) >= len(old) - block
+        again = await c.complete([*new, 2], max_tokens=2)
+        assert again.result.usage.cached_tokens >= len(new) - block
         assert workers[0].engine.core.flush_cache()
-        lost = await c.complete([*prefix, 3], max_tokens=2)
+        lost = await c.complete([*new, 3], max_tokens=2)
         assert lost.result.usage.cached_tokens == 0
-        assert pool.index.match(0, pool.index.chain(prefix)) < len(prefix) - pool.index.block
-        relearned = await c.complete([*prefix, 4], max_tokens=2)
-        assert relearned.result.usage.cached_tokens >= len(prefix) - pool.index.block
+        assert pool.index.match(0, pool.index.chain(old)) < len(old) // 2
+        relearned = await c.complete([*new, 4], max_tokens=2)
+        assert relearned.result.usage.cached_tokens >= len(new) - block
     await assert_no_sglang_leaks(app, *workers)
 
 
@@ -203,3 +205,64 @@ async def test_a_cache_hit_is_charged_at_the_cached_rate_and_a_miss_in_full(
             assert w.engine.core.flush_cache()
         assert await charged(3) == pytest.approx(802)  # estimated 800 cached, had 0
     await assert_no_sglang_leaks(app, *workers)
+
+
+@pytest.mark.parametrize("share", [True, False])
+async def test_two_replicas_send_a_conversation_where_its_history_is(
+    start_server: StartServer, start_sim: StartSim, redis_url: str, share: bool
+) -> None:
+    """Two fairgate replicas over Redis, two workers; six conversations at once
+    whose turns alternate between the replicas. Each replica learns where the
+    other routed (prefix_share.py), so every later turn finds its history
+    cached. Without the share, a turn routed by the replica that has not seen
+    its conversation lands by load alone, and some miss."""
+    workers = [await start_sim(time_scale=0.2, max_running_requests=16) for _ in range(2)]
+    apps = [
+        await start_server(**sglang_settings(*workers, store="redis", redis_url=redis_url))
+        for _ in range(2)
+    ]
+    pools = [_pool(app) for app in apps]
+    if not share:
+        for p in pools:
+            p.on_routed = None
+    rng = random.Random(11)
+    clients = [AsyncClient(app.address) for app in apps]
+
+    async def conversation(k: int) -> list[tuple[int, int]]:
+        prompt = [1000 + k, *(rng.randrange(2000, 30000) for _ in range(600))]
+        seen = []
+        for turn in range(4):
+            done = await clients[(k + turn) % 2].complete(
+                prompt, max_tokens=20, ignore_eos=True, return_token_ids=True
+            )
+            seen.append((len(prompt), done.result.usage.cached_tokens))
+            prompt = [*prompt, *done.token_ids]
+            if share:  # the other replica has heard of it (no timing assumed)
+                other = pools[(k + turn + 1) % 2]
+                keys = other.index.chain(prompt)
+                await eventually(
+                    lambda o=other, ks=keys: (
+                        max(o.index.match(i, ks) for i in (0, 1)) == len(ks) * o.index.block
+                    ),
+                    what="the route shared",
+                )
+            prompt += [rng.randrange(2000, 30000) for _ in range(40)]
+        return seen
+
+    try:
+        turns = await asyncio.gather(*(conversation(k) for k in range(6)))
+    finally:
+        for c in clients:
+            await c.close()
+    misses = [
+        (k, seen)
+        for k, seen in enumerate(turns)
+        for (before, _), (_, cached) in itertools.pairwise(seen)
+        if cached < before
+    ]
+    if share:
+        assert misses == []
+    else:
+        assert misses
+    for app in apps:
+        await assert_no_sglang_leaks(app, *workers)
