@@ -53,6 +53,7 @@ class PrefixShare:
         self._failing = False
         self.sent_total = 0
         self.learned_total = 0
+        self.rounds = 0
 
     def publish(self, url: str, key: int) -> None:
         """This replica routed the sequence `key` stands for to worker `url`."""
@@ -84,6 +85,7 @@ class PrefixShare:
                         "prefix share: Redis failed (%s); routing from this replica's routes", exc
                     )
                 self._failing = True
+            self.rounds += 1
             await asyncio.sleep(self.interval_s)
 
     async def sync(self) -> None:
