@@ -63,7 +63,7 @@ async def test_a_conversations_later_turns_land_where_its_history_is(
         for (before, _), (_, cached) in itertools.pairwise(seen):
             assert cached >= before, f"conversation {k}: {seen}"
     assert set().union(*(_where(workers, 1000 + k) for k in range(6))) == {0, 1}
-    assert pool.cached_tokens_total > 0
+    assert pool.router.cached_tokens_total > 0
     await assert_no_sglang_leaks(app, *workers)
 
 
@@ -80,14 +80,14 @@ async def test_a_short_request_avoids_the_worker_in_a_long_prefill(
     workers[0].faults.first_chunk_delay_s = 30.0
     async with AsyncClient(app.address) as c:
         long = asyncio.create_task(c.complete([5] * 3000, max_tokens=10, ignore_eos=True))
-        await eventually(lambda: pool.workers[0].pending_prefill == 3000, what="long routed")
+        await eventually(lambda: pool.router.pending_prefill[0] == 3000, what="long routed")
         workers[0].faults.first_chunk_delay_s = 0.0
         decoding = [
             asyncio.create_task(c.complete([9, i], max_tokens=400, ignore_eos=True))
             for i in range(2)
         ]
         await eventually(lambda: pool.workers[1].in_flight == 2, what="decoders on worker 1")
-        await eventually(lambda: pool.workers[1].pending_prefill == 0, what="decoding")
+        await eventually(lambda: pool.router.pending_prefill[1] == 0, what="decoding")
         short = await c.complete([7, 7, 7], max_tokens=2)
         assert short.result.finish_reason == "length"
         assert _where(workers, 7) == {1}
@@ -96,7 +96,7 @@ async def test_a_short_request_avoids_the_worker_in_a_long_prefill(
             t.cancel()
         await asyncio.gather(long, *decoding, return_exceptions=True)
     await eventually(lambda: pool.in_flight == 0, what="all ended")
-    assert [w.pending_prefill for w in pool.workers] == [0, 0]
+    assert pool.router.pending_prefill == [0, 0]
     await assert_no_sglang_leaks(app, *workers)
 
 
@@ -111,17 +111,17 @@ async def test_a_worker_that_loses_its_cache_is_corrected_by_what_it_reports(
     app = await start_server(**sglang_settings(*workers))
     pool = _pool(app)
     old, new = [3, *range(100, 900)], [4, *range(1100, 1900)]
-    block = pool.index.block
+    block = pool.router.index.block
     async with AsyncClient(app.address) as c:
         await c.complete([*old, 1], max_tokens=2)
         await c.complete([*new, 1], max_tokens=2)
-        assert pool.index.match(0, pool.index.chain(old)) >= len(old) - block
+        assert pool.router.index.match(0, pool.router.index.chain(old)) >= len(old) - block
         again = await c.complete([*new, 2], max_tokens=2)
         assert again.result.usage.cached_tokens >= len(new) - block
         assert workers[0].engine.core.flush_cache()
         lost = await c.complete([*new, 3], max_tokens=2)
         assert lost.result.usage.cached_tokens == 0
-        assert pool.index.match(0, pool.index.chain(old)) < len(old) // 2
+        assert pool.router.index.match(0, pool.router.index.chain(old)) < len(old) // 2
         relearned = await c.complete([*new, 4], max_tokens=2)
         assert relearned.result.usage.cached_tokens >= len(new) - block
     await assert_no_sglang_leaks(app, *workers)
@@ -166,7 +166,7 @@ async def test_admission_lets_a_cached_request_into_the_worker_that_holds_it(
     first = [r["input_ids"][0] for r in workers[0].record.requests][2:]
     if allowance:
         assert first == [11, 41]
-        assert done_b.result.usage.cached_tokens >= len(prefix) - pool.index.block
+        assert done_b.result.usage.cached_tokens >= len(prefix) - pool.router.index.block
         assert d.locality_picks_total == 1
     else:
         assert first == [41, 11]
@@ -224,7 +224,7 @@ async def test_two_replicas_send_a_conversation_where_its_history_is(
     pools = [_pool(app) for app in apps]
     if not share:
         for p in pools:
-            p.on_routed = None
+            p.router.on_routed = None
     rng = random.Random(11)
     clients = [AsyncClient(app.address) for app in apps]
 
@@ -238,12 +238,11 @@ async def test_two_replicas_send_a_conversation_where_its_history_is(
             seen.append((len(prompt), done.result.usage.cached_tokens))
             prompt = [*prompt, *done.token_ids]
             if share:  # the other replica has heard of it (no timing assumed)
-                other = pools[(k + turn + 1) % 2]
-                keys = other.index.chain(prompt)
+                index = pools[(k + turn + 1) % 2].router.index
+                keys = index.chain(prompt)
+                full = len(keys) * index.block
                 await eventually(
-                    lambda o=other, ks=keys: (
-                        max(o.index.match(i, ks) for i in (0, 1)) == len(ks) * o.index.block
-                    ),
+                    lambda ix=index, ks=keys, n=full: max(ix.match(i, ks) for i in (0, 1)) == n,
                     what="the route shared",
                 )
             prompt += [rng.randrange(2000, 30000) for _ in range(40)]
