@@ -50,7 +50,7 @@ from service.engines.protocol import (
     EngineRequest,
 )
 from service.engines.router import Router
-from service.engines.routing import Routing
+from service.engines.routing import Routing, fullness
 from service.engines.sglang_chunks import RequestRefused
 from service.engines.sglang_http import SglangHttpEngine, WorkerDown
 
@@ -78,10 +78,14 @@ class Worker:
         """How full it is, as a fraction of its capacity, with `requests` more
         requests of `kv_tokens` in all: the busier of its slots and its KV."""
         cap = self.engine.capacity()
-        busy = self.in_flight + requests + FAILURE_LOAD * self.breaker.penalty(now_s)
-        return max(
-            busy / max(1, cap.max_running_requests),
-            (self.kv_in_flight + kv_tokens) / max(1, cap.max_total_tokens),
+        busy = self.in_flight + FAILURE_LOAD * self.breaker.penalty(now_s)
+        return fullness(
+            busy,
+            self.kv_in_flight,
+            cap.max_running_requests,
+            cap.max_total_tokens,
+            requests,
+            kv_tokens,
         )
 
     @property

@@ -30,7 +30,17 @@ Routing = Literal["least_full", "locality"]
 ROUTINGS: tuple[Routing, ...] = ("least_full", "locality")
 
 # A worker at full load weighs as this many prefill tokens ahead (locality).
-BALANCE_TOKENS = 2048
+BALANCE_TOKENS = 512
+
+
+def fullness(
+    in_flight: int, kv_in_flight: int, slots: int, kv_capacity: int, requests: int, kv_tokens: int
+) -> float:
+    """How full a worker would be with `requests` more of `kv_tokens` in all, as a
+    fraction of its own capacity: the busier of its slots and its KV."""
+    return max(
+        (in_flight + requests) / max(1, slots), (kv_in_flight + kv_tokens) / max(1, kv_capacity)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +62,10 @@ def route(
     *,
     preferred: int | None = None,
     slack: float = 0.0,
-    balance_tokens: float = BALANCE_TOKENS,
+    balance_tokens: float | None = None,
 ) -> int:
     """The index of the chosen worker in `workers` (not empty)."""
+    balance = BALANCE_TOKENS if balance_tokens is None else balance_tokens
     if routing == "least_full":
         best = min(range(len(workers)), key=lambda i: (workers[i].load, i))
         if preferred is not None and workers[preferred].load <= workers[best].load + slack:
@@ -65,6 +76,6 @@ def route(
     def cost(i: int) -> tuple[float, float, int]:
         w = workers[i]
         uncached = max(0, prompt_tokens - w.matched)
-        return (w.pending_prefill + uncached + balance_tokens * w.load, w.load, i)
+        return (w.pending_prefill + uncached + balance * w.load, w.load, i)
 
     return min(room, key=cost)

@@ -77,11 +77,14 @@ def test_locality_skips_a_worker_busy_prefilling_for_a_short_request() -> None:
 
 
 def test_locality_balances_load_against_a_cached_prefix() -> None:
-    # The cached prefix is worth less than a full worker's load.
-    hot = WorkerView(0.95, 0, 1000)
+    # A short cached prefix is worth less than a nearly full worker's load
+    # (BALANCE_TOKENS per full load), more than a lightly loaded one's.
     idle = WorkerView(0.0, 0, 0)
-    assert route([hot, idle], 1100, "locality") == 1
-    assert route([WorkerView(0.3, 0, 1000), idle], 1100, "locality") == 0
+    short = BALANCE_TOKENS // 2
+    assert route([WorkerView(0.95, 0, short), idle], 1100, "locality") == 1
+    assert route([WorkerView(0.3, 0, short), idle], 1100, "locality") == 0
+    # A long one wins even on a nearly full worker (it still has room).
+    assert route([WorkerView(0.95, 0, 1000), idle], 1100, "locality") == 0
 
 
 def test_only_workers_with_room_while_any_has_room() -> None:
