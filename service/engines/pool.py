@@ -218,7 +218,7 @@ class WorkerPool:
         last: EngineError | None = None
         keys = list(req.prefix_keys) or router.prefix_keys(req.prompt_token_ids)
         while True:
-            picked = router.pick(req.prompt_token_ids, req.max_tokens, keys, tried)
+            picked = router.pick(req.prompt_token_ids, req.max_tokens, keys, tried, req.light)
             if picked is None:
                 raise last or EngineError("no healthy SGLang worker", retryable=True)
             i, matched = picked

@@ -84,10 +84,16 @@ class Router:
 
     # -- one request --------------------------------------------------------------
     def pick(
-        self, prompt_token_ids: Sequence[int], max_tokens: int, keys: list[int], tried: set[int]
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        keys: list[int],
+        tried: set[int],
+        soonest: bool = False,
     ) -> tuple[int, int] | None:
         """The worker for a request not yet tried (its index), and the prefix it is
-        thought to hold; None: no healthy worker left."""
+        thought to hold; None: no healthy worker left. `soonest`: a light
+        tenant's (`routing.route`)."""
         candidates = [i for i, t in enumerate(self.targets) if t.healthy and i not in tried]
         if not candidates:
             return None
@@ -109,7 +115,9 @@ class Router:
             preferred = zlib.crc32(repr(list(prompt_token_ids[:n])).encode()) % len(candidates)
             # Within `affinity_slack` requests of the best (in the preferred one's slots).
             slack = self.affinity_slack / max(1, self.targets[candidates[preferred]].slots())
-        j = route(views, prompt_tokens, self.routing, preferred=preferred, slack=slack)
+        j = route(
+            views, prompt_tokens, self.routing, preferred=preferred, slack=slack, soonest=soonest
+        )
         return candidates[j], views[j].matched
 
     def sent(self, i: int, keys: list[int], prompt_tokens: int, matched: int) -> int:

@@ -14,8 +14,10 @@ full the worker is, so that a cached prefix does not pile every request onto
 one worker while the others idle. Only workers with room are considered while
 any has room. So a conversation's next turn goes where its history is, a
 tenant's system prompt stays warm on the workers it was sent to, and a short
-request from a light tenant goes to a worker that is not in the middle of
-another tenant's long prefill.
+request goes to a worker that is not in the middle of another tenant's long
+prefill. A light tenant's request (`soonest`) drops the balance term: where it
+starts soonest, whatever the load (isolation across engines: on a worker that is
+only decoding, its first token waits for one decode step, not a prefill chunk).
 
 Ties go to the least full worker, then to the first.
 """
@@ -63,9 +65,15 @@ def route(
     preferred: int | None = None,
     slack: float = 0.0,
     balance_tokens: float | None = None,
+    soonest: bool = False,
 ) -> int:
-    """The index of the chosen worker in `workers` (not empty)."""
+    """The index of the chosen worker in `workers` (not empty). `soonest` (a
+    light tenant's request, locality): no balance term, the worker where it
+    starts soonest whatever its load, so that a worker that is only decoding
+    takes it before one in the middle of a prefill."""
     balance = BALANCE_TOKENS if balance_tokens is None else balance_tokens
+    if soonest:
+        balance = 0.0
     if routing == "least_full":
         best = min(range(len(workers)), key=lambda i: (workers[i].load, i))
         if preferred is not None and workers[preferred].load <= workers[best].load + slack:

@@ -367,7 +367,9 @@ class Driver:
             )
             if self.router is not None:
                 keys = list(call.req.prefix_keys)
-                picked = self.router.pick(call.prompt_ids, call.req.max_tokens, keys, set())
+                picked = self.router.pick(
+                    call.prompt_ids, call.req.max_tokens, keys, set(), call.req.light
+                )
                 assert picked is not None
                 call.worker, call.matched = picked
                 call.pending = self.router.sent(

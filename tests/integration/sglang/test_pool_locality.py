@@ -11,6 +11,7 @@ from fairgate import AsyncClient, Completion
 
 from scheduler.dispatcher import Dispatcher
 from scheduler.ordering.vtc import VtcPolicy
+from scheduler.rules import LIGHT_QUEUE
 from service.engines.pool import WorkerPool
 from service.engines.simulator.http_server import SimServer
 from tests.conftest import StartServer
@@ -131,12 +132,16 @@ async def test_a_worker_that_loses_its_cache_is_corrected_by_what_it_reports(
 async def test_admission_lets_a_cached_request_into_the_worker_that_holds_it(
     start_server: StartServer, start_sim: StartSim, allowance: float
 ) -> None:
-    """Two workers of one slot each, both busy; tenant a's request (first in fair
-    order, nothing cached) and tenant b's (its prefix on worker 0) wait. Worker 0
+    """Two workers of one slot each, both busy; tenant a's requests (first in fair
+    order, nothing cached, more than a light tenant's) and tenant b's (its prefix
+    on worker 0) wait. Worker 0
     frees first: b's request, within the allowance of a, goes in there and skips
     its prefill; a takes the next slot. With no allowance the fair order holds."""
     workers = [await start_sim(time_scale=1.0, max_running_requests=1) for _ in range(2)]
-    app = await start_server(**sglang_settings(*workers, fair_allowance_tokens=allowance))
+    # No light credit: b (one request queued) is not ordered ahead of a for it.
+    app = await start_server(
+        **sglang_settings(*workers, fair_allowance_tokens=allowance, fair_light_credit=0)
+    )
     pool = _pool(app)
     model = app.models.resolve("")
     assert model is not None
@@ -149,27 +154,31 @@ async def test_admission_lets_a_cached_request_into_the_worker_that_holds_it(
         return asyncio.create_task(clients[tenant].complete(prompt, max_tokens=n, ignore_eos=True))
 
     await send("b", [*prefix, 1], 2)
-    short = send("x", [21, 22], 40)  # worker 0 (a tie: the first), ends first
+    short = send("x", [21, 22], 4000)  # worker 0 (a tie: the first)
     await eventually(lambda: pool.workers[0].in_flight == 1, what="worker 0 busy")
     long = send("y", [31, 32], 4000)
     await eventually(lambda: pool.workers[1].in_flight == 1, what="worker 1 busy")
-    a = send("a", [41, 42, 43], 2)
-    await eventually(lambda: len(d.policy) == 1, what="a queued")
+    # a has more than LIGHT_QUEUE queued (heavy: locality may pass it).
+    a = [send("a", [41, 42, i], 2) for i in range(LIGHT_QUEUE + 1)]
+    await eventually(lambda: len(d.policy) == LIGHT_QUEUE + 1, what="a queued")
     b = send("b", [*prefix, 2], 2)
-    await eventually(lambda: len(d.policy) == 2, what="b queued")
-    await short
-    done_a, done_b = await a, await b
+    await eventually(lambda: len(d.policy) == LIGHT_QUEUE + 2, what="b queued")
+    short.cancel()  # worker 0 frees first
+    await asyncio.gather(short, return_exceptions=True)
+    done_a, done_b = await a[0], await b
+    await asyncio.gather(*a)
     long.cancel()
     await asyncio.gather(long, return_exceptions=True)
     for client in clients.values():
         await client.close()
-    first = [r["input_ids"][0] for r in workers[0].record.requests][2:]
+    order = [r["input_ids"][0] for r in workers[0].record.requests][2:]
+    n = LIGHT_QUEUE + 1
     if allowance:
-        assert first == [11, 41]
+        assert order == [11] + [41] * n
         assert done_b.result.usage.cached_tokens >= len(prefix) - pool.router.index.block
         assert d.locality_picks_total == 1
     else:
-        assert first == [41, 11]
+        assert order == [41] * n + [11]
         assert d.locality_picks_total == 0
     assert done_a.result.finish_reason == "length"
     await eventually(lambda: pool.in_flight == 0, what="all ended")

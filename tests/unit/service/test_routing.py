@@ -122,3 +122,10 @@ def test_locality_picks_the_least_cost_worker_with_room(
         return w.pending_prefill + max(0, prompt - w.matched) + BALANCE_TOKENS * w.load
 
     assert all(cost(workers[chosen]) <= cost(w) for w in room)
+
+
+def test_a_light_tenants_request_goes_where_it_starts_soonest_whatever_the_load() -> None:
+    # Worker 0 is nearly empty but prefilling; worker 1 is busier, only decoding.
+    workers = [WorkerView(0.1, 300, 0), WorkerView(0.8, 0, 0)]
+    assert route(workers, 20, "locality") == 0  # the balance term: 300 < 512 x 0.7
+    assert route(workers, 20, "locality", soonest=True) == 1
