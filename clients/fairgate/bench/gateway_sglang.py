@@ -50,15 +50,16 @@ from fairgate.bench.sglang_cpu import (
     venv_python,
 )
 
-# start.sh's defaults, which the in-process engine copies (CPU_ENGINE_ARGS has the rest).
+# start.sh's default, which the in-process engine copies (CPU_ENGINE_ARGS has the rest).
 MAX_RUNNING = 16
 START_TIMEOUT_S = 600.0
 
 
 @asynccontextmanager
-async def real_sglang() -> AsyncIterator[RealSglang]:
+async def real_sglang(max_running: int) -> AsyncIterator[RealSglang]:
     install()
-    server = await asyncio.to_thread(RealSglang.start)
+    flags = ("--max-running-requests", str(max_running))
+    server = await asyncio.to_thread(RealSglang.start, *flags)
     try:
         yield server
     finally:
@@ -67,7 +68,7 @@ async def real_sglang() -> AsyncIterator[RealSglang]:
 
 @asynccontextmanager
 async def targets(
-    sglang: RealSglang, smg: str | None, variant: dict[str, str]
+    sglang: RealSglang, smg: str | None, variant: dict[str, str], max_running: int
 ) -> AsyncIterator[list[Target]]:
     """Every front of the comparison; `variant`: extra fairgate settings for both fairgates."""
     main = (sglang.pid,)  # SGLang's main process, without its children
@@ -96,7 +97,7 @@ async def targets(
                     "engine": "sglang",
                     "sglang_model_path": model_dir(),
                     "sglang_engine_args": json.dumps(CPU_ENGINE_ARGS),
-                    "sglang_max_running_requests": MAX_RUNNING,
+                    "sglang_max_running_requests": max_running,
                 },
                 str(venv_python()),
                 inproc_env(),
@@ -141,16 +142,20 @@ async def main(
     waves: int,
     smg_binary: str | None,
     variant: dict[str, str],
+    max_running: int = MAX_RUNNING,
 ) -> None:
     from fairgate.bench.gateway import _uptime, find_smg
 
     smg = None if smg_binary is None else find_smg(smg_binary)
     print(
         f"machine: {_uptime()}, {os.cpu_count()} cores; smg: {smg or 'not installed'}; "
-        f"real SGLang on CPU (tiny random Llama), {MAX_RUNNING} running requests"
+        f"real SGLang on CPU (tiny random Llama), {max_running} running requests"
     )
     cells: list[Cell] = []
-    async with real_sglang() as sglang, targets(sglang, smg, variant) as ts:
+    async with (
+        real_sglang(max_running) as sglang,
+        targets(sglang, smg, variant, max_running) as ts,
+    ):
         await warm(ts, tokens)
         for rep in range(reps):
             for c in levels:

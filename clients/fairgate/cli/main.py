@@ -444,6 +444,9 @@ def bench_gateway(
             "settings apply to both fairgates; --modes and --workers do not apply)"
         ),
     ] = False,
+    sglang_running: Annotated[
+        int, typer.Option(help="--sglang-cpu: SGLang's --max-running-requests (start.sh's 16)")
+    ] = 16,
 ) -> None:
     """Direct vs fairgate (gRPC, HTTP) vs smg in front of the same sim-server workers.
 
@@ -468,6 +471,7 @@ def bench_gateway(
                 waves=waves,
                 smg_binary=None if no_smg else (smg or ""),
                 variant=variants[0].settings,
+                max_running=sglang_running,
             )
         )
         return
