@@ -181,7 +181,8 @@ class SglangInprocEngine:
             return
         # SGLang's own tasks on our loop (its output loop, its SIGTERM watchdog) end here,
         # not as "destroyed but pending" when the loop closes.
-        for task in list(getattr(engine.tokenizer_manager, "asyncio_tasks", ())):
+        tm = getattr(engine, "tokenizer_manager", None)
+        for task in list(getattr(tm, "asyncio_tasks", ())):
             task.cancel()
         if hasattr(engine, "shutdown"):
             # Kills and reaps the scheduler and detokenizer processes (blocking: a thread).
@@ -197,6 +198,9 @@ def _own_signals(tm: Any) -> None:
     its own handlers, and SGLang's removed: SIGTERM is fairgate's. SIGQUIT stays
     SGLang's: a child process that dies takes the whole process down, as with its server.
     """
-    tm.auto_create_handle_loop()
+    start = getattr(tm, "auto_create_handle_loop", None)  # SGLang's; not every stand-in's
+    if start is None:
+        return
+    start()
     if threading.current_thread() is threading.main_thread():
         asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
