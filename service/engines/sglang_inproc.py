@@ -18,6 +18,7 @@ import threading
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 from service.engines.protocol import (
@@ -64,6 +65,8 @@ class SglangInprocEngine:
         self.engine: Any = None
         self.incremental = incremental_output
         self.served_model_name = ""
+        # The model's local folder when it has a tokenizer.json (exact counts, chat template).
+        self.tokenizer_dir = ""
         self._capacity: EngineCapacity | None = None
         self._live: dict[str, str] = {}  # request id -> SGLang rid
         self.send_priority = False
@@ -85,6 +88,9 @@ class SglangInprocEngine:
             self.served_model_name = str(
                 getattr(args, "served_model_name", "") or getattr(args, "model_path", "")
             )
+            folder = str(getattr(args, "tokenizer_path", "") or getattr(args, "model_path", ""))
+            if folder and (Path(folder) / "tokenizer.json").is_file():
+                self.tokenizer_dir = folder
             inc = getattr(args, "incremental_streaming_output", None)
             if isinstance(inc, bool):
                 self.incremental = inc

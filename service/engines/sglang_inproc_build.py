@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +73,26 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
-def _quiet_sglang() -> None:
-    """SGLang logs every server arg at INFO as it starts (hundreds of them); keep
-    its warnings and errors in fairgate's log."""
-    root = logging.getLogger().getEffectiveLevel()
-    logging.getLogger("sglang").setLevel(max(root, logging.WARNING))
+@contextmanager
+def _fairgate_logging() -> Iterator[None]:
+    """Keep fairgate's logging through SGLang's start-up.
+
+    `sglang.Engine` configures logging for a process of its own: `basicConfig(force=True)`
+    at its log level ("error") replaces the root logger's handlers, which would
+    silence fairgate's log (and its JSON format). The handlers and level go back
+    afterwards; SGLang's own loggers keep their warnings and errors (its INFO
+    lists every server argument, hundreds of them)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        for handler in root.handlers[:]:
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+        logging.getLogger("sglang").setLevel(max(root.getEffectiveLevel(), logging.WARNING))
 
 
 def build_sglang_inproc(settings: Settings) -> SglangInprocEngine:
@@ -92,9 +109,9 @@ def build_sglang_inproc(settings: Settings) -> SglangInprocEngine:
                 "pip install 'fairgate[sglang]' (a CUDA GPU, or SGLang's CPU engine: "
                 "see docs/sglang.md)",
             ) from None
-        _quiet_sglang()
         try:
-            return sglang.Engine(**kwargs)
+            with _fairgate_logging():
+                return sglang.Engine(**kwargs)
         except TypeError as exc:  # a keyword sglang.Engine does not take
             raise StartupError(
                 "sglang_engine_args", f"sglang.Engine refused it: {_first_line(exc)}"

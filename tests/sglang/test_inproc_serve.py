@@ -87,13 +87,17 @@ async def test_serve_in_process_streams_and_stops_sglang_children_on_sigterm() -
         async with AsyncClient(address) as client:
             got = await client.complete("hello", max_tokens=12, ignore_eos=True)
             (model,) = await client.list_models()
+            # The engine's model folder gives the exact tokenizer (no tokenizer_path set).
+            _, exact = await client.count_tokens("hello")
         assert got.result.finish_reason == "length"
         assert got.result.usage.completion_tokens == 12
-        assert model.engine == "sglang"
+        assert model.engine == "sglang" and exact and model.vocab_size == 474
         proc.send_signal(signal.SIGTERM)
         assert proc.stdout is not None
         rest = (await asyncio.wait_for(proc.stdout.read(), timeout=120)).decode()
         assert await proc.wait() == 0, rest[-3000:]
+        # fairgate's drain ran (SGLang's own SIGTERM handler would have exited instead).
+        assert "shutting down, draining" in rest, rest[-3000:]
     assert [p for p in children if alive(p)] == []
 
 
