@@ -200,7 +200,9 @@ class App:
             share = build_prefix_share(settings, model_name, router)
             await share.start()
             undo.push_async_callback(share.aclose)
-        tokenizer = load_tokenizer(settings.tokenizer_path or None, cap.vocab_size)
+        # The in-process engine knows its model's folder: its tokenizer unless one is set.
+        tokenizer_path = settings.tokenizer_path or getattr(engine, "tokenizer_dir", "")
+        tokenizer = load_tokenizer(tokenizer_path or None, cap.vocab_size)
         model = ServedModel(
             name=model_name,
             engine=engine,
@@ -216,7 +218,7 @@ class App:
             chat_template=chat_template_for(
                 model_name,
                 settings.chat_template_path,
-                settings.tokenizer_path,
+                tokenizer_path,
                 warn=engine.kind != "simulator",
             ),
             preempt_threshold=cap.preempt_threshold,

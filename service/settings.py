@@ -192,8 +192,39 @@ class Settings(BaseSettings):
         "(0: least load only).",
         ge=0,
     )
-    sglang_model_path: str = _s("", "engine=sglang (in-process): the model path.")
-    sglang_engine_args: str = _s("", "engine=sglang: extra Engine kwargs as JSON.")
+    # engine=sglang (in-process, one GPU): the sglang.Engine's server flags that matter.
+    sglang_model_path: str = _s(
+        "", "engine=sglang (in-process): the model path or Hugging Face id (--model-path)."
+    )
+    sglang_tokenizer_path: str = _s(
+        "", "engine=sglang: the tokenizer's path or id (--tokenizer-path; empty: the model's)."
+    )
+    sglang_context_length: int = _s(
+        0, "engine=sglang: the model's context length (--context-length; 0: its config's).", ge=0
+    )
+    sglang_mem_fraction: float = _s(
+        0.0,
+        "engine=sglang: GPU memory share for weights and KV cache (--mem-fraction-static; "
+        "0: SGLang's choice).",
+        ge=0,
+        lt=1,
+    )
+    sglang_chunked_prefill_size: int = _s(
+        0,
+        "engine=sglang: prefill chunk in tokens (--chunked-prefill-size; 0: SGLang's, -1: off).",
+        ge=-1,
+    )
+    sglang_max_running_requests: int = _s(
+        0, "engine=sglang: running-request slots (--max-running-requests; 0: SGLang's).", ge=0
+    )
+    sglang_priority_scheduling: bool = _s(
+        False, "engine=sglang: engine priorities order prefills (--enable-priority-scheduling)."
+    )
+    sglang_engine_args: str = _s(
+        "",
+        "engine=sglang: further sglang.Engine keywords as a JSON object "
+        '(e.g. {"device": "cpu"}); a key may not repeat a setting above.',
+    )
     capacity_refresh_s: float = _s(
         2.0, "How often admission limits are re-read from the engine's capacity.", gt=0
     )

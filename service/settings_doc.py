@@ -66,6 +66,12 @@ CHART_UNSUPPORTED = frozenset(
         "tls_key_file",
         "tls_client_ca_file",
         "sglang_model_path",
+        "sglang_tokenizer_path",
+        "sglang_context_length",
+        "sglang_mem_fraction",
+        "sglang_chunked_prefill_size",
+        "sglang_max_running_requests",
+        "sglang_priority_scheduling",
         "sglang_engine_args",
         "workers",
     }

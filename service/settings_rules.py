@@ -84,6 +84,11 @@ def rule_problems(s: Settings) -> list[tuple[tuple[str, ...], str]]:
         "engine sglang needs sglang_model_path",
     )
     need(
+        s.engine != "sglang" or s.workers == 1,
+        ("engine", "workers"),
+        "engine sglang runs the model inside the one fairgate process: workers must be 1",
+    )
+    need(
         s.sglang_ejection_base_s <= s.sglang_ejection_max_s,
         ("sglang_ejection_base_s", "sglang_ejection_max_s"),
         "need sglang_ejection_base_s <= sglang_ejection_max_s",

@@ -35,7 +35,7 @@ def build_engine(settings: Settings) -> tuple[Engine, str]:
 
         return build_sglang_http(settings), settings.model_name
     if settings.engine == "sglang":
-        from service.engines.sglang_inproc import build_sglang_inproc
+        from service.engines.sglang_inproc_build import build_sglang_inproc
 
         return build_sglang_inproc(settings), settings.model_name
     raise ValueError(f"unknown engine {settings.engine!r}")

@@ -11,12 +11,15 @@ synchronous `Engine.get_server_info()` must not run inside our event loop).
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
+import signal
+import threading
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from service.engines.protocol import (
     EngineCapacity,
@@ -32,9 +35,6 @@ from service.engines.sglang_chunks import (
     sampling_params,
 )
 from service.engines.sglang_http import DEFAULT_VOCAB_SIZE
-
-if TYPE_CHECKING:  # the engine runs in SGLang's venv too, where only its imports need be
-    from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,8 @@ class SglangInprocEngine:
         self.engine: Any = None
         self.incremental = incremental_output
         self.served_model_name = ""
+        # The model's local folder when it has a tokenizer.json (exact counts, chat template).
+        self.tokenizer_dir = ""
         self._capacity: EngineCapacity | None = None
         self._live: dict[str, str] = {}  # request id -> SGLang rid
         self.send_priority = False
@@ -72,12 +74,23 @@ class SglangInprocEngine:
     async def start(self) -> None:
         if self.engine is None:
             self.engine = self._factory()
+        try:
+            await self._read_capacity()
+        except BaseException:
+            await self.aclose()  # the scheduler and detokenizer processes go with it
+            raise
+
+    async def _read_capacity(self) -> None:
+        _own_signals(self.engine.tokenizer_manager)
         args = getattr(self.engine, "server_args", None)
         threshold: int | None = None
         if args is not None:
             self.served_model_name = str(
                 getattr(args, "served_model_name", "") or getattr(args, "model_path", "")
             )
+            folder = str(getattr(args, "tokenizer_path", "") or getattr(args, "model_path", ""))
+            if folder and (Path(folder) / "tokenizer.json").is_file():
+                self.tokenizer_dir = folder
             inc = getattr(args, "incremental_streaming_output", None)
             if isinstance(inc, bool):
                 self.incremental = inc
@@ -169,24 +182,31 @@ class SglangInprocEngine:
                 self.engine.tokenizer_manager.abort_request(rid=rid)
 
     async def aclose(self) -> None:
-        if self.engine is not None and hasattr(self.engine, "shutdown"):
-            self.engine.shutdown()
-        self.engine = None
+        engine, self.engine = self.engine, None
+        if engine is None:
+            return
+        # SGLang's own tasks on our loop (its output loop, its SIGTERM watchdog) end here,
+        # not as "destroyed but pending" when the loop closes.
+        tm = getattr(engine, "tokenizer_manager", None)
+        for task in list(getattr(tm, "asyncio_tasks", ())):
+            task.cancel()
+        if hasattr(engine, "shutdown"):
+            # Kills and reaps the scheduler and detokenizer processes (blocking: a thread).
+            await asyncio.to_thread(engine.shutdown)
 
 
-def build_sglang_inproc(settings: Settings) -> SglangInprocEngine:
-    kwargs: dict[str, Any] = json.loads(settings.sglang_engine_args or "{}")
-    if not isinstance(kwargs, dict):
-        raise ValueError("sglang_engine_args must be a JSON object of sglang.Engine keywords")
+def _own_signals(tm: Any) -> None:
+    """Start SGLang's output loop now, and take back SIGTERM from it.
 
-    def factory() -> Any:
-        try:
-            import sglang
-        except ImportError as exc:
-            raise RuntimeError(
-                "engine 'sglang' needs the optional extra: pip install 'fairgate[sglang]' "
-                "(a CUDA GPU, or SGLang's CPU engine: see docs/sglang.md)"
-            ) from exc
-        return sglang.Engine(model_path=settings.sglang_model_path, **kwargs)
-
-    return SglangInprocEngine(factory, incremental_output=settings.sglang_incremental_output)
+    The loop would otherwise start on the first request and put SGLang's SIGTERM
+    handler on our event loop (drain SGLang's requests, kill the process tree,
+    `sys.exit`) in place of fairgate's drain. Started here, before `serve` installs
+    its own handlers, and SGLang's removed: SIGTERM is fairgate's. SIGQUIT stays
+    SGLang's: a child process that dies takes the whole process down, as with its server.
+    """
+    start = getattr(tm, "auto_create_handle_loop", None)  # SGLang's; not every stand-in's
+    if start is None:
+        return
+    start()
+    if threading.current_thread() is threading.main_thread():
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fairgate.bench.sglang_cpu import RealSglang, SglangUnavailable, install, tokenizer_file
 
-from tests.sglang.real_server import RealSglang, SglangUnavailable, install, tokenizer_file
 from tests.sglang_helpers import start_sim
 
 # Flags of the second server: the other streaming mode, priority scheduling, a small batch.

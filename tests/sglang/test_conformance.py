@@ -15,9 +15,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from fairgate.bench.sglang_cpu import RealSglang
 
 from tests.helpers import eventually
-from tests.sglang.real_server import RealSglang
 from tests.sglang.wire import Answer, call, shape
 from tests.sglang_helpers import StartSim
 

@@ -7,6 +7,7 @@ from typing import Any
 import grpc
 import pytest
 from fairgate import AsyncClient, Delta, FairgateError
+from fairgate.bench.sglang_cpu import RealSglang
 
 from service.app import App
 from tests.conftest import StartServer
@@ -18,7 +19,6 @@ from tests.sglang.helpers import (
     reference,
     wait_running,
 )
-from tests.sglang.real_server import RealSglang
 
 PROMPT = "The quick brown fox"
 

@@ -10,6 +10,7 @@ from contextlib import aclosing
 
 import aiohttp
 import pytest
+from fairgate.bench.sglang_cpu import RealSglang
 
 from service.engines.protocol import EngineError, EngineRequest, FinishKind, SamplingOptions
 from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
@@ -22,7 +23,6 @@ from tests.sglang.helpers import (
     reference,
     wait_running,
 )
-from tests.sglang.real_server import RealSglang
 
 PROMPT = "hello"
 

@@ -12,8 +12,9 @@ import json
 import os
 from pathlib import Path
 
+from fairgate.bench.sglang_cpu import REPO, RealSglang, cache_home, scripts_dir, venv_python
+
 from tests.sglang.helpers import reference
-from tests.sglang.real_server import REPO, RealSglang, cache_home, scripts_dir, venv_python
 
 
 async def test_inproc_adapter_on_a_real_sglang_engine(sglang_a: RealSglang) -> None:

@@ -16,11 +16,11 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
+from fairgate.bench.sglang_cpu import RealSglang
 
 from service.app import App
 from tests.conftest import StartServer
 from tests.helpers import eventually
-from tests.sglang.real_server import RealSglang
 
 HOME = Path(os.environ.get("SGLANG_CPU_HOME", Path.home() / ".cache" / "fairgate-sglang-cpu"))
 MODEL = HOME / "tiny-llama"

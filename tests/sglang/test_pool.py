@@ -9,12 +9,12 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from fairgate import AsyncClient, Delta, FairgateError, Result
+from fairgate.bench.sglang_cpu import RealSglang, SglangUnavailable
 
 from service.engines.pool import WorkerPool
 from tests.conftest import StartServer
 from tests.helpers import eventually
 from tests.sglang.helpers import assert_sglang_idle, reference
-from tests.sglang.real_server import RealSglang, SglangUnavailable
 from tests.sglang.test_grpc_service import assert_drained, settings
 
 PROMPT = "Once upon a time"

@@ -20,11 +20,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from fairgate.bench.sglang_cpu import RealSglang
 
 from scheduler import rules
 from service.engines.sglang_chunks import find_key, priority_options
 from tests.sglang.helpers import assert_sglang_idle, wait_running
-from tests.sglang.real_server import RealSglang
 from tests.sglang_helpers import StartSim
 
 SLOTS = 4  # sglang_b runs --max-running-requests 4

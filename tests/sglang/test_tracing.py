@@ -15,17 +15,17 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import web
 from fairgate import AsyncClient
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-from service.engines.protocol import EngineRequest, SamplingOptions
-from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
-from tests.conftest import StartServer
-from tests.sglang.real_server import (
+from fairgate.bench.sglang_cpu import (
     RealSglang,
     SglangUnavailable,
     free_port,
     otel_overlay,
 )
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from service.engines.protocol import EngineRequest, SamplingOptions
+from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
+from tests.conftest import StartServer
 from tests.sglang.test_grpc_service import settings
 from tests.telemetry_helpers import make_captured
 

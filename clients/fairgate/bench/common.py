@@ -31,15 +31,21 @@ class ServerProcess:
 
 @asynccontextmanager
 async def child_server(
-    module: str, *args: str, env: Mapping[str, str] | None = None, cwd: str | None = None
+    module: str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    python: str = "",
+    start_timeout_s: float = 60.0,
 ) -> AsyncIterator[ServerProcess]:
     """Run `python -m module args` until the block ends; yield its loopback address and pid.
 
     The child prints `PORT <n>` when ready and exits when its stdin closes.
-    `env`: variables added to this process's environment for the child.
+    `env`: variables added to this process's environment for the child;
+    `python`: another interpreter (default: this one).
     """
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
+        python or sys.executable,
         "-m",
         module,
         *args,
@@ -50,7 +56,7 @@ async def child_server(
     )
     assert proc.stdout is not None and proc.stdin is not None
     try:
-        line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
+        line = (await asyncio.wait_for(proc.stdout.readline(), start_timeout_s)).decode()
         if not line.startswith("PORT "):
             raise RuntimeError(f"{module} {' '.join(args)} failed to start: {line!r}")
         yield ServerProcess(f"127.0.0.1:{int(line.split()[1])}", proc.pid)

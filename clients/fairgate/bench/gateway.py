@@ -31,11 +31,13 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import aiohttp
 
@@ -48,7 +50,7 @@ from fairgate.bench.gateway_clients import (
     SglangClient,
 )
 from fairgate.bench.gateway_report import Cell, print_capacity, print_mode, print_scaling
-from fairgate.bench.procstat import tree_cpu_s, tree_rss_bytes
+from fairgate.bench.procstat import proc_cpu_s, tree_cpu_s, tree_rss_bytes
 from fairgate.bench.redis_local import RedisServer, find_redis_server
 
 MODES = {"zero": 0.0, "real": 1.0}
@@ -81,11 +83,18 @@ class Target:
     pid: int | None  # the gateway process (None: direct)
     # Processes whose CPU counts as the gateway's too (the redis-server of store=redis).
     helper_pids: tuple[int, ...] = ()
+    # Processes counted without their children (SGLang's main process: its scheduler
+    # and detokenizer children are the same behind every front).
+    solo_pids: tuple[int, ...] = ()
+    # `pid`'s own CPU only, not its children's (fairgate with the engine in-process).
+    solo: bool = False
 
     def cpu_s(self) -> float:
+        solo = sum(proc_cpu_s(p) for p in self.solo_pids)
         if self.pid is None:
-            return 0.0
-        return tree_cpu_s(self.pid) + sum(tree_cpu_s(p) for p in self.helper_pids)
+            return solo
+        mine = proc_cpu_s(self.pid) if self.solo else tree_cpu_s(self.pid)
+        return mine + sum(tree_cpu_s(p) for p in self.helper_pids) + solo
 
 
 def needs_redis(variants: Sequence[Variant]) -> bool:
@@ -156,6 +165,15 @@ async def sim_workers(
 
 @asynccontextmanager
 async def smg_gateway(binary: str, worker_urls: Sequence[str]) -> AsyncIterator[tuple[str, int]]:
+    with tempfile.TemporaryFile() as log:  # its errors, shown if it exits
+        async with _smg(binary, worker_urls, log) as running:
+            yield running
+
+
+@asynccontextmanager
+async def _smg(
+    binary: str, worker_urls: Sequence[str], log: IO[bytes]
+) -> AsyncIterator[tuple[str, int]]:
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
         binary,
@@ -164,17 +182,21 @@ async def smg_gateway(binary: str, worker_urls: Sequence[str]) -> AsyncIterator[
         f"--port={port}",
         "--policy=round_robin",
         "--log-level=error",
+        # Its metrics default to port 29000: another smg on the machine would hold it.
+        f"--prometheus-port={free_port()}",
         "--worker-urls",
         *worker_urls,
         stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
+        stderr=log,
     )
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as session:
             for _ in range(600):
                 if proc.returncode is not None:
-                    raise RuntimeError(f"smg exited with {proc.returncode}")
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace")[-2000:]
+                    raise RuntimeError(f"smg exited with {proc.returncode}:\n{tail}")
                 try:
                     async with session.get(url + "/v1/models") as r:
                         if r.status == 200 and (await r.json()).get("data"):

@@ -174,17 +174,30 @@ class GrpcClient:
             await channel.close()
 
 
+# The chat prompt (`chat=True`): a few words, rendered by the server's chat template.
+CHAT_PROMPT = "Tell me a long story about a fox and a dog."
+
+
 class OpenAiClient:
-    def __init__(self, url: str) -> None:
-        self._url = url.rstrip("/") + "/v1/completions"
+    """`/v1/completions` with the token-id prompt, or `/v1/chat/completions` (`chat`)."""
+
+    def __init__(self, url: str, chat: bool = False) -> None:
+        self._chat = chat
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        self._url = url.rstrip("/") + path
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(total=None, sock_read=120),
         )
 
     async def __call__(self, tokens: int) -> Sample:
+        prompt: dict[str, object] = (
+            {"messages": [{"role": "user", "content": CHAT_PROMPT}]}
+            if self._chat
+            else {"prompt": PROMPT_IDS}
+        )
         body = {
-            "prompt": PROMPT_IDS,
+            **prompt,
             "max_tokens": tokens,
             "ignore_eos": True,
             "stream": True,
@@ -205,6 +218,8 @@ class OpenAiClient:
                         usage = line
                         if b'"choices":[]' in line:
                             continue  # the usage-only chunk carries no token
+                    if b'"content":""' in line or b'"role":"assistant","content":null' in line:
+                        continue  # a chat stream's opening role-only chunk
                     now = gaps.message()
                     if first is None:
                         first = now

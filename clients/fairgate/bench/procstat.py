@@ -41,6 +41,14 @@ def descendants(pid: int) -> list[int]:
     return tree
 
 
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of `pid` alone (all its threads, none of its children)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
 def tree_cpu_s(pid: int) -> float:
     """User + system CPU seconds of the live process tree under `pid`."""
     total, seen = 0.0, False

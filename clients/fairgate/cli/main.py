@@ -436,6 +436,17 @@ def bench_gateway(
             "N splits connections, not calls)"
         ),
     ] = 1,
+    sglang_cpu: Annotated[
+        bool,
+        typer.Option(
+            help="the real SGLang server on CPU (../shared/sglang-cpu): its own HTTP server "
+            "vs smg vs fairgate over HTTP vs fairgate in-process (the first variant's "
+            "settings apply to both fairgates; --modes and --workers do not apply)"
+        ),
+    ] = False,
+    sglang_running: Annotated[
+        int, typer.Option(help="--sglang-cpu: SGLang's --max-running-requests (start.sh's 16)")
+    ] = 16,
 ) -> None:
     """Direct vs fairgate (gRPC, HTTP) vs smg in front of the same sim-server workers.
 
@@ -449,6 +460,21 @@ def bench_gateway(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if sglang_cpu:
+        from fairgate.bench.gateway_sglang import main as sglang_main
+
+        asyncio.run(
+            sglang_main(
+                levels=[int(x) for x in concurrency.split(",") if x.strip()],
+                reps=repetitions,
+                tokens=tokens,
+                waves=waves,
+                smg_binary=None if no_smg else (smg or ""),
+                variant=variants[0].settings,
+                max_running=sglang_running,
+            )
+        )
+        return
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     if any(m not in ("zero", "real") for m in mode_list):
         typer.echo("error: --modes takes zero and/or real", err=True)

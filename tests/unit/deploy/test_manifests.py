@@ -156,6 +156,29 @@ def test_compose_replicas_use_the_stand_in_with_admin_on() -> None:
     assert services["redis"]["environment"]["REDISCLI_AUTH"] == services["redis"]["command"][2]
 
 
+def test_compose_in_process_option_is_one_gpu_with_valid_settings() -> None:
+    from service.engines.sglang_inproc_build import engine_kwargs
+    from service.settings import Settings
+
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    service = compose["services"]["fairgate-inproc"]
+    assert service["profiles"] == ["gpu-inproc"]  # off unless asked for
+    assert service["build"]["dockerfile"] == "deploy/Dockerfile.sglang"
+    assert (DEPLOY / "Dockerfile.sglang").is_file()
+    env = {k: _compose_default(str(v)) for k, v in service["environment"].items()}
+    # The image sets the listen addresses; the service sets the engine and its flags.
+    settings = Settings.from_env(
+        {k: v for k, v in env.items() if k.startswith("FAIRGATE_")},
+        listen="0.0.0.0:50051",
+        http_listen="0.0.0.0:8000",
+    )
+    kwargs = engine_kwargs(settings)
+    assert settings.engine == "sglang" and settings.workers == 1
+    assert kwargs["enable_priority_scheduling"] and kwargs["mem_fraction_static"] == 0.88
+    (gpu,) = service["deploy"]["resources"]["reservations"]["devices"]
+    assert gpu["count"] == 1 and gpu["capabilities"] == ["gpu"]
+
+
 def test_dockerignore_keeps_what_the_image_copies() -> None:
     ignored = {
         line.strip()

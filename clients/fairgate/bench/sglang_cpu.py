@@ -1,23 +1,34 @@
-"""The real SGLang server (CPU, tiny random Llama) started through the shared scripts.
+"""The real SGLang server (CPU, tiny random Llama) started through the shared scripts,
+and this fairgate run inside SGLang's venv (the in-process engine).
 
-`../shared/sglang-cpu/` (or `FAIRGATE_SGLANG_CPU_DIR`) holds `install.sh`
-(a cached venv under `~/.cache`) and `start.sh PORT [flags]`, which prints
-`PID URL LOG` once `/health` answers. Every failure here is an error, never a
-skip: this suite only runs when it is asked for (`-m sglang`).
+`../shared/sglang-cpu/` beside the checkout (or `FAIRGATE_SGLANG_CPU_DIR`) holds
+`install.sh` (a cached venv under `~/.cache`) and `start.sh PORT [flags]`, which
+prints `PID URL LOG` once `/health` answers. Used by tests/sglang (where every
+failure is an error, never a skip: that suite runs only when asked for, `-m
+sglang`) and by `fairgate bench gateway --sglang-cpu`.
+
+SGLang's venv lacks most of fairgate's dependencies (grpcio, pydantic-settings,
+redis, ...). `inproc_env()` runs fairgate there anyway: SGLang's venv Python, with
+fairgate's venv appended to its path by a `sitecustomize` (SGLang's packages
+first, fairgate's filling the gaps; both venvs must share one Python version).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
+import sys
+import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from fairgate.bench.common import free_port
 
-REPO = Path(__file__).resolve().parents[2]
+# The checkout this runs from (clients/fairgate/bench/ → the root), as an editable install.
+REPO = Path(__file__).resolve().parents[3]
 START_TIMEOUT_S = 420.0
 
 
@@ -47,6 +58,55 @@ def tokenizer_file() -> Path:
 
 def venv_python() -> Path:
     return cache_home() / "venv" / "bin" / "python"
+
+
+def model_dir() -> Path:
+    return cache_home() / "tiny-llama"
+
+
+# sglang.Engine keywords of start.sh's flags (the same engine as its server runs).
+CPU_ENGINE_ARGS = {
+    "device": "cpu",
+    "attention_backend": "torch_native",
+    "disable_overlap_schedule": True,
+    "max_total_tokens": 16384,
+    "sleep_on_idle": True,
+}
+
+
+def inproc_env() -> dict[str, str]:
+    """The environment that runs this fairgate under `venv_python()` (see the module doc)."""
+    ours = sysconfig.get_paths()["purelib"]
+    theirs = subprocess.run(
+        [str(venv_python()), "-c", "import sys; print(sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    if theirs != str(sys.version_info[:2]):
+        raise SglangUnavailable(
+            f"SGLang's venv runs Python {theirs or '?'}, this one {sys.version_info[:2]}: "
+            "fairgate's compiled dependencies cannot be shared"
+        )
+    overlay = (
+        cache_home().parent
+        / "fairgate-sglang-overlay"
+        / hashlib.sha1(ours.encode()).hexdigest()[:12]
+    )
+    overlay.mkdir(parents=True, exist_ok=True)
+    (overlay / "sitecustomize.py").write_text(
+        "# fairgate's venv after SGLang's (written by fairgate.bench.sglang_cpu).\n"
+        f"import site\nsite.addsitedir({ours!r})\n"
+    )
+    return {
+        **os.environ,
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        # sgl_kernel's CPU stand-in, the overlay, then this checkout's packages.
+        "PYTHONPATH": os.pathsep.join(
+            [str(scripts_dir()), str(overlay), str(REPO / "clients"), str(REPO)]
+        ),
+    }
 
 
 def install() -> None:
