@@ -155,14 +155,16 @@ async def sim_workers(
 
 
 @asynccontextmanager
-async def smg_gateway(binary: str, worker_urls: Sequence[str]) -> AsyncIterator[tuple[str, int]]:
+async def smg_gateway(
+    binary: str, worker_urls: Sequence[str], policy: str = "round_robin"
+) -> AsyncIterator[tuple[str, int]]:
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
         binary,
         "launch",
         "--host=127.0.0.1",
         f"--port={port}",
-        "--policy=round_robin",
+        f"--policy={policy}",
         "--log-level=error",
         "--worker-urls",
         *worker_urls,
