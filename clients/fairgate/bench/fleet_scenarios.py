@@ -34,12 +34,12 @@ KV_CAPACITY_TOKENS = 24000
 KV_TARGET_FRACTION = 0.9
 
 SYS_PROMPT_TOKENS = 1500
-RAG_DOCS = 4
+RAG_DOCS = 5
 RAG_DOC_TOKENS = (2000, 4000)
 MAX_PROMPT_TOKENS = 6000  # a conversation ends before its prompt would pass this
 
 # Offered requests (or conversations) per simulated second per worker at load 1.
-RATES_PER_WORKER = {"sys": 6.0, "rag": 4.0, "chat": 0.5, "light": 0.25}
+RATES_PER_WORKER = {"sys": 10.0, "rag": 16.0, "chat": 2.0, "light": 0.25}
 WEIGHTS = {"sys": 1.0, "chat": 1.0, "rag": 2.0, "light": 1.0}
 VICTIM = "light"
 
@@ -101,18 +101,18 @@ class FleetScenario:
         system = _ids(rng, SYS_PROMPT_TOKENS)
         for t in self._arrivals(rng, "sys"):
             prompt = system + _ids(rng, rng.randint(20, 120))
-            items.append(Item(t, "sys", tuple(prompt), rng.randint(8, 32)))
+            items.append(Item(t, "sys", tuple(prompt), rng.randint(16, 64)))
         rng = random.Random(f"{seed}:rag")
         docs = [_ids(rng, rng.randint(*RAG_DOC_TOKENS)) for _ in range(RAG_DOCS)]
         for t in self._arrivals(rng, "rag"):
             prompt = rng.choice(docs) + _ids(rng, rng.randint(16, 64))
-            items.append(Item(t, "rag", tuple(prompt), rng.randint(8, 32)))
+            items.append(Item(t, "rag", tuple(prompt), rng.randint(16, 64)))
         rng = random.Random(f"{seed}:chat")
         for t in self._arrivals(rng, "chat"):
             turns = tuple(
                 Turn(
                     tuple(_ids(rng, rng.randint(40, 200) if k == 0 else rng.randint(20, 120))),
-                    rng.randint(32, 128),
+                    rng.randint(64, 192),
                     0.0 if k == 0 else rng.expovariate(1.0),
                 )
                 for k in range(rng.randint(3, 8))
