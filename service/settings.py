@@ -30,6 +30,7 @@ from pydantic_settings.sources.utils import parse_env_vars
 
 from scheduler.ordering.policies import POLICIES
 from scheduler.tenancy.tenants import QUOTA_RANGES, WEIGHT_RANGE
+from service.engines.routing import ROUTINGS
 from service.event_loop import EVENT_LOOPS
 from service.settings_errors import ENV_PREFIX, OneOf, SettingsError
 from service.settings_rules import SKIP_RULES, load, rule_problems
@@ -180,8 +181,16 @@ class Settings(BaseSettings):
         5.0, "First ejection's length (doubles with each in a row, up to the max).", gt=0
     )
     sglang_ejection_max_s: float = _s(300.0, "Longest ejection.", gt=0)
+    sglang_routing: Annotated[str, OneOf(ROUTINGS)] = _s(
+        "locality",
+        "Pool: locality (the worker where the first token comes soonest: prefill ahead "
+        "of it, the prompt prefix it holds, its load) or least_full.",
+    )
     sglang_prefix_affinity_tokens: int = _s(
-        0, "Pool: prefer the worker a prompt's first N tokens hash to (0: least load only).", ge=0
+        0,
+        "Pool, routing=least_full: prefer the worker a prompt's first N tokens hash to "
+        "(0: least load only).",
+        ge=0,
     )
     sglang_model_path: str = _s("", "engine=sglang (in-process): the model path.")
     sglang_engine_args: str = _s("", "engine=sglang: extra Engine kwargs as JSON.")

@@ -1,14 +1,17 @@
 """Several SGLang workers behind one Engine.
 
-Routing: the healthy worker that would be least full with the request, as a
-fraction of its own capacity: the larger of its requests in flight (plus
-`FAILURE_LOAD` per recent stream failure, so a worker whose streams die fast
-does not look idle) over its slots, and its KV tokens in flight (prompt plus
-max_tokens, as admission counts them) over its KV. Admission counts the
-pool's summed room, so routing by KV as well keeps a large request off a
-worker that could not hold it beside its others while another could, and
-workers of different sizes fill in proportion. Optionally the worker a
-prompt prefix hashes to is preferred, so SGLang's radix cache gets hits.
+Routing (the rule: `routing.py`): with `locality` (the default), the healthy
+worker where the request would get its first token soonest, counting the
+prefill work routed there that has not streamed yet and the prompt's prefix the
+worker is thought to hold (`prefix_index.py`: what was sent where, corrected by
+the `cached_tokens` each worker reports); with `least_full`, the worker that
+would be least full with the request. "Full" is a fraction of the worker's own
+capacity: the larger of its requests in flight (plus `FAILURE_LOAD` per recent
+stream failure, so a worker whose streams die fast does not look idle) over its
+slots, and its KV tokens in flight (prompt plus max_tokens, as admission counts
+them) over its KV. Admission counts the pool's summed room, so routing by KV as
+well keeps a large request off a worker that could not hold it beside its
+others while another could, and workers of different sizes fill in proportion.
 
 Ejection (`breaker.py`): a worker whose connection fails or drops is ejected
 at once; one whose streams fail otherwise (malformed output, errors) after
@@ -39,6 +42,7 @@ from dataclasses import dataclass, field
 
 from scheduler import rules
 from service.engines.breaker import Breaker, BreakerPolicy
+from service.engines.prefix_index import PrefixIndex
 from service.engines.protocol import (
     EngineCapacity,
     EngineChunk,
@@ -46,6 +50,7 @@ from service.engines.protocol import (
     EngineLoad,
     EngineRequest,
 )
+from service.engines.routing import Routing, WorkerView, route
 from service.engines.sglang_chunks import RequestRefused
 from service.engines.sglang_http import SglangHttpEngine, WorkerDown
 
@@ -64,6 +69,8 @@ class Worker:
     failures: int = 0
     last_error: str = ""
     kv_in_flight: int = 0
+    # Uncached prompt tokens of the requests routed here that have not streamed yet.
+    pending_prefill: int = 0
     streams_total: int = 0
     stream_failures_total: int = 0
     # (monotonic s, "ejected" | "admitted", ejection length s): recent transitions.
@@ -94,6 +101,7 @@ class WorkerPool:
         health_interval_s: float = 2.0,
         prefix_affinity_tokens: int = 0,
         affinity_slack: int = 2,
+        routing: Routing = "locality",
         breaker: BreakerPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -105,6 +113,12 @@ class WorkerPool:
         self.health_interval_s = health_interval_s
         self.prefix_affinity_tokens = prefix_affinity_tokens
         self.affinity_slack = affinity_slack
+        self.routing: Routing = routing
+        # Sized by each worker's KV once its capacity is read.
+        self.index = PrefixIndex([1 for _ in engines])
+        # Prompt tokens the workers reported cached, and those the index expected.
+        self.cached_tokens_total = 0
+        self.predicted_cached_total = 0
         self.served_model_name = ""
         self.moved_requests = 0
         self._where: dict[str, Worker] = {}
@@ -143,7 +157,11 @@ class WorkerPool:
         )
         self._vocab_size = self._vocab_size or cap.vocab_size
         self.served_model_name = self.served_model_name or w.engine.served_model_name
+        i = self.workers.index(w)
+        self.index.set_capacity(i, cap.max_total_tokens)
         if not w.healthy:
+            # Back after an ejection: it may have restarted with an empty cache.
+            self.index.clear(i)
             log.info("SGLang worker %s admitted", w.url)
             now_s = self.clock()
             w.breaker.readmitted(now_s)
@@ -191,45 +209,73 @@ class WorkerPool:
     def healthy_workers(self) -> list[Worker]:
         return [w for w in self.workers if w.healthy]
 
-    def _pick(self, req: EngineRequest, tried: set[int]) -> Worker | None:
-        candidates = [w for i, w in enumerate(self.workers) if w.healthy and i not in tried]
+    def _pick(self, req: EngineRequest, keys: list[int], tried: set[int]) -> tuple[int, int] | None:
+        """The worker for `req` not yet tried (its index), and the prefix it is
+        thought to hold; None: no healthy worker left."""
+        candidates = [i for i, w in enumerate(self.workers) if w.healthy and i not in tried]
         if not candidates:
             return None
         now_s = self.clock()
         kv = rules.kv_tokens(req.prompt_tokens, req.max_tokens)
-        best = min(candidates, key=lambda w: w.load(now_s, kv, 1))
+        views = [
+            WorkerView(
+                self.workers[i].load(now_s, kv, 1),
+                self.workers[i].pending_prefill,
+                self.index.match(i, keys) if self.routing == "locality" else 0,
+            )
+            for i in candidates
+        ]
+        preferred, slack = None, 0.0
         n = self.prefix_affinity_tokens
         if n and len(req.prompt_token_ids) >= n:
-            key = zlib.crc32(repr(req.prompt_token_ids[:n]).encode())
-            preferred = candidates[key % len(candidates)]
+            preferred = zlib.crc32(repr(req.prompt_token_ids[:n]).encode()) % len(candidates)
+            cap = self.workers[candidates[preferred]].engine.capacity()
             # Within `affinity_slack` requests of the best (in the preferred one's slots).
-            slack = self.affinity_slack / max(1, preferred.engine.capacity().max_running_requests)
-            if preferred.load(now_s, kv, 1) <= best.load(now_s, kv, 1) + slack:
-                return preferred
-        return best
+            slack = self.affinity_slack / max(1, cap.max_running_requests)
+        j = route(views, req.prompt_tokens, self.routing, preferred=preferred, slack=slack)
+        return candidates[j], views[j].matched
 
     async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
         tried: set[int] = set()
         last: EngineError | None = None
+        keys = self.index.chain(req.prompt_token_ids) if self.routing == "locality" else []
         while True:
-            w = self._pick(req, tried)
-            if w is None:
+            picked = self._pick(req, keys, tried)
+            if picked is None:
                 raise last or EngineError("no healthy SGLang worker", retryable=True)
-            tried.add(self.workers.index(w))
+            i, matched = picked
+            w = self.workers[i]
+            tried.add(i)
             if last is not None:
                 self.moved_requests += 1
             kv = rules.kv_tokens(req.prompt_tokens, req.max_tokens)
+            pending = req.prompt_tokens - matched
             w.in_flight += 1
             w.kv_in_flight += kv
+            w.pending_prefill += pending
             w.streams_total += 1
             self._where[req.request_id] = w
+            # The prompt is there once prefilled; routing the next request with this
+            # prefix here before then still finds it cached or being computed.
+            self.index.insert(i, keys)
+            output: list[int] = []
             started = False
             try:
                 async with aclosing(w.engine.generate(req)) as stream:
                     async for chunk in stream:
-                        started = True
+                        if not started:
+                            started = True
+                            w.pending_prefill -= pending
+                            pending = 0
+                            self._reported(i, keys, req.prompt_tokens, matched, chunk)
+                        if keys:
+                            output.extend(chunk.token_ids)
                         yield chunk
                 w.breaker.on_success(self.clock())
+                if keys:
+                    # SGLang caches the finished sequence: a conversation's next turn
+                    # re-sends it.
+                    self.index.insert(i, self.index.chain([*req.prompt_token_ids, *output]))
                 return
             except EngineError as exc:
                 self._stream_failed(w, exc)
@@ -240,7 +286,19 @@ class WorkerPool:
             finally:
                 w.in_flight -= 1
                 w.kv_in_flight -= kv
+                w.pending_prefill -= pending
                 self._where.pop(req.request_id, None)
+
+    def _reported(
+        self, i: int, keys: list[int], prompt_tokens: int, matched: int, chunk: EngineChunk
+    ) -> None:
+        """The worker says how much of the prompt it had cached: fewer tokens than
+        the index matched means it evicted more than the index did (or restarted)."""
+        reported = min(max(0, chunk.cached_tokens), prompt_tokens)
+        self.cached_tokens_total += reported
+        self.predicted_cached_total += matched
+        if reported < matched:
+            self.index.shrink(i, matched - reported)
 
     async def abort(self, request_id: str) -> None:
         w = self._where.get(request_id)

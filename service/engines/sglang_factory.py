@@ -45,6 +45,7 @@ def build_sglang_http(settings: Settings) -> Engine:
         [one(u) for u in urls],
         health_interval_s=settings.sglang_health_interval_s,
         prefix_affinity_tokens=settings.sglang_prefix_affinity_tokens,
+        routing="locality" if settings.sglang_routing == "locality" else "least_full",
         breaker=BreakerPolicy(
             consecutive_failures=settings.sglang_eject_after_failures,
             base_ejection_s=settings.sglang_ejection_base_s,

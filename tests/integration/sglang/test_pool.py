@@ -78,7 +78,9 @@ async def test_least_loaded_routing_and_prefix_affinity(
     start_server: StartServer, start_sim: StartSim
 ) -> None:
     workers = [await start_sim(time_scale=1.0) for _ in range(2)]
-    app = await start_server(**sglang_settings(*workers, sglang_prefix_affinity_tokens=4))
+    app = await start_server(
+        **sglang_settings(*workers, sglang_routing="least_full", sglang_prefix_affinity_tokens=4)
+    )
     pool = _pool(app)
     async with AsyncClient(app.address) as c:
         # The same long prefix goes to the same worker while loads are close.

@@ -16,7 +16,7 @@ import pytest
 from fairgate import AsyncClient, FairgateError
 
 from service.engines.breaker import BreakerPolicy
-from service.engines.pool import FAILURE_LOAD, WorkerPool
+from service.engines.pool import FAILURE_LOAD, Worker, WorkerPool
 from service.engines.protocol import EngineCapacity, EngineRequest, SamplingOptions
 from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
 from tests.conftest import StartServer
@@ -151,6 +151,12 @@ def _request(i: int) -> EngineRequest:
     )
 
 
+def _pick(pool: WorkerPool, req: EngineRequest) -> Worker:
+    picked = pool._pick(req, pool.index.chain(req.prompt_token_ids), set())
+    assert picked is not None
+    return pool.workers[picked[0]]
+
+
 def test_least_load_routing_discounts_recent_failures() -> None:
     engines = [SglangHttpEngine(SglangHttpConfig(url=f"http://127.0.0.1:{p}")) for p in (1, 2)]
     for e in engines:  # as its first /server_info read would (a healthy worker has one)
@@ -160,14 +166,14 @@ def test_least_load_routing_discounts_recent_failures() -> None:
     busy, failing = pool.workers
     busy.healthy = failing.healthy = True
     busy.in_flight, failing.in_flight = 2, 0
-    assert pool._pick(_request(0), set()) is failing  # idle and clean: least load
+    assert _pick(pool, _request(0)) is failing  # idle and clean: least load
     failing.breaker.on_failure(now[0])  # its streams die fast: it only *looks* idle
-    assert pool._pick(_request(1), set()) is busy
+    assert _pick(pool, _request(1)) is busy
     busy.in_flight = FAILURE_LOAD + 1
-    assert pool._pick(_request(2), set()) is failing  # still used when others are loaded
+    assert _pick(pool, _request(2)) is failing  # still used when others are loaded
     busy.in_flight = 2
     now[0] += failing.breaker.policy.failure_memory_s  # a failure long ago weighs nothing
-    assert pool._pick(_request(3), set()) is failing
+    assert _pick(pool, _request(3)) is failing
     assert failing.breaker.failures == 1  # but still counts towards ejection
     failing.breaker.on_success(now[0])
     assert failing.breaker.failures == 0

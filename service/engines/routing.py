@@ -1,0 +1,70 @@
+"""Which worker of a pool a request goes to: the rule, without I/O.
+
+`least_full`: the worker that would be least full with the request (the busier
+of its slots and its KV, over its own capacity); with prefix affinity, the
+worker the prompt's first tokens hash to (`preferred`) while it is within
+`slack` of the least full.
+
+`locality`: the worker where the request would get its first token soonest.
+That is the prefill work ahead of it there (the uncached prompt tokens of the
+requests routed there that have not streamed yet: queued plus in progress)
+plus its own uncached prompt on that worker (its prompt minus the prefix the
+worker is thought to hold, `prefix_index.py`), plus `balance_tokens` times how
+full the worker is, so that a cached prefix does not pile every request onto
+one worker while the others idle. Only workers with room are considered while
+any has room. So a conversation's next turn goes where its history is, a
+tenant's system prompt stays warm on the workers it was sent to, and a short
+request from a light tenant goes to a worker that is not in the middle of
+another tenant's long prefill.
+
+Ties go to the least full worker, then to the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Routing = Literal["least_full", "locality"]
+ROUTINGS: tuple[Routing, ...] = ("least_full", "locality")
+
+# A worker at full load weighs as this many prefill tokens ahead (locality).
+BALANCE_TOKENS = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One worker as routing sees it, for one request."""
+
+    # How full it would be with the request (1.0: its slots or KV are full).
+    load: float
+    # Uncached prompt tokens routed there that have not streamed yet.
+    pending_prefill: int = 0
+    # Tokens of the request's prompt the worker is thought to hold.
+    matched: int = 0
+
+
+def route(
+    workers: Sequence[WorkerView],
+    prompt_tokens: int,
+    routing: Routing = "least_full",
+    *,
+    preferred: int | None = None,
+    slack: float = 0.0,
+    balance_tokens: float = BALANCE_TOKENS,
+) -> int:
+    """The index of the chosen worker in `workers` (not empty)."""
+    if routing == "least_full":
+        best = min(range(len(workers)), key=lambda i: (workers[i].load, i))
+        if preferred is not None and workers[preferred].load <= workers[best].load + slack:
+            return preferred
+        return best
+    room = [i for i, w in enumerate(workers) if w.load <= 1.0] or list(range(len(workers)))
+
+    def cost(i: int) -> tuple[float, float, int]:
+        w = workers[i]
+        uncached = max(0, prompt_tokens - w.matched)
+        return (w.pending_prefill + uncached + balance_tokens * w.load, w.load, i)
+
+    return min(room, key=cost)

@@ -1,0 +1,122 @@
+"""Locality routing over SGLang stand-ins that have SGLang's prefix cache."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+
+from fairgate import AsyncClient
+
+from service.engines.pool import WorkerPool
+from service.engines.simulator.http_server import SimServer
+from tests.conftest import StartServer
+from tests.helpers import eventually
+from tests.sglang_helpers import StartSim, assert_no_sglang_leaks, sglang_settings
+
+
+def _pool(app: object) -> WorkerPool:
+    engine = getattr(app, "engine", None)
+    assert isinstance(engine, WorkerPool)
+    return engine
+
+
+def _where(workers: list[SimServer], first_token: int) -> set[int]:
+    """The workers that were sent a prompt starting with `first_token`."""
+    return {
+        i
+        for i, w in enumerate(workers)
+        for r in w.record.requests
+        if r.get("input_ids", [None])[0] == first_token
+    }
+
+
+async def test_a_conversations_later_turns_land_where_its_history_is(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    """Six conversations of four turns at once over two workers: each turn
+    re-sends the history, which only its own worker holds. Every later turn goes
+    there (its cached tokens cover the whole previous turn), and both workers
+    serve conversations."""
+    workers = [await start_sim(time_scale=0.2, max_running_requests=16) for _ in range(2)]
+    app = await start_server(**sglang_settings(*workers))
+    pool = _pool(app)
+    rng = random.Random(7)
+
+    async def conversation(c: AsyncClient, k: int) -> list[tuple[int, int]]:
+        # Its own first token, then 600 tokens of context.
+        prompt = [1000 + k, *(rng.randrange(2000, 30000) for _ in range(600))]
+        seen = []
+        for _turn in range(4):
+            done = await c.complete(prompt, max_tokens=20, ignore_eos=True, return_token_ids=True)
+            seen.append((len(prompt), done.result.usage.cached_tokens))
+            prompt = [*prompt, *done.token_ids, *(rng.randrange(2000, 30000) for _ in range(40))]
+        return seen
+
+    async with AsyncClient(app.address) as c:
+        turns = await asyncio.gather(*(conversation(c, k) for k in range(6)))
+    for k, seen in enumerate(turns):
+        assert len(_where(workers, 1000 + k)) == 1, f"conversation {k} moved"
+        for (before, _), (_, cached) in itertools.pairwise(seen):
+            assert cached >= before, f"conversation {k}: {seen}"
+    assert set().union(*(_where(workers, 1000 + k) for k in range(6))) == {0, 1}
+    assert pool.cached_tokens_total > 0
+    await assert_no_sglang_leaks(app, *workers)
+
+
+async def test_a_short_request_avoids_the_worker_in_a_long_prefill(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    """Worker 0 holds a long prompt's first chunk back (as a long prefill would);
+    worker 1 runs more requests, which are decoding. The light tenant's short
+    request goes to worker 1, where it starts at once; by load alone it would
+    wait behind the prefill on worker 0."""
+    workers = [await start_sim(time_scale=1.0, max_running_requests=8) for _ in range(2)]
+    app = await start_server(**sglang_settings(*workers))
+    pool = _pool(app)
+    workers[0].faults.first_chunk_delay_s = 30.0
+    async with AsyncClient(app.address) as c:
+        long = asyncio.create_task(c.complete([5] * 3000, max_tokens=10, ignore_eos=True))
+        await eventually(lambda: pool.workers[0].pending_prefill == 3000, what="long routed")
+        workers[0].faults.first_chunk_delay_s = 0.0
+        decoding = [
+            asyncio.create_task(c.complete([9, i], max_tokens=400, ignore_eos=True))
+            for i in range(2)
+        ]
+        await eventually(lambda: pool.workers[1].in_flight == 2, what="decoders on worker 1")
+        await eventually(lambda: pool.workers[1].pending_prefill == 0, what="decoding")
+        short = await c.complete([7, 7, 7], max_tokens=2)
+        assert short.result.finish_reason == "length"
+        assert _where(workers, 7) == {1}
+        long.cancel()
+        for t in decoding:
+            t.cancel()
+        await asyncio.gather(long, *decoding, return_exceptions=True)
+    await eventually(lambda: pool.in_flight == 0, what="all ended")
+    assert [w.pending_prefill for w in pool.workers] == [0, 0]
+    await assert_no_sglang_leaks(app, *workers)
+
+
+async def test_a_worker_that_loses_its_cache_is_corrected_by_what_it_reports(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    """The index thinks worker 0 holds a prefix; the worker flushes its cache (a
+    restart would too) and reports cached_tokens 0: the index forgets that much,
+    and then learns the prefix again from the request that re-computed it."""
+    workers = [await start_sim(time_scale=0.0) for _ in range(2)]
+    app = await start_server(**sglang_settings(*workers))
+    pool = _pool(app)
+    prefix = [3, *range(100, 900)]
+    async with AsyncClient(app.address) as c:
+        await c.complete([*prefix, 1], max_tokens=2)
+        held = pool.index.size(0)
+        assert held >= len(prefix) - pool.index.block
+        again = await c.complete([*prefix, 2], max_tokens=2)
+        assert again.result.usage.cached_tokens >= len(prefix) - pool.index.block
+        assert workers[0].engine.core.flush_cache()
+        lost = await c.complete([*prefix, 3], max_tokens=2)
+        assert lost.result.usage.cached_tokens == 0
+        assert pool.index.match(0, pool.index.chain(prefix)) < len(prefix) - pool.index.block
+        relearned = await c.complete([*prefix, 4], max_tokens=2)
+        assert relearned.result.usage.cached_tokens >= len(prefix) - pool.index.block
+    await assert_no_sglang_leaks(app, *workers)
