@@ -176,7 +176,7 @@ async def main(
     routing = routing_setting_exists()
     print(
         f"fleet benchmark: {workers} workers, {seconds:g} simulated s per run, time scale "
-        f"{time_scale:g}, seed {seed}, load {load:g}, {repetitions} repetition(s); "
+        f"{time_scale:g},\nseed {seed}, load {load:g}, {repetitions} repetition(s), "
         f"{os.cpu_count()} cores; smg: {smg or 'not installed (its variants skipped)'}"
         + ("" if routing else "; no FAIRGATE_SGLANG_ROUTING here: fairgate variants route alike")
     )

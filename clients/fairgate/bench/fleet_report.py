@@ -108,9 +108,11 @@ def _f(x: Any, spec: str) -> str:
 
 
 def print_report(rep: dict[str, Any]) -> None:
+    weights = " ".join(f"{t} {w:g}" for t, w in rep["weights"].items())
     print(
-        f"\nprefix-heavy mix on {rep['workers']} workers, weights {rep['weights']}; "
-        f"stated bound {rep['bound_weighted_tokens']:.0f} weighted tokens"
+        f"\nprefix-heavy mix on {rep['workers']} workers, weights {weights}\n"
+        f"stated bound {rep['bound_weighted_tokens']:.0f} weighted tokens "
+        f"(VTC bound + light credit + allowance)"
     )
     print(
         f"{'variant':<12} {'tok/s':>7} {'out/s':>6} {'cache':>5} {'Jain':>5} {'gap/B':>5} "
@@ -127,9 +129,8 @@ def print_report(rep: dict[str, Any]) -> None:
             f"{_f(r['cached_tokens_over_peer'], '.3f'):>7}"
         )
     print(
-        "tok/s: prompt (cached included) + output tokens per simulated s; cache: cached "
-        "share of\ncompleted prompts; base = fairgate least_full routing; smg = smg "
-        "cache_aware"
+        "tok/s: prompt (cached included) + output tokens per simulated s; cache: the\n"
+        "cached share of completed prompts; base: fg least_full; smg: smg cache_aware"
     )
     print(
         f"{'variant':<12} {'sent':>6} {'done':>6} {'unfin':>6} {'rej':>5} {'fail':>5} "

@@ -9,17 +9,19 @@ on one replica or on several sharing a throwaway redis-server; smg runs
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
 from fairgate.bench.common import child_server, server_process
 from fairgate.bench.fairness import MODEL, Policy
-from fairgate.bench.fleet_clients import GrpcSender, Sender, SseSender
+from fairgate.bench.fleet_clients import GrpcSender, Sender, SseSender, warm
 from fairgate.bench.fleet_scenarios import (
     KV_CAPACITY_TOKENS,
     KV_TARGET_FRACTION,
     MAX_RUNNING_REQUESTS,
+    VICTIM,
 )
 from fairgate.bench.gateway import smg_gateway
 from fairgate.bench.redis_local import RedisServer, find_redis_server
@@ -82,13 +84,15 @@ async def fleet_workers(n: int, time_scale: float, seed: int) -> AsyncIterator[l
         "--enable-priority-scheduling",
     ]
     async with AsyncExitStack() as stack:
-        urls = []
-        for _ in range(n):
-            server = await stack.enter_async_context(
-                child_server("service.engines.simulator.http_server", *args)
+        servers = await asyncio.gather(
+            *(
+                stack.enter_async_context(
+                    child_server("service.engines.simulator.http_server", *args)
+                )
+                for _ in range(n)
             )
-            urls.append(f"http://{server.address}")
-        yield urls
+        )
+        yield [f"http://{s.address}" for s in servers]
 
 
 @asynccontextmanager
@@ -103,6 +107,7 @@ async def gateway_sender(
             url, _ = await stack.enter_async_context(smg_gateway(smg, urls, v.policy))
             sse = SseSender(url)
             stack.push_async_callback(sse.aclose)
+            await warm(sse, VICTIM)
             yield sse
             return
         settings: dict[str, object] = {
@@ -130,13 +135,15 @@ async def gateway_sender(
                 "replicas": v.replicas,
                 "api_key_pepper": "fairgate-bench-pepper",  # the same on every replica
             }
-        addresses = [
-            await stack.enter_async_context(server_process("fairgate", **settings))
-            for _ in range(v.replicas)
-        ]
+        addresses = await asyncio.gather(
+            *(
+                stack.enter_async_context(server_process("fairgate", **settings))
+                for _ in range(v.replicas)
+            )
+        )
         grpc_sender = GrpcSender(addresses)
         stack.push_async_callback(grpc_sender.aclose)
-        await grpc_sender.warm()
+        await warm(grpc_sender, VICTIM)
         yield grpc_sender
 
 

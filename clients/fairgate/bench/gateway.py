@@ -165,6 +165,9 @@ async def smg_gateway(
         "--host=127.0.0.1",
         f"--port={port}",
         f"--policy={policy}",
+        # Not the default 29000: another smg on the host (a concurrent bench) holds it.
+        "--prometheus-host=127.0.0.1",
+        f"--prometheus-port={free_port()}",
         "--log-level=error",
         "--worker-urls",
         *worker_urls,
