@@ -86,3 +86,12 @@ async def test_every_variant_replays_the_plan_and_accounts_for_every_request(
     write_json(str(tmp_path / "r.json"), out)
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["variants"]["fg-loc-2r"]["describe"].endswith("2 replicas over Redis")
+
+
+def test_unknown_variant_is_refused_before_anything_starts() -> None:
+    from fairgate.cli.main import typer_app
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(typer_app, ["bench", "fleet", "--variants", "fg-locality,nope"])
+    assert result.exit_code == 2
+    assert "fg-leastfull" in result.output  # the valid keys are named
