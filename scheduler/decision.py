@@ -10,7 +10,9 @@ this composition, held to it by the differential test
 (tests/unit/scheduler/test_store_differential.py).
 
 One round, in the order the VTC guarantee needs (see rules.py):
-- the head of the tenant first in fair order (`Round.head`);
+- the head of the tenant first in fair order (`Round.head`), or, with
+  locality, the head within the allowance of it whose prefix a worker holds
+  (`Round.prefer`) when that one may go now (else the fair head is judged);
 - its tenant's own limits (max_concurrent, wait-mode buckets) hold that tenant
   only, and the next tenant is considered (`Round.hold`);
 - with replicas, a tenant backlogged on another replica that comes first by
@@ -62,6 +64,12 @@ class Round(Protocol[C]):
         """The next request in fair order among the tenants not held (None: none)."""
         ...
 
+    def prefer(self, c: C) -> C:
+        """Locality: among `c` and the heads of the tenants within the allowance
+        of it in fair order, the one whose prompt prefix a worker with room
+        holds most of (`rules.locality_pick`); `c` when there is no locality."""
+        ...
+
     def own_wait_s(self, c: C) -> float:
         """How long its tenant's own limits hold `c` (`rules.own_limit_wait_s`)."""
         ...
@@ -108,6 +116,20 @@ def admit_round(r: Round[C], reserve_fraction: float, isolation: rules.Isolation
     """Admit heads in fair order until a verdict other than ADMIT or OWN_LIMIT
     stops the round (returned), `admit` ends it (ADMIT), or nobody is left (None)."""
     while (c := r.head()) is not None:
+        # (Locality is asked only while the engine has a slot: it costs a lookup.)
+        pick = r.prefer(c) if r.in_flight < r.limits.max_requests else c
+        if pick is not c:
+            # Locality goes first only when it may: else the fair head is judged,
+            # so that the engine's room never idles for the sake of a cache hit.
+            v, own_wait_s = judge(r, pick, reserve_fraction, isolation)
+            if v is Verdict.OWN_LIMIT:
+                r.hold(pick, own_wait_s)
+                continue
+            if v is Verdict.ADMIT:
+                lent = not rules.fits(r.limits, r.in_flight, r.in_flight_kv, pick.kv_tokens)
+                if not r.admit(pick, lent):
+                    return v
+                continue
         v, own_wait_s = judge(r, c, reserve_fraction, isolation)
         if v is Verdict.OWN_LIMIT:
             r.hold(c, own_wait_s)

@@ -36,7 +36,7 @@ from scheduler.gate_stats import GateStats, ledger_tenants
 from scheduler.idle import IdleTenants
 from scheduler.ordering.policy import QueuePolicy
 from scheduler.quotas import QuotaLedger, Reservation
-from scheduler.request import QueuedRequest
+from scheduler.request import Locality, QueuedRequest
 from scheduler.reserve import FairShareReserve
 from scheduler.rules import Verdict
 from scheduler.tenancy.tenants import TenantRegistry
@@ -111,13 +111,31 @@ class _QueueRound:
     def head(self) -> QueuedRequest | None:
         d = self.d
         while (head := d.policy.peek_next()) is not None:
-            entry = d._entries.get(id(head))
+            entry = self._wanted(head)
             if entry is None:
-                raise AssertionError(f"policy returned unknown request {head.request_id}")
-            if entry.waiter.wanted():
-                self.entry = entry
-                return head
-            d._drop(entry)  # its caller was cancelled and has not run its cleanup yet
+                continue
+            self.entry = entry
+            return head
+        return None
+
+    def prefer(self, c: QueuedRequest) -> QueuedRequest:
+        d = self.d
+        if d.locality is None:
+            return c
+        heads = [h for h in d.policy.heads_within(d.allowance) if h is c or self._wanted(h)]
+        if len(heads) < 2:
+            return c
+        return heads[rules.locality_pick([d.locality(h) for h in heads])]
+
+    def _wanted(self, req: QueuedRequest) -> _Entry | None:
+        """Its entry, or None after dropping it: its caller was cancelled and has
+        not run its cleanup yet."""
+        entry = self.d._entries.get(id(req))
+        if entry is None:
+            raise AssertionError(f"policy returned unknown request {req.request_id}")
+        if entry.waiter.wanted():
+            return entry
+        self.d._drop(entry)
         return None
 
     def _entry(self, req: QueuedRequest) -> _Entry:
@@ -146,8 +164,11 @@ class _QueueRound:
 
     def admit(self, c: QueuedRequest, lent: bool) -> bool:
         d, entry = self.d, self._entry(c)
-        if d.policy.pop_next() is not c:
-            raise AssertionError("policy pop_next disagrees with peek_next")
+        d.locality_picks_total += c is not d.policy.peek_next()
+        if d.locality is not None:
+            c.cached_estimate = d.locality(c)
+        if d.policy.pop_next(c) is not c:
+            raise AssertionError("policy pop_next disagrees with heads_within")
         c.lent = lent
         d.lent_total += lent
         d.budget.reserve(c)
@@ -174,6 +195,8 @@ class Dispatcher:
         reserve_window_s: float = 10.0,
         isolation: rules.Isolation = rules.Isolation.RESERVE,
         idle_ttl_s: float = 600.0,
+        locality: Locality | None = None,
+        allowance: float = 0.0,
     ) -> None:
         """`expire_deadlines`: reject a queued request with DeadlineExpired when
         its `deadline_s` passes (off by default: the gRPC layer cancels it).
@@ -185,7 +208,11 @@ class Dispatcher:
         tenants, for an engine that preempts by priority (PREEMPT).
         `idle_ttl_s`: a tenant the registry does not configure (open mode: any
         id a caller names) is forgotten after this long idle, once its buckets
-        are full again, so callers cannot grow the dispatcher's state at will."""
+        are full again, so callers cannot grow the dispatcher's state at will.
+        `locality`: how many of a request's prompt tokens a worker with room
+        holds (an engine pool's prefix index); with it, the head of a tenant
+        within `allowance` weighted tokens of the first in fair order may go first
+        (`rules.locality_pick`)."""
         self.policy = policy
         self.budget = budget
         self.clock = clock
@@ -199,6 +226,9 @@ class Dispatcher:
             reserve_window_s,
         )
         self.isolation = isolation
+        self.locality = locality
+        self.allowance = allowance
+        self.locality_picks_total = 0
         self._seq = itertools.count(1)
         self._entries: dict[int, _Entry] = {}
         # Paused tenant -> resume time (inf: at the next finish of one of its requests).
@@ -326,16 +356,26 @@ class Dispatcher:
             self.policy.resume(tenant_id)
 
     # -- in flight ----------------------------------------------------------
+    def on_cached_tokens(self, req: QueuedRequest, reported: int) -> None:
+        entry = self._entries.get(id(req))
+        if entry is None or entry.queued or reported >= req.cached_estimate:
+            return
+        self.policy.on_cached_tokens(req, reported)
+        self._charged()
+
+    def _charged(self) -> None:
+        # A charge can change which tenant is next (VTC): a request that was
+        # waiting behind a head too big for the room may now be the head and fit.
+        if len(self.policy) and self.budget.in_flight_requests < self.budget.limits.max_requests:
+            self.pump()
+
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
         entry = self._entries.get(id(req))
         if entry is None or entry.queued or tokens <= 0:
             return
         entry.output_tokens += tokens
         self.policy.on_output_tokens(req, tokens)
-        # A charge can change which tenant is next (VTC): a request that was
-        # waiting behind a head too big for the room may now be the head and fit.
-        if len(self.policy) and self.budget.in_flight_requests < self.budget.limits.max_requests:
-            self.pump()
+        self._charged()
 
     def finish(self, req: QueuedRequest) -> None:
         """The admitted request left the engine (done, cancelled or failed)."""

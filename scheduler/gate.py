@@ -71,6 +71,11 @@ class AdmissionCore(Protocol):
 
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None: ...
 
+    def on_cached_tokens(self, req: QueuedRequest, reported: int) -> None:
+        """The engine had `reported` of the prompt's tokens cached (once, at the
+        first token): what admission under-charged is charged now."""
+        ...
+
     def finish(self, req: QueuedRequest) -> None:
         """The admitted request left the engine; exactly once per admission."""
         ...
@@ -142,6 +147,11 @@ class Ticket:
         self._move(RequestState.STREAMING)
         self.output_tokens += tokens
         self._core.on_output_tokens(self.req, tokens)
+
+    def cached(self, reported: int) -> None:
+        """The engine says how many prompt tokens it had cached (call once)."""
+        if self._state in (RequestState.ADMITTED, RequestState.STREAMING):
+            self._core.on_cached_tokens(self.req, reported)
 
     def _settle(self) -> None:
         if self._state is RequestState.SETTLED:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from scheduler import rules
@@ -38,8 +39,19 @@ class QueuedRequest:
     # running request for it.
     light: bool = False
     lent: bool = False
+    # The prompt's prefix keys (service/engines/prefix_index.py), when the engine
+    # routes by locality: admission asks how much of the prompt a worker holds.
+    prefix_keys: Sequence[int] = ()
+    # Set at admission with locality: the prompt tokens a worker was thought to
+    # hold, charged at the cached rate (rules.admission_charge).
+    cached_estimate: int = 0
 
     @property
     def kv_tokens(self) -> int:
         """KV-cache tokens this request may occupy at most."""
         return rules.kv_tokens(self.prompt_tokens, self.max_tokens)
+
+
+# How many of a queued request's prompt tokens a worker with room for it holds
+# (an engine pool's prefix index): what locality-aware admission prefers.
+Locality = Callable[[QueuedRequest], int]

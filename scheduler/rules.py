@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler.errors import DeadlineExpired, QueueTimeout, SchedulingError
@@ -98,8 +99,26 @@ def lifted(counter: float, floor: float) -> float:
     return max(counter, floor)
 
 
-def admission_charge(w_in: float, prompt_tokens: int, weight: float) -> float:
-    return w_in * prompt_tokens / weight
+def admission_charge(
+    w_in: float, prompt_tokens: int, weight: float, cached: int = 0, w_cached: float = 0.0
+) -> float:
+    """The prompt's charge at admission: `w_in` per token the engine computes,
+    `w_cached` per token of its prefix a worker is thought to hold (`cached`,
+    the locality estimate; 0 without locality). The engine reports what it really
+    had cached at the first token: `cached_shortfall` charges the difference when
+    it had less. Never a credit: counters only grow, which is what lets the
+    shared path tell a wiped store from its own bookkeeping."""
+    hit = min(max(0, cached), prompt_tokens)
+    return (w_in * (prompt_tokens - hit) + w_cached * hit) / weight
+
+
+def cached_shortfall(
+    w_in: float, w_cached: float, estimated: int, reported: int, weight: float
+) -> float:
+    """What admission under-charged: the engine had `reported` prompt tokens
+    cached, fewer than the `estimated` charged at `w_cached` (never negative: a
+    better hit than estimated is not refunded)."""
+    return (w_in - w_cached) * max(0, estimated - max(0, reported)) / weight
 
 
 def output_charge(w_out: float, tokens: int, weight: float) -> float:
@@ -236,6 +255,22 @@ def vtc_rank(
     its admission number, 0 when newly backlogged, so a lifted newcomer goes
     before the tenant it ties with), then the earlier head."""
     return (order_key(counter, queued, light_credit), last_admitted, head_seq)
+
+
+def locality_pick(cached: Sequence[int]) -> int:
+    """Locality within the fair order (D²LPM-style, "Locality-aware Fair
+    Scheduling in LLM Serving", 2025): `cached` holds, for the requests that may
+    go next in fair order (the first tenant's head, then the heads of tenants
+    within the allowance of it), how many prompt tokens a worker with room
+    holds. The one with the most goes first: its prefill is mostly skipped.
+    Ties go to the earlier in fair order, so with nothing cached anywhere the
+    fair head goes. The bound between two backlogged tenants grows by the
+    allowance: a tenant is passed over only while it is within it."""
+    best = 0
+    for i, c in enumerate(cached):
+        if c > cached[best]:
+            best = i
+    return best
 
 
 def behind(key: float, first_elsewhere: float | None, allowance: float) -> bool:

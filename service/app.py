@@ -28,6 +28,7 @@ from service.chat_template import chat_template_for
 from service.decode_guard import DecodeGuardInterceptor
 from service.drain import CUT_WAIT_S, Drain
 from service.engines.factory import build_engine
+from service.engines.pool import WorkerPool
 from service.engines.protocol import Engine, EngineCapacity
 from service.models import ModelRegistry, ServedModel
 from service.openai_http import OpenAIFront
@@ -74,6 +75,7 @@ def policy_options(
         weight_of=weight_of,
         vtc_w_in=settings.vtc_w_in,
         vtc_w_out=settings.vtc_w_out,
+        vtc_w_cached=settings.vtc_w_cached,
         light_credit=settings.fair_light_credit,
         rate_limit_per_s=settings.rate_limit_per_s,
         rate_limit_burst=settings.rate_limit_burst or None,
@@ -179,6 +181,7 @@ class App:
         tenants = directory.registry
         options = policy_options(settings, clock, tenants, directory.weight_of)
         isolation = isolation_for(settings.fair_isolation, cap)
+        pool = engine if isinstance(engine, WorkerPool) and engine.routing == "locality" else None
         dispatcher = await build_dispatcher(
             settings,
             options,
@@ -187,6 +190,7 @@ class App:
             tenants,
             model_name,
             isolation,
+            None if pool is None else pool.cached_prefix,
         )
         undo.push_async_callback(dispatcher.aclose)
         tokenizer = load_tokenizer(settings.tokenizer_path or None, cap.vocab_size)
@@ -210,6 +214,7 @@ class App:
             ),
             preempt_threshold=cap.preempt_threshold,
             isolation=isolation,
+            prefix_keys=None if pool is None else pool.prefix_keys,
         )
         models = ModelRegistry([model], default=model_name)
         telemetry.watch_model(model)

@@ -109,6 +109,9 @@ class Generation:
             max_tokens=params.max_tokens,
             priority=params.priority,
             deadline_s=deadline_s,
+            prefix_keys=(
+                params.model.prefix_keys(params.prompt_ids) if params.model.prefix_keys else ()
+            ),
         )
 
     async def stream(self) -> AsyncGenerator[Delta | Outcome, None]:
@@ -149,6 +152,7 @@ class Generation:
                     queued.lent,
                     queued.prompt_tokens if params.model.isolation is Isolation.PREEMPT else None,
                 ),
+                prefix_keys=queued.prefix_keys,
             )
             obs.admitted(engine_req, dispatcher.budget)
             drain, key = self.drain, id(queued)
@@ -160,6 +164,9 @@ class Generation:
                         if new_tokens > 0:
                             ticket.charge(new_tokens)
                         prompt_tokens = chunk.prompt_tokens or prompt_tokens
+                        if first_token_s is None and (chunk.text or chunk.token_ids):
+                            # What the engine had cached: admission charged an estimate.
+                            ticket.cached(chunk.cached_tokens)
                         cached_tokens = chunk.cached_tokens
                         retractions = max(retractions, chunk.retractions)
                         if chunk.text or chunk.token_ids:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from scheduler import rules
@@ -29,6 +29,9 @@ class ServedModel:
     # whether light tenants are lent room beyond it, for rules.engine_priority.
     preempt_threshold: int | None = None
     isolation: rules.Isolation = rules.Isolation.RESERVE
+    # A pool routing by locality: a prompt's prefix keys, for locality-aware
+    # admission and routing (None: the engine has no locality).
+    prefix_keys: Callable[[Sequence[int]], Sequence[int]] | None = None
 
 
 class ModelRegistry:

@@ -245,13 +245,22 @@ class Settings(BaseSettings):
     )
     fair_allowance_tokens: float = _s(
         4096.0,
-        "With replicas (store=redis): how far (weighted tokens per unit weight) a "
-        "request may be behind a tenant queued on another replica and still be admitted; "
-        "adds as much to the fairness bound.",
+        "How far (weighted tokens per unit weight) a request may go ahead of the fair "
+        "order: with replicas, ahead of a tenant queued on another replica; with a pool "
+        "routing by locality, because a worker with room holds its prompt's prefix. "
+        "Adds as much to the fairness bound.",
         ge=0,
         le=1e9,
     )
     vtc_w_in: float = _s(1.0, "VTC cost of a prompt token.", ge=_W_LO, le=_W_HI)
+    vtc_w_cached: float = _s(
+        0.1,
+        "VTC cost of a prompt token a worker already holds (a prefix cache hit, as "
+        "locality routing estimates it; a shortfall the engine reports is charged at "
+        "vtc_w_in). Quotas count every prompt token.",
+        ge=0,
+        le=_W_HI,
+    )
     vtc_w_out: float = _s(2.0, "VTC cost of an output token.", ge=_W_LO, le=_W_HI)
     rate_limit_per_s: float = _s(
         10.0, "policy=rate-limit: requests/s per tenant.", ge=_RPS_LO, le=_RPS_HI

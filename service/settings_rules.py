@@ -59,6 +59,11 @@ def rule_problems(s: Settings) -> list[tuple[tuple[str, ...], str]]:
         "max_request_bytes must be <= max_receive_message_bytes",
     )
     need(
+        s.vtc_w_cached <= s.vtc_w_in,
+        ("vtc_w_cached", "vtc_w_in"),
+        "vtc_w_cached must be <= vtc_w_in (a cache hit costs no more than a computed token)",
+    )
+    need(
         s.rate_limit_burst == 0 or s.rate_limit_burst >= QUOTA_RANGES["requests_burst"][0],
         ("rate_limit_burst",),
         "must be 0 (one second's worth) or at least 1",

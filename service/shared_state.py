@@ -15,6 +15,7 @@ from scheduler.clock import Clock
 from scheduler.dispatcher import Dispatcher
 from scheduler.gate import AdmissionGate
 from scheduler.ordering.policies import PolicyOptions, make_policy
+from scheduler.request import Locality
 from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
 from scheduler.state.redis_store import RedisStore
 from scheduler.tenancy.redis_tenant_store import RedisTenantStore
@@ -56,7 +57,9 @@ async def build_dispatcher(
     tenants: TenantRegistry,
     model_name: str,
     isolation: rules.Isolation = rules.Isolation.RESERVE,
+    locality: Locality | None = None,
 ) -> AdmissionGate:
+    """`locality`: the engine pool's prefix index, for locality-aware admission."""
     if settings.store == "memory":
         return Dispatcher(
             make_policy(settings.policy, options),
@@ -67,6 +70,8 @@ async def build_dispatcher(
             reserve_window_s=settings.fair_reserve_window_s,
             isolation=isolation,
             idle_ttl_s=settings.idle_tenant_ttl_s,
+            locality=locality,
+            allowance=settings.fair_allowance_tokens,
         )
     if settings.policy != "vtc":
         raise ValueError("store=redis shares the vtc policy's state; set policy=vtc")
@@ -96,6 +101,8 @@ async def build_dispatcher(
             allowance=settings.fair_allowance_tokens,
             w_in=settings.vtc_w_in,
             w_out=settings.vtc_w_out,
+            w_cached=settings.vtc_w_cached,
+            locality=locality,
             flush_s=settings.redis_flush_ms / 1000,
             poll_s=settings.redis_poll_ms / 1000,
             heartbeat_s=settings.redis_heartbeat_s,

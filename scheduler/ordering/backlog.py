@@ -95,8 +95,36 @@ class Backlog:
         tenant_id = self._top()
         return None if tenant_id is None else self._queues[tenant_id].head()
 
-    def pop(self) -> QueuedRequest | None:
-        tenant_id = self._top()
+    def heads_within(self, allowance: float) -> list[QueuedRequest]:
+        """The heads of the eligible tenants whose `rules.order_key` is within
+        `allowance` of the first's, in fair order (the first first)."""
+        first = self._top()
+        if first is None:
+            return []
+        q = self._queues[first]
+        head = q.head()
+        assert head is not None
+        limit = rules.order_key(self._key(first, head), len(q), self._credit) + allowance
+        ranked = list(self._eligible.up_to(limit))
+        # Light tenants' keys are their counters, their order key is less the
+        # credit: a little beyond, then filtered, so rounding leaves none out.
+        over = limit + self._credit
+        for k, k2, t in self._light.up_to(over + 1e-9 * max(1.0, abs(over))):
+            key = rules.order_key(k, self.queued(t), self._credit)
+            if key <= limit:
+                ranked.append((key, k2, t))
+        ranked.sort()
+        # The first is `_top`'s (its own tie-breaks), then the others in order.
+        heads = [head]
+        for _, _, t in ranked:
+            h = self._queues[t].head()
+            if t != first and h is not None:
+                heads.append(h)
+        return heads
+
+    def pop(self, tenant_id: str | None = None) -> QueuedRequest | None:
+        """Pop the head of the first tenant in fair order, or of `tenant_id`."""
+        tenant_id = tenant_id or self._top()
         if tenant_id is None:
             return None
         req = self._queues[tenant_id].pop()

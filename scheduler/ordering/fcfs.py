@@ -25,8 +25,12 @@ class FcfsPolicy:
     def peek_next(self) -> QueuedRequest | None:
         return self._backlog.peek()
 
-    def pop_next(self) -> QueuedRequest | None:
-        return self._backlog.pop()
+    def heads_within(self, allowance: float) -> list[QueuedRequest]:
+        head = self._backlog.peek()  # a baseline: arrival order only
+        return [] if head is None else [head]
+
+    def pop_next(self, chosen: QueuedRequest | None = None) -> QueuedRequest | None:
+        return self._backlog.pop(None if chosen is None else chosen.tenant_id)
 
     def remove(self, req: QueuedRequest) -> bool:
         return self._backlog.remove(req)
@@ -38,6 +42,9 @@ class FcfsPolicy:
         self._backlog.resume(tenant_id)
 
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
+        return None
+
+    def on_cached_tokens(self, req: QueuedRequest, reported: int) -> None:
         return None
 
     def on_finish(self, req: QueuedRequest) -> None:

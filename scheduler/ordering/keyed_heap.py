@@ -49,6 +49,23 @@ class KeyedHeap:
             heapq.heappop(heap)
         return None
 
+    def up_to(self, primary: float) -> list[tuple[float, int, str]]:
+        """The live items whose primary key is at most `primary`, in key order:
+        a walk down the heap from its root that stops below larger keys (a
+        stale entry still leads to live ones)."""
+        heap, found = self._heap, []
+        frontier = [(heap[0], 0)] if heap else []
+        while frontier:
+            (k, k2, version, item), i = heapq.heappop(frontier)
+            if k > primary:
+                break
+            if self._live.get(item) == version:
+                found.append((k, k2, item))
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child], child))
+        return found
+
     def _compact(self) -> None:
         self._heap = [(k[0], k[1], self._live[i], i) for i, k in self._keys.items()]
         heapq.heapify(self._heap)

@@ -28,6 +28,7 @@ class PolicyOptions:
     weight_of: Callable[[str], float] | None = None
     vtc_w_in: float = 1.0
     vtc_w_out: float = 2.0
+    vtc_w_cached: float | None = None
     batch_every_n: int | None = DEFAULT_BATCH_EVERY_N
     # VTC: how far ahead a light tenant is ordered (`rules.order_key`).
     light_credit: float = 0.0
@@ -42,6 +43,7 @@ def _vtc(o: PolicyOptions) -> QueuePolicy:
         weight_of,
         w_in=o.vtc_w_in,
         w_out=o.vtc_w_out,
+        w_cached=o.vtc_w_cached,
         batch_every_n=o.batch_every_n,
         light_credit=o.light_credit,
     )

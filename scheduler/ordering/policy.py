@@ -25,8 +25,15 @@ class QueuePolicy(Protocol):
         """The request the policy would admit next, without removing it."""
         ...
 
-    def pop_next(self) -> QueuedRequest | None:
-        """Remove and return the request to admit next; charge its admission."""
+    def heads_within(self, allowance: float) -> list[QueuedRequest]:
+        """The requests that may be admitted next, in the policy's order: the
+        next one first, then the heads of other tenants within `allowance` of it
+        (a fair policy's weighted tokens; a baseline returns its next only)."""
+        ...
+
+    def pop_next(self, chosen: QueuedRequest | None = None) -> QueuedRequest | None:
+        """Remove and return the request to admit next (`chosen`: one of
+        `heads_within`); charge its admission."""
         ...
 
     def remove(self, req: QueuedRequest) -> bool:
@@ -47,6 +54,11 @@ class QueuePolicy(Protocol):
 
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
         """An admitted request produced `tokens` more output tokens."""
+        ...
+
+    def on_cached_tokens(self, req: QueuedRequest, reported: int) -> None:
+        """The engine had `reported` of an admitted request's prompt tokens cached
+        (charged at admission on `req.cached_estimate`)."""
         ...
 
     def on_finish(self, req: QueuedRequest) -> None:

@@ -24,6 +24,10 @@ interval receive weighted service (per unit weight) within
 the longest prompt, M the tokens the engine holds; plus `light_credit` when
 either may be light.
 
+Locality (`heads_within`): the dispatcher may admit, instead of the first
+tenant's head, the head of another tenant within an allowance of it in this
+order (`rules.locality_pick`); the bound grows by that allowance.
+
 Within a tenant: FIFO, interactive before batch, with the anti-starvation
 rule of `TenantQueue` (one batch admission at least every `batch_every_n` + 1).
 """
@@ -53,6 +57,7 @@ class VtcPolicy:
         *,
         w_in: float = 1.0,
         w_out: float = 2.0,
+        w_cached: float | None = None,
         batch_every_n: int | None = DEFAULT_BATCH_EVERY_N,
         light_credit: float = 0.0,
     ) -> None:
@@ -64,6 +69,8 @@ class VtcPolicy:
         self.light_credit = light_credit
         self.w_in = w_in
         self.w_out = w_out
+        # A cached prompt token's cost (None: as a computed one).
+        self.w_cached = w_in if w_cached is None else w_cached
         self._counters: dict[str, float] = {}
         # Admissions so far and each tenant's last one (the tie-break).
         self._admissions = 0
@@ -100,18 +107,23 @@ class VtcPolicy:
     def peek_next(self) -> QueuedRequest | None:
         return self._backlog.peek()
 
-    def pop_next(self) -> QueuedRequest | None:
-        head = self._backlog.peek()
+    def heads_within(self, allowance: float) -> list[QueuedRequest]:
+        return self._backlog.heads_within(allowance)
+
+    def pop_next(self, chosen: QueuedRequest | None = None) -> QueuedRequest | None:
+        head = chosen or self._backlog.peek()
         if head is None:
             return None
         tid = head.tenant_id
         self._floor = max(self._floor, self.counter(tid))
-        charge = rules.admission_charge(self.w_in, head.prompt_tokens, self.weight_of(tid))
+        charge = rules.admission_charge(
+            self.w_in, head.prompt_tokens, self.weight_of(tid), head.cached_estimate, self.w_cached
+        )
         self._counters[tid] = self.counter(tid) + charge
         self._admissions += 1
         self._last_admitted[tid] = self._admissions
         # pop() re-keys the tenant with its new counter.
-        popped = self._backlog.pop()
+        popped = self._backlog.pop(tid)
         if popped is not head:
             raise AssertionError("backlog pop disagrees with peek")
         return head
@@ -136,6 +148,16 @@ class VtcPolicy:
         self._counters[tid] = self.counter(tid) + charge
         if self._backlog.queued(req.tenant_id):
             self._backlog.refresh(req.tenant_id)
+
+    def on_cached_tokens(self, req: QueuedRequest, reported: int) -> None:
+        tid = req.tenant_id
+        short = rules.cached_shortfall(
+            self.w_in, self.w_cached, req.cached_estimate, reported, self.weight_of(tid)
+        )
+        if short > 0:
+            self._counters[tid] = self.counter(tid) + short
+            if self._backlog.queued(tid):
+                self._backlog.refresh(tid)
 
     def on_finish(self, req: QueuedRequest) -> None:
         return None

@@ -327,15 +327,32 @@ class SharedDispatcher:
         self._pump.kick()
 
     # -- in flight -----------------------------------------------------------------
+    def on_cached_tokens(self, req: QueuedRequest, reported: int) -> None:
+        entry = self._entries.of(req)
+        if entry is None or not entry.started:
+            return
+        o = self.options
+        w_cached = o.w_in if o.w_cached is None else o.w_cached
+        delta = rules.cached_shortfall(
+            o.w_in, w_cached, req.cached_estimate, reported, entry.cfg.weight
+        )
+        if delta > 0:
+            self._charged(req.tenant_id, delta)
+
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
         entry = self._entries.of(req)
         if entry is None or not entry.started or tokens <= 0:
             return
         entry.streamed(tokens)
-        delta = rules.output_charge(self.options.w_out, tokens, entry.cfg.weight)
-        self._local.mirror[req.tenant_id] = self._local.mirror.get(req.tenant_id, 0.0) + delta
-        self._failover.charge_locally(req.tenant_id, delta)
-        if self._outbox.charge_output(req.tenant_id, delta, self.clock.now_s()):
+        self._charged(
+            req.tenant_id, rules.output_charge(self.options.w_out, tokens, entry.cfg.weight)
+        )
+
+    def _charged(self, tenant_id: str, delta: float) -> None:
+        """A weighted charge after admission: mirrored here, owed to the store."""
+        self._local.mirror[tenant_id] = self._local.mirror.get(tenant_id, 0.0) + delta
+        self._failover.charge_locally(tenant_id, delta)
+        if self._outbox.charge_output(tenant_id, delta, self.clock.now_s()):
             self._pump.wake()
 
     def finish(self, req: QueuedRequest) -> None:
@@ -411,6 +428,7 @@ class SharedDispatcher:
             if c.lease_id in order:
                 entry.lease_at = decided_by
                 entry.req.light = rules.light(c.queued)
+                entry.req.cached_estimate = c.cached
                 entry.req.lent = c.lease_id in lent
                 self.lent_total += entry.req.lent
                 if c.take_buckets:

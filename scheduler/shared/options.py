@@ -9,6 +9,7 @@ from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.ordering.vtc import DEFAULT_BATCH_EVERY_N
 from scheduler.quotas import TenantUsage
+from scheduler.request import Locality
 from scheduler.state.store import Step
 from scheduler.tenancy.tenants import TenantRegistry
 
@@ -34,6 +35,11 @@ class SharedOptions:
     allowance: float = 4096.0
     w_in: float = 1.0
     w_out: float = 2.0
+    # A cached prompt token's cost (None: as a computed one: w_in).
+    w_cached: float | None = None
+    # The engine pool's prefix index: how much of a request's prompt a worker
+    # with room holds, offered with each candidate (locality; None: none).
+    locality: Locality | None = None
     flush_s: float = 0.005
     poll_s: float = 0.02
     heartbeat_s: float = 1.0
@@ -58,6 +64,7 @@ class SharedOptions:
         return Step(
             limits,
             w_in=self.w_in,
+            w_cached=self.w_in if self.w_cached is None else self.w_cached,
             reserve_fraction=self.reserve_fraction,
             reserve_window_s=self.reserve_window_s,
             isolation=self.isolation,

@@ -291,7 +291,8 @@ class Pump:
             entry = self._entries.of(req)
             assert entry is not None
             ahead[t] = n + 1
-            out.append(entry.candidate(buckets(entry), self._local.queued(t) - n))
+            cached = 0 if opts.locality is None else opts.locality(req)
+            out.append(entry.candidate(buckets(entry), self._local.queued(t) - n, cached))
         return out
 
     async def _shared_tick(self, now_s: float) -> None:
@@ -414,7 +415,9 @@ class Pump:
                 return
             for i in out.admitted:
                 c = step.candidates[i]
-                charge = rules.admission_charge(self._options.w_in, c.prompt_tokens, c.weight)
+                charge = rules.admission_charge(
+                    step.w_in, c.prompt_tokens, c.weight, c.cached, step.w_cached
+                )
                 self._outbox.charge(c.tenant_id, charge)
             admitted = [step.candidates[i].lease_id for i in out.admitted]
             self._offers.after_offer(admitted, step, Place.LOCAL, self._lent(step, out))

@@ -305,7 +305,7 @@ class MemoryStore:
         counter = out.counters[c.tenant_id]
         self.floor = max(self.floor, counter)
         self.counters[c.tenant_id] = counter + rules.admission_charge(
-            step.w_in, c.prompt_tokens, c.weight
+            step.w_in, c.prompt_tokens, c.weight, c.cached, step.w_cached
         )
         out.counters[c.tenant_id] = self.counters[c.tenant_id]
         self.admissions += 1
@@ -407,22 +407,39 @@ class _StoreRound:
     def in_flight_kv(self) -> int:
         return self.s.in_flight_kv
 
+    def _rank(self, t: str) -> tuple[float, int, int, int]:
+        """Tenant `t`'s place in fair order (`rules.vtc_rank`, then the offer's order)."""
+        i = self.pending[t][0]
+        c = self.step.candidates[i]
+        counter, credit = self.out.counters[t], self.step.light_credit
+        return (
+            *rules.vtc_rank(counter, c.queued, credit, self.s.last_admitted.get(t, 0), c.seq),
+            i,
+        )
+
+    def prefer(self, c: Candidate) -> Candidate:
+        """The other tenants' next candidates within the allowance of `c` in fair
+        order (not one admitted by an earlier try: that one counts when it is
+        the head), and the one a worker holds most of goes first."""
+        step, cands = self.step, self.step.candidates
+        if math.isinf(step.allowance):
+            return c
+        credit = step.light_credit
+        limit = rules.order_key(self.out.counters[c.tenant_id], c.queued, credit) + step.allowance
+        others = [
+            t
+            for t, q in self.pending.items()
+            if t != c.tenant_id
+            and cands[q[0]].lease_id not in self.s.leases
+            and rules.order_key(self.out.counters[t], cands[q[0]].queued, credit) <= limit
+        ]
+        within = [c, *(cands[self.pending[t][0]] for t in sorted(others, key=self._rank))]
+        return within[rules.locality_pick([h.cached for h in within])]
+
     def head(self) -> Candidate | None:
         cands, pending = self.step.candidates, self.pending
         while pending:
-            t = min(
-                pending,
-                key=lambda t: (
-                    *rules.vtc_rank(
-                        self.out.counters[t],
-                        cands[pending[t][0]].queued,
-                        self.step.light_credit,
-                        self.s.last_admitted.get(t, 0),
-                        cands[pending[t][0]].seq,
-                    ),
-                    pending[t][0],
-                ),
-            )
+            t = min(pending, key=self._rank)
             c = cands[pending[t][0]]
             if c.lease_id not in self.s.leases:
                 return c

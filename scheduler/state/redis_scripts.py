@@ -91,8 +91,9 @@ local max_req, max_kv, w_in = num(ARGV[6]), num(ARGV[7]), num(ARGV[8])
 local reserve_fraction, reserve_window = num(ARGV[9]), num(ARGV[10]) * 1000
 local light_credit = num(ARGV[11])
 local preempt = ARGV[12] == '1'  -- rules.Isolation.PREEMPT
-local allowance = num(ARGV[13])  -- rules.behind; < 0: off
-local i = 14
+local allowance = num(ARGV[13])  -- rules.behind, rules.locality_pick; < 0: off
+local w_cached = num(ARGV[14])
+local i = 15
 -- still active for the reserve a while after its last request left (memory_store.py)
 local function seen(tenant)
   if reserve_window > 0 then redis.call('ZADD', RC, now + reserve_window, tenant) end
@@ -246,7 +247,7 @@ for k = 1, nc do
   if not weighed[c.tenant] then redis.call('HSET', W, c.tenant, w); weighed[c.tenant] = true end
   c.weight, c.prompt, c.kv, c.take = num(w), num(nxt()), num(nxt()), nxt() == '1'
   c.rr, c.rb, c.tr, c.tb, c.maxc = opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt())
-  c.queued, c.seq = num(nxt()), num(nxt())
+  c.queued, c.seq, c.cached = num(nxt()), num(nxt()), num(nxt())
   c.idx = k - 1
   counters[c.tenant] = counters[c.tenant] or counter(c.tenant)
   cands[k] = c
@@ -369,8 +370,10 @@ local function first_elsewhere(tenant)
 end
 local n = tonumber(redis.call('HGET', IN, 'n')) or 0
 local kv = tonumber(redis.call('HGET', IN, 'kv')) or 0
--- one candidate: 'admit', 'own' (its own limits), or 'stop' (full or held)
-local function decide(c)
+-- one candidate: 'admit', 'own' (its own limits), or 'stop' (full or held);
+-- `trial` (a locality pick, decision.py): a stop is not recorded, the fair head
+-- is decided instead
+local function decide(c, trial)
   if redis.call('HEXISTS', LT, c.id) == 1 then table.insert(admitted, c.idx); return 'admit' end
   if c.maxc and (tonumber(redis.call('HGET', IN, 'c:' .. c.tenant)) or 0) >= c.maxc then
     table.insert(blocked, tostring(c.idx)); table.insert(blocked, '-1'); return 'own'
@@ -385,7 +388,10 @@ local function decide(c)
     local first = first_elsewhere(c.tenant)
     local key = counters[c.tenant]
     if c.queued <= LIGHT_QUEUE then key = key - light_credit end
-    if first ~= nil and key > first + allowance then turn = 1; return 'stop' end
+    if first ~= nil and key > first + allowance then
+      if not trial then turn = 1 end
+      return 'stop'
+    end
   end
   local room = not (n >= max_req or (n > 0 and kv + c.kv > max_kv))
   if preempt then
@@ -400,21 +406,30 @@ local function decide(c)
         local light = (a.queued[c.tenant] or 0) <= LIGHT_QUEUE
         lend = light and share < 1 - 1e-9 and below(c.tenant, share, c.kv)
       end
-      if not lend then full = 1; return 'stop' end
+      if not lend then
+        if not trial then full = 1 end
+        return 'stop'
+      end
       table.insert(lent, tostring(c.idx))
     end
   else
-    if not room then full = 1; return 'stop' end
+    if not room then
+      if not trial then full = 1 end
+      return 'stop'
+    end
     -- held out of the reserve: the round stops (rules.verdict: HOLD)
     if reserve_fraction > 0 and in_reserve(n, kv, c) and held_out(c) then
-      table.insert(held, tostring(c.idx)); return 'stop'
+      if not trial then table.insert(held, tostring(c.idx)) end
+      return 'stop'
     end
   end
   if c.take then bucket_add(c.tenant, -1, -c.kv, c.rr, c.rb, c.tr, c.tb) end
   local counter_now = counters[c.tenant]
   local floor = tonumber(redis.call('GET', FLOOR)) or 0
   if counter_now > floor then redis.call('SET', FLOOR, fmt(counter_now)) end
-  local after = counter_now + w_in * c.prompt / c.weight
+  -- rules.admission_charge: the prefix a worker holds at w_cached
+  local hit = math.min(math.max(0, c.cached), c.prompt)
+  local after = counter_now + (w_in * (c.prompt - hit) + w_cached * hit) / c.weight
   redis.call('HSET', VTC, c.tenant, fmt(after))
   counters[c.tenant] = after
   redis.call('HSET', LA, c.tenant, redis.call('INCR', ADM))
@@ -453,18 +468,55 @@ while going do
     return a.idx < b.idx
   end)
   going = false
-  for _, c in ipairs(heads) do
-    local v = decide(c)
-    if v == 'own' then
-      pend[c.tenant] = nil
-    elseif v == 'stop' then
-      break
+  local k, stop = 1, false
+  while k <= #heads and not stop do
+    local c = heads[k]
+    if c.gone then
+      k = k + 1
     else
-      table.remove(pend[c.tenant], 1)
-      -- a tenant's last candidate admitted while it has more queued: its next
-      -- request, not offered, may come first
-      going = #pend[c.tenant] > 0 or c.queued <= 1
-      break
+      -- locality (rules.locality_pick; memory_store.py: prefer), while a slot is
+      -- free: the other heads within the allowance of c, in fair order, not one
+      -- admitted by an earlier try; the one a worker holds most of goes first
+      -- when it may (decision.py), else c is decided
+      local pick, done = c, false
+      if allowance >= 0 and n < max_req then
+        local limit = c.key + allowance
+        for j = k + 1, #heads do
+          local h = heads[j]
+          if not h.gone and h.key <= limit and h.cached > pick.cached
+            and redis.call('HEXISTS', LT, h.id) == 0 then
+            pick = h
+          end
+        end
+      end
+      if pick ~= c then
+        local v = decide(pick, true)
+        if v == 'own' then
+          pend[pick.tenant] = nil
+          pick.gone = true
+          done = true
+        elseif v == 'admit' then
+          table.remove(pend[pick.tenant], 1)
+          going = #pend[pick.tenant] > 0 or pick.queued <= 1
+          done, stop = true, true
+        end
+      end
+      if not done then
+        local v = decide(c, false)
+        if v == 'own' then
+          pend[c.tenant] = nil
+          c.gone = true
+          k = k + 1
+        elseif v == 'stop' then
+          stop = true
+        else
+          table.remove(pend[c.tenant], 1)
+          -- a tenant's last candidate admitted while it has more queued: its next
+          -- request, not offered, may come first
+          going = #pend[c.tenant] > 0 or c.queued <= 1
+          stop = true
+        end
+      end
     end
   end
 end

@@ -155,6 +155,7 @@ class RedisStore:
             repr(float(step.light_credit)),
             "1" if step.isolation is rules.Isolation.PREEMPT else "0",
             "-1" if math.isinf(step.allowance) else repr(float(step.allowance)),
+            repr(float(step.w_cached)),
         ]
         tenants: set[str] = set()
         args.append(str(len(step.settlements)))
@@ -191,7 +192,7 @@ class RedisStore:
             tenants.add(c.tenant_id)
             args += [c.lease_id, c.tenant_id, repr(float(c.weight)), str(c.prompt_tokens)]
             args += [str(c.kv_tokens), "1" if c.take_buckets else "0", *_limits(c.buckets)]
-            args += [_num(c.max_concurrent), str(c.queued), str(c.seq)]
+            args += [_num(c.max_concurrent), str(c.queued), str(c.seq), str(c.cached)]
         raw = await self._eval(_STEP, self._keys(tenants), args)
         admitted, full, blocked, flat, settled, state_lost, n, held, lent, turn = raw
         out = StepOutcome(

@@ -91,6 +91,9 @@ class Candidate:
     # Its arrival order on the offering replica: a tie in VTC order goes to the
     # earlier head (rules.vtc_rank), whatever the order of the offer.
     seq: int = 0
+    # Prompt tokens a worker with room holds, as the offering replica's engine
+    # pool thinks (locality: rules.locality_pick; charged at w_cached).
+    cached: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,8 @@ class Settlement:
 class Step:
     limits: AdmissionLimits
     w_in: float = 1.0
+    # A cached prompt token's cost (rules.admission_charge).
+    w_cached: float = 1.0
     # Fair-share reserve (see reserve.py): the last `reserve_fraction` of the
     # room goes only to tenants below their weighted share of it.
     reserve_fraction: float = 0.0

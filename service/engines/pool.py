@@ -36,11 +36,12 @@ import logging
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from scheduler import rules
+from scheduler.request import QueuedRequest
 from service.engines.breaker import Breaker, BreakerPolicy
 from service.engines.prefix_index import PrefixIndex
 from service.engines.protocol import (
@@ -238,7 +239,7 @@ class WorkerPool:
     async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
         tried: set[int] = set()
         last: EngineError | None = None
-        keys = self.index.chain(req.prompt_token_ids) if self.routing == "locality" else []
+        keys = list(req.prefix_keys) or self.prefix_keys(req.prompt_token_ids)
         while True:
             picked = self._pick(req, keys, tried)
             if picked is None:
@@ -288,6 +289,20 @@ class WorkerPool:
                 w.kv_in_flight -= kv
                 w.pending_prefill -= pending
                 self._where.pop(req.request_id, None)
+
+    def prefix_keys(self, prompt_token_ids: Sequence[int]) -> list[int]:
+        """The keys locality routing matches a prompt by ([] with least_full)."""
+        return self.index.chain(prompt_token_ids) if self.routing == "locality" else []
+
+    def cached_prefix(self, req: QueuedRequest) -> int:
+        """For locality-aware admission (`scheduler.request.Locality`): the most of
+        the queued request's prompt that a healthy worker with room for it is
+        thought to hold."""
+        now_s, kv, best = self.clock(), req.kv_tokens, 0
+        for i, w in enumerate(self.workers):
+            if w.healthy and w.load(now_s, kv, 1) <= 1.0:
+                best = max(best, self.index.match(i, req.prefix_keys))
+        return best
 
     def _reported(
         self, i: int, keys: list[int], prompt_tokens: int, matched: int, chunk: EngineChunk

@@ -8,7 +8,7 @@ its capacity and live load so the admission gate can size itself.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -41,6 +41,9 @@ class EngineRequest:
     priority: int = 0
     # W3C trace context to pass on (traceparent, tracestate).
     trace_headers: dict[str, str] = field(default_factory=dict)
+    # The prompt's prefix keys, when a pool routing by locality computed them
+    # for admission already (prefix_index.chain).
+    prefix_keys: Sequence[int] = ()
 
     @property
     def prompt_tokens(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 
 import grpc
@@ -100,3 +101,36 @@ async def test_worker_killed_mid_stream(
         assert after.result.finish_reason == "length"
     await assert_sglang_idle(sglang_a.url)
     await assert_drained(app, sglang_a)
+
+
+async def test_a_conversations_later_turns_land_where_its_history_is(
+    start_server: StartServer, sglang_a: RealSglang, sglang_b: RealSglang, tiny_tokenizer: str
+) -> None:
+    """Four conversations of three turns at once over two real SGLang servers;
+    each turn re-sends the history (prompt and reply, as token ids). Locality
+    routing sends every later turn to the server that holds its history, and
+    SGLang reports that history as cached_tokens."""
+    app = await start_server(**settings(sglang_a, sglang_b, tokenizer=tiny_tokenizer))
+    pool = _pool(app)
+
+    async def conversation(c: AsyncClient, k: int) -> list[tuple[int, int]]:
+        # Its own opening, then some context (ids within the tiny model's vocabulary).
+        prompt = [100 + k, *((37 * j + 11 * k) % 400 + 20 for j in range(300))]
+        seen = []
+        for turn in range(3):
+            done = await c.complete(
+                prompt, max_tokens=16, ignore_eos=True, temperature=0.0, return_token_ids=True
+            )
+            seen.append((len(prompt), done.result.usage.cached_tokens))
+            prompt = [*prompt, *done.token_ids, *((13 * j + turn) % 400 + 20 for j in range(30))]
+        return seen
+
+    async with AsyncClient(app.address) as c:
+        turns = await asyncio.gather(*(conversation(c, k) for k in range(4)))
+    for k, seen in enumerate(turns):
+        # Every later turn found the whole previous turn's prompt cached: it went
+        # to the server that ran that turn (the two share no cache).
+        for (before, _), (_, cached) in itertools.pairwise(seen):
+            assert cached >= before, f"conversation {k}: {seen}"
+    assert pool.cached_tokens_total >= sum(s[0][0] + s[1][0] for s in turns)
+    await assert_drained(app, sglang_a, sglang_b)

@@ -27,7 +27,7 @@ from scheduler.decision import judge
 from scheduler.dispatcher import Dispatcher
 from scheduler.errors import SchedulingError
 from scheduler.ordering.policy import QueuePolicy
-from scheduler.request import Priority, QueuedRequest
+from scheduler.request import Locality, Priority, QueuedRequest
 from scheduler.rules import Isolation, Verdict, engine_priority
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import ManualTimers
@@ -120,6 +120,8 @@ class Driver:
         clock: FakeClock | None = None,
         reserve_fraction: float = 0.0,
         isolation: Isolation = Isolation.RESERVE,
+        locality: Locality | None = None,
+        allowance: float = 0.0,
     ) -> None:
         self.clock = clock or FakeClock()
         self.timers = ManualTimers(self.clock)
@@ -132,6 +134,8 @@ class Driver:
             expire_deadlines=True,
             reserve_fraction=reserve_fraction,
             isolation=isolation,
+            locality=locality,
+            allowance=allowance,
         )
         self.core = SimCore(sim)
         # The priorities fairgate sends the engine (generation.py does the same).

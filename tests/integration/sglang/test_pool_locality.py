@@ -6,8 +6,11 @@ import asyncio
 import itertools
 import random
 
-from fairgate import AsyncClient
+import pytest
+from fairgate import AsyncClient, Completion
 
+from scheduler.dispatcher import Dispatcher
+from scheduler.ordering.vtc import VtcPolicy
 from service.engines.pool import WorkerPool
 from service.engines.simulator.http_server import SimServer
 from tests.conftest import StartServer
@@ -119,4 +122,84 @@ async def test_a_worker_that_loses_its_cache_is_corrected_by_what_it_reports(
         assert pool.index.match(0, pool.index.chain(prefix)) < len(prefix) - pool.index.block
         relearned = await c.complete([*prefix, 4], max_tokens=2)
         assert relearned.result.usage.cached_tokens >= len(prefix) - pool.index.block
+    await assert_no_sglang_leaks(app, *workers)
+
+
+@pytest.mark.parametrize("allowance", [0.0, 4096.0])
+async def test_admission_lets_a_cached_request_into_the_worker_that_holds_it(
+    start_server: StartServer, start_sim: StartSim, allowance: float
+) -> None:
+    """Two workers of one slot each, both busy; tenant a's request (first in fair
+    order, nothing cached) and tenant b's (its prefix on worker 0) wait. Worker 0
+    frees first: b's request, within the allowance of a, goes in there and skips
+    its prefill; a takes the next slot. With no allowance the fair order holds."""
+    workers = [await start_sim(time_scale=1.0, max_running_requests=1) for _ in range(2)]
+    app = await start_server(**sglang_settings(*workers, fair_allowance_tokens=allowance))
+    pool = _pool(app)
+    model = app.models.resolve("")
+    assert model is not None
+    d = model.dispatcher
+    assert isinstance(d, Dispatcher)
+    prefix = [11, *range(3000, 3800)]
+    clients = {t: AsyncClient(app.address, tenant=t) for t in "abxy"}
+
+    def send(tenant: str, prompt: list[int], n: int) -> asyncio.Task[Completion]:
+        return asyncio.create_task(clients[tenant].complete(prompt, max_tokens=n, ignore_eos=True))
+
+    await send("b", [*prefix, 1], 2)
+    short = send("x", [21, 22], 40)  # worker 0 (a tie: the first), ends first
+    await eventually(lambda: pool.workers[0].in_flight == 1, what="worker 0 busy")
+    long = send("y", [31, 32], 4000)
+    await eventually(lambda: pool.workers[1].in_flight == 1, what="worker 1 busy")
+    a = send("a", [41, 42, 43], 2)
+    await eventually(lambda: len(d.policy) == 1, what="a queued")
+    b = send("b", [*prefix, 2], 2)
+    await eventually(lambda: len(d.policy) == 2, what="b queued")
+    await short
+    done_a, done_b = await a, await b
+    long.cancel()
+    await asyncio.gather(long, return_exceptions=True)
+    for client in clients.values():
+        await client.close()
+    first = [r["input_ids"][0] for r in workers[0].record.requests][2:]
+    if allowance:
+        assert first == [11, 41]
+        assert done_b.result.usage.cached_tokens >= len(prefix) - pool.index.block
+        assert d.locality_picks_total == 1
+    else:
+        assert first == [41, 11]
+        assert d.locality_picks_total == 0
+    assert done_a.result.finish_reason == "length"
+    await eventually(lambda: pool.in_flight == 0, what="all ended")
+    await assert_no_sglang_leaks(app, *workers)
+
+
+async def test_a_cache_hit_is_charged_at_the_cached_rate_and_a_miss_in_full(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    """The fair counter charges the prefix a worker holds at vtc_w_cached; when the
+    worker turns out not to have it (flushed, restarted, or it says so), the
+    shortfall is charged at the first token: never less than the engine did."""
+    workers = [await start_sim(time_scale=0.0) for _ in range(2)]
+    app = await start_server(**sglang_settings(*workers, vtc_w_cached=0.1))
+    model = app.models.resolve("")
+    assert model is not None
+    d = model.dispatcher
+    assert isinstance(d, Dispatcher)
+    policy = d.policy
+    assert isinstance(policy, VtcPolicy)
+    prefix = [5, *range(200, 1000)]  # 801 tokens: 800 in whole blocks
+    async with AsyncClient(app.address, tenant="t") as c:
+
+        async def charged(last: int) -> float:
+            before = policy.counter("t")
+            done = await c.complete([*prefix, last], max_tokens=1, ignore_eos=True)
+            assert done.result.usage.completion_tokens == 1
+            return policy.counter("t") - before - policy.w_out  # the prompt's part
+
+        assert await charged(1) == 802  # cold: every prompt token
+        assert await charged(2) == pytest.approx(2 + 0.1 * 800)
+        for w in workers:
+            assert w.engine.core.flush_cache()
+        assert await charged(3) == pytest.approx(802)  # estimated 800 cached, had 0
     await assert_no_sglang_leaks(app, *workers)

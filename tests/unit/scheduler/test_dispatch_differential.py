@@ -49,6 +49,11 @@ class Trace:
     reserve_fraction: float
     light_credit: float
     tenants: list[TenantConfig]
+    # Locality (an engine pool's prefix index, here a fixed function of the
+    # request) within the allowance, and the cached tokens' cost.
+    local: bool = False
+    allowance: float = 4096.0
+    w_cached: float = 1.0
     events: list[tuple[str, int, int]] = field(default_factory=list)
 
 
@@ -72,8 +77,12 @@ def traces(draw: st.DrawFn) -> Trace:
         draw(st.sampled_from([0.0, 0.25, 0.5])),
         draw(st.sampled_from([0.0, 300.0])),
         tenants,
+        draw(st.booleans()),
+        draw(st.sampled_from([0.0, 300.0, 4096.0])),
+        draw(st.sampled_from([1.0, 0.1])),
     )
     kinds = ["arrive", "arrive", "arrive", "burst", "charge", "finish", "finish", "cancel"]
+    kinds += ["cached"]
     for _ in range(draw(st.integers(5, 40))):
         kind = draw(st.sampled_from(kinds))
         trace.events.append((kind, draw(st.integers(0, 1000)), draw(st.integers(0, 1000))))
@@ -130,16 +139,30 @@ def counters(side: Side) -> dict[str, float]:
     return {t: store.counters.get(t, 0.0) for t in TENANTS}
 
 
+def cached_of(req: QueuedRequest) -> int:
+    """What a worker with room holds of the request's prompt (a fixed guess)."""
+    return int(req.request_id.split(".")[0]) * 37 % (req.prompt_tokens + 1)
+
+
 async def run_trace(trace: Trace) -> None:
     clock = FakeClock(100.0)
     registry = TenantRegistry(trace.tenants)
+    locality = cached_of if trace.local else None
     one = Dispatcher(
-        VtcPolicy(registry.weight_of, w_in=1.0, w_out=2.0, light_credit=trace.light_credit),
+        VtcPolicy(
+            registry.weight_of,
+            w_in=1.0,
+            w_out=2.0,
+            w_cached=trace.w_cached,
+            light_credit=trace.light_credit,
+        ),
         AdmissionBudget(trace.limits),
         clock,
         tenants=registry,
         timers=ManualTimers(clock),
         reserve_fraction=trace.reserve_fraction,
+        locality=locality,
+        allowance=trace.allowance,
     )
     shared = SharedDispatcher(
         MemoryStore(clock),
@@ -151,6 +174,9 @@ async def run_trace(trace: Trace) -> None:
             light_credit=trace.light_credit,
             w_in=1.0,
             w_out=2.0,
+            w_cached=trace.w_cached,
+            locality=locality,
+            allowance=trace.allowance,
             flush_s=0.0,
         ),
         tenants=registry,
@@ -175,6 +201,11 @@ async def run_trace(trace: Trace) -> None:
                 rid = base.running()[x % len(base.running())]
                 for side in sides:
                     side.gate.on_output_tokens(side.reqs[rid], 1 + y % 50)
+            elif kind == "cached" and base.running():
+                rid = base.running()[x % len(base.running())]
+                for side in sides:
+                    req = side.reqs[rid]
+                    side.gate.on_cached_tokens(req, y % (req.prompt_tokens + 1))
             elif kind == "finish" and base.running():
                 rid = base.running()[x % len(base.running())]
                 for side in sides:

@@ -45,6 +45,10 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
     # The fleet order across replicas (rules.behind): off, strict, or with slack.
     allowance = draw(st.sampled_from([math.inf, 0.0, 300.0, 4096.0]))
     weights = {t: draw(st.sampled_from([1.0, 1.0, 2.0, 4.0])) for t in TENANTS}
+    # Locality: the prompt a worker holds, charged at w_cached (rules.admission_charge)
+    # and preferred within the allowance (rules.locality_pick).
+    w_cached = draw(st.sampled_from([1.0, 0.1, 0.0]))
+    local = draw(st.booleans())
     steps: list[tuple[str, Step]] = []
     admitted: list[tuple[str, str]] = []  # (lease, tenant) candidates offered so far
     for k in range(draw(st.integers(5, 30))):
@@ -52,6 +56,7 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
         step = Step(
             limits,
             w_in=1.0,
+            w_cached=w_cached,
             reserve_fraction=fraction,
             isolation=isolation,
             light_credit=credit,
@@ -101,6 +106,7 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
                             max_concurrent=max_concurrent,
                             queued=queued - j,
                             seq=100 * heads[n_tenant] + j,
+                            cached=draw(st.sampled_from([0, 100, 250, 300])) if local else 0,
                         )
                     )
                     admitted.append((lease, tenant))
