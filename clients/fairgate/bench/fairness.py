@@ -236,10 +236,18 @@ class Weighted(Protocol):
 
 
 def analyse(
-    sc: Weighted, records: list[RequestRecord], window_s: float, bound: float, label: str, n: int
+    sc: Weighted,
+    records: list[RequestRecord],
+    window_s: float,
+    bound: float,
+    label: str,
+    n: int,
+    w_cached: float | None = None,
 ) -> RunResult:
+    """`w_cached`: charge the prompt tokens the engine reported cached at that weight
+    (None: every prompt token at W_IN)."""
     res = RunResult(label, n, records, window_s)
-    events = service_events(records, W_IN, W_OUT, window_s)
+    events = service_events(records, W_IN, W_OUT, window_s, w_cached)
     tenants = [t for t in sc.weights if any(r.tenant == t for r in records)]
     intervals = {t: backlog_intervals(records, t, window_s) for t in tenants}
     gaps = [

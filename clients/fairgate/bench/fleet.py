@@ -147,7 +147,10 @@ async def run_variant(
         gateway_sender(v, urls, tenants_file, smg) as send,
     ):
         records = await replay(items, send, sc.seconds, time_scale)
-    result = analyse(sc, list(records), sc.seconds, bound, label, v.replicas)
+    # Service as fairgate charges it (cached prompt tokens at vtc_w_cached), for
+    # every variant alike: the yardstick of Jain and of the gap.
+    w_cached = Settings().vtc_w_cached
+    result = analyse(sc, list(records), sc.seconds, bound, label, v.replicas, w_cached)
     return FleetRun(label, result, records)
 
 

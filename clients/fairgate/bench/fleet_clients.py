@@ -36,10 +36,6 @@ class Clock:
 
 @dataclass
 class FleetRecord(RequestRecord):
-    # Prompt tokens the engine served from its prefix cache (from the usage at the
-    # end of the stream; None until then).
-    cached_tokens: int | None = None
-
     @property
     def completed(self) -> bool:
         return self.cached_tokens is not None and not (self.rejected or self.failed)
