@@ -30,7 +30,7 @@ from fairgate.bench.fleet_stacks import (
     gateway_sender,
     routing_setting_exists,
 )
-from fairgate.bench.gateway import find_smg
+from fairgate.bench.gateway import _uptime, find_smg
 from scheduler.rules import vtc_bound
 from service.settings import Settings
 
@@ -180,7 +180,8 @@ async def main(
     print(
         f"fleet benchmark: {workers} workers, {seconds:g} simulated s per run, time scale "
         f"{time_scale:g},\nseed {seed}, load {load:g}, {repetitions} repetition(s), "
-        f"{os.cpu_count()} cores; smg: {smg or 'not installed (its variants skipped)'}"
+        f"{os.cpu_count()} cores, {_uptime()};\n"
+        f"smg: {smg or 'not installed (its variants skipped)'}"
         + ("" if routing else "; no FAIRGATE_SGLANG_ROUTING here: fairgate variants route alike")
     )
     reps: list[dict[str, FleetRun]] = []
@@ -205,5 +206,7 @@ async def main(
                 )
                 print(f"  solo {v.stack} done", flush=True)
     out = report(sc, bound, chosen, reps, solos, routing)
+    out["machine_after"] = _uptime()
     print_report(out)
+    print(f"machine after: {out['machine_after']}")
     return out

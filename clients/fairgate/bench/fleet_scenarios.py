@@ -30,7 +30,7 @@ VOCAB_SIZE = 32000
 # Every worker (simulated RTX 4090, Llama-3.1-8B int4), kept small so that a
 # 2-core host keeps up and that the fleet's prefixes outgrow one worker's cache.
 MAX_RUNNING_REQUESTS = 16
-KV_CAPACITY_TOKENS = 24000
+KV_CAPACITY_TOKENS = 16000
 KV_TARGET_FRACTION = 0.9
 
 SYS_PROMPT_TOKENS = 1500
