@@ -120,7 +120,7 @@ class _QueueRound:
 
     def prefer(self, c: QueuedRequest) -> QueuedRequest:
         d = self.d
-        if d.locality is None:
+        if d.locality is None or not rules.locality_may_pass(d.reserve.queued(c.tenant_id)):
             return c
         heads = [h for h in d.policy.heads_within(d.allowance) if h is c or self._wanted(h)]
         if len(heads) < 2:

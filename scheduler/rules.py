@@ -257,6 +257,15 @@ def vtc_rank(
     return (order_key(counter, queued, light_credit), last_admitted, head_seq)
 
 
+def locality_may_pass(head_queued: int) -> bool:
+    """May locality put another tenant's request before the fair head, whose
+    tenant has `head_queued` requests queued? Not a light tenant's: its short
+    request is what isolation is for (measured on the virtual fleet: letting
+    cached heads pass it took a light tenant's TTFT p99 from 3.5x to 23x its
+    solo run)."""
+    return not light(head_queued)
+
+
 def locality_pick(cached: Sequence[int]) -> int:
     """Locality within the fair order (D²LPM-style, "Locality-aware Fair
     Scheduling in LLM Serving", 2025): `cached` holds, for the requests that may

@@ -36,6 +36,7 @@ from service.servicer import InferenceServicer
 from service.settings import Settings
 from service.shared_state import (
     build_dispatcher,
+    build_prefix_share,
     build_tenant_store,
     close_tenant_store,
 )
@@ -181,7 +182,9 @@ class App:
         tenants = directory.registry
         options = policy_options(settings, clock, tenants, directory.weight_of)
         isolation = isolation_for(settings.fair_isolation, cap)
-        pool = engine if isinstance(engine, WorkerPool) and engine.routing == "locality" else None
+        router = engine.router if isinstance(engine, WorkerPool) else None
+        if router is not None and router.routing != "locality":
+            router = None
         dispatcher = await build_dispatcher(
             settings,
             options,
@@ -190,9 +193,13 @@ class App:
             tenants,
             model_name,
             isolation,
-            None if pool is None else pool.cached_prefix,
+            None if router is None else router.cached_prefix,
         )
         undo.push_async_callback(dispatcher.aclose)
+        if router is not None and settings.store == "redis":
+            share = build_prefix_share(settings, model_name, router)
+            await share.start()
+            undo.push_async_callback(share.aclose)
         tokenizer = load_tokenizer(settings.tokenizer_path or None, cap.vocab_size)
         model = ServedModel(
             name=model_name,
@@ -214,7 +221,7 @@ class App:
             ),
             preempt_threshold=cap.preempt_threshold,
             isolation=isolation,
-            prefix_keys=None if pool is None else pool.prefix_keys,
+            prefix_keys=None if router is None else router.prefix_keys,
         )
         models = ModelRegistry([model], default=model_name)
         telemetry.watch_model(model)

@@ -153,6 +153,7 @@ class Generation:
                     queued.prompt_tokens if params.model.isolation is Isolation.PREEMPT else None,
                 ),
                 prefix_keys=queued.prefix_keys,
+                light=queued.light,
             )
             obs.admitted(engine_req, dispatcher.budget)
             drain, key = self.drain, id(queued)

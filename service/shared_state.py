@@ -15,12 +15,15 @@ from scheduler.clock import Clock
 from scheduler.dispatcher import Dispatcher
 from scheduler.gate import AdmissionGate
 from scheduler.ordering.policies import PolicyOptions, make_policy
+from scheduler.redis_io import connect
 from scheduler.request import Locality
 from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
 from scheduler.state.redis_store import RedisStore
 from scheduler.tenancy.redis_tenant_store import RedisTenantStore
 from scheduler.tenancy.tenant_store import InMemoryTenantStore, TenantStore
 from scheduler.tenancy.tenants import TenantRegistry
+from service.engines.prefix_share import PrefixShare
+from service.engines.router import Router
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -115,3 +118,13 @@ async def build_dispatcher(
     )
     await shared.start()
     return shared
+
+
+def build_prefix_share(settings: Settings, model_name: str, router: Router) -> PrefixShare:
+    """With store=redis, the replicas' pools tell each other what they routed where."""
+    client = connect(settings.redis_url, timeout_s=settings.redis_timeout_s)
+    domain = settings.redis_domain or model_name
+    stream = f"{settings.redis_prefix}:{{{domain}}}:routes"
+    share = PrefixShare(client, stream, replica_id(), router.learn)
+    router.on_routed = share.publish
+    return share

@@ -422,7 +422,7 @@ class _StoreRound:
         order (not one admitted by an earlier try: that one counts when it is
         the head), and the one a worker holds most of goes first."""
         step, cands = self.step, self.step.candidates
-        if math.isinf(step.allowance):
+        if math.isinf(step.allowance) or not rules.locality_may_pass(c.queued):
             return c
         credit = step.light_credit
         limit = rules.order_key(self.out.counters[c.tenant_id], c.queued, credit) + step.allowance

@@ -479,7 +479,8 @@ while going do
       -- admitted by an earlier try; the one a worker holds most of goes first
       -- when it may (decision.py), else c is decided
       local pick, done = c, false
-      if allowance >= 0 and n < max_req then
+      -- never past a light tenant's head (rules.locality_may_pass)
+      if allowance >= 0 and n < max_req and c.queued > LIGHT_QUEUE then
         local limit = c.key + allowance
         for j = k + 1, #heads do
           local h = heads[j]

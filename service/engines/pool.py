@@ -1,10 +1,11 @@
 """Several SGLang workers behind one Engine.
 
-Routing (the rule: `routing.py`): with `locality` (the default), the healthy
-worker where the request would get its first token soonest, counting the
-prefill work routed there that has not streamed yet and the prompt's prefix the
-worker is thought to hold (`prefix_index.py`: what was sent where, corrected by
-the `cached_tokens` each worker reports); with `least_full`, the worker that
+Routing (the bookkeeping: `router.py`; the rule: `routing.py`): with
+`locality` (the default), the healthy worker where the request would get its
+first token soonest, counting the prefill work routed there that has not
+streamed yet and the prompt's prefix the worker is thought to hold
+(`prefix_index.py`: what was sent where, corrected by the `cached_tokens` each
+worker reports); with `least_full`, the worker that
 would be least full with the request. "Full" is a fraction of the worker's own
 capacity: the larger of its requests in flight (plus `FAILURE_LOAD` per recent
 stream failure, so a worker whose streams die fast does not look idle) over its
@@ -34,16 +35,13 @@ import asyncio
 import contextlib
 import logging
 import time
-import zlib
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from scheduler import rules
-from scheduler.request import QueuedRequest
 from service.engines.breaker import Breaker, BreakerPolicy
-from service.engines.prefix_index import PrefixIndex
 from service.engines.protocol import (
     EngineCapacity,
     EngineChunk,
@@ -51,7 +49,8 @@ from service.engines.protocol import (
     EngineLoad,
     EngineRequest,
 )
-from service.engines.routing import Routing, WorkerView, route
+from service.engines.router import Router
+from service.engines.routing import Routing, fullness
 from service.engines.sglang_chunks import RequestRefused
 from service.engines.sglang_http import SglangHttpEngine, WorkerDown
 
@@ -70,8 +69,6 @@ class Worker:
     failures: int = 0
     last_error: str = ""
     kv_in_flight: int = 0
-    # Uncached prompt tokens of the requests routed here that have not streamed yet.
-    pending_prefill: int = 0
     streams_total: int = 0
     stream_failures_total: int = 0
     # (monotonic s, "ejected" | "admitted", ejection length s): recent transitions.
@@ -81,15 +78,22 @@ class Worker:
         """How full it is, as a fraction of its capacity, with `requests` more
         requests of `kv_tokens` in all: the busier of its slots and its KV."""
         cap = self.engine.capacity()
-        busy = self.in_flight + requests + FAILURE_LOAD * self.breaker.penalty(now_s)
-        return max(
-            busy / max(1, cap.max_running_requests),
-            (self.kv_in_flight + kv_tokens) / max(1, cap.max_total_tokens),
+        busy = self.in_flight + FAILURE_LOAD * self.breaker.penalty(now_s)
+        return fullness(
+            busy,
+            self.kv_in_flight,
+            cap.max_running_requests,
+            cap.max_total_tokens,
+            requests,
+            kv_tokens,
         )
 
     @property
     def url(self) -> str:
         return self.engine.url
+
+    def slots(self) -> int:
+        return self.engine.capacity().max_running_requests
 
 
 class WorkerPool:
@@ -112,14 +116,13 @@ class WorkerPool:
         self.clock = clock
         self.workers = [Worker(e, Breaker(policy)) for e in engines]
         self.health_interval_s = health_interval_s
-        self.prefix_affinity_tokens = prefix_affinity_tokens
-        self.affinity_slack = affinity_slack
-        self.routing: Routing = routing
-        # Sized by each worker's KV once its capacity is read.
-        self.index = PrefixIndex([1 for _ in engines])
-        # Prompt tokens the workers reported cached, and those the index expected.
-        self.cached_tokens_total = 0
-        self.predicted_cached_total = 0
+        self.router = Router(
+            self.workers,
+            routing=routing,
+            clock=clock,
+            prefix_affinity_tokens=prefix_affinity_tokens,
+            affinity_slack=affinity_slack,
+        )
         self.served_model_name = ""
         self.moved_requests = 0
         self._where: dict[str, Worker] = {}
@@ -159,10 +162,9 @@ class WorkerPool:
         self._vocab_size = self._vocab_size or cap.vocab_size
         self.served_model_name = self.served_model_name or w.engine.served_model_name
         i = self.workers.index(w)
-        self.index.set_capacity(i, cap.max_total_tokens)
+        self.router.set_capacity(i, cap.max_total_tokens)
         if not w.healthy:
-            # Back after an ejection: it may have restarted with an empty cache.
-            self.index.clear(i)
+            self.router.readmitted(i)
             log.info("SGLang worker %s admitted", w.url)
             now_s = self.clock()
             w.breaker.readmitted(now_s)
@@ -210,38 +212,13 @@ class WorkerPool:
     def healthy_workers(self) -> list[Worker]:
         return [w for w in self.workers if w.healthy]
 
-    def _pick(self, req: EngineRequest, keys: list[int], tried: set[int]) -> tuple[int, int] | None:
-        """The worker for `req` not yet tried (its index), and the prefix it is
-        thought to hold; None: no healthy worker left."""
-        candidates = [i for i, w in enumerate(self.workers) if w.healthy and i not in tried]
-        if not candidates:
-            return None
-        now_s = self.clock()
-        kv = rules.kv_tokens(req.prompt_tokens, req.max_tokens)
-        views = [
-            WorkerView(
-                self.workers[i].load(now_s, kv, 1),
-                self.workers[i].pending_prefill,
-                self.index.match(i, keys) if self.routing == "locality" else 0,
-            )
-            for i in candidates
-        ]
-        preferred, slack = None, 0.0
-        n = self.prefix_affinity_tokens
-        if n and len(req.prompt_token_ids) >= n:
-            preferred = zlib.crc32(repr(req.prompt_token_ids[:n]).encode()) % len(candidates)
-            cap = self.workers[candidates[preferred]].engine.capacity()
-            # Within `affinity_slack` requests of the best (in the preferred one's slots).
-            slack = self.affinity_slack / max(1, cap.max_running_requests)
-        j = route(views, req.prompt_tokens, self.routing, preferred=preferred, slack=slack)
-        return candidates[j], views[j].matched
-
     async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
+        router = self.router
         tried: set[int] = set()
         last: EngineError | None = None
-        keys = list(req.prefix_keys) or self.prefix_keys(req.prompt_token_ids)
+        keys = list(req.prefix_keys) or router.prefix_keys(req.prompt_token_ids)
         while True:
-            picked = self._pick(req, keys, tried)
+            picked = router.pick(req.prompt_token_ids, req.max_tokens, keys, tried, req.light)
             if picked is None:
                 raise last or EngineError("no healthy SGLang worker", retryable=True)
             i, matched = picked
@@ -250,15 +227,11 @@ class WorkerPool:
             if last is not None:
                 self.moved_requests += 1
             kv = rules.kv_tokens(req.prompt_tokens, req.max_tokens)
-            pending = req.prompt_tokens - matched
             w.in_flight += 1
             w.kv_in_flight += kv
-            w.pending_prefill += pending
             w.streams_total += 1
             self._where[req.request_id] = w
-            # The prompt is there once prefilled; routing the next request with this
-            # prefix here before then still finds it cached or being computed.
-            self.index.insert(i, keys)
+            pending = router.sent(i, keys, req.prompt_tokens, matched)
             output: list[int] = []
             started = False
             try:
@@ -266,17 +239,18 @@ class WorkerPool:
                     async for chunk in stream:
                         if not started:
                             started = True
-                            w.pending_prefill -= pending
+                            router.streamed(
+                                i, pending, matched, req.prompt_tokens, chunk.cached_tokens
+                            )
                             pending = 0
-                            self._reported(i, keys, req.prompt_tokens, matched, chunk)
                         if keys:
                             output.extend(chunk.token_ids)
+                        if chunk.finish is not None:
+                            # Before the last chunk goes out: the consumer stops there
+                            # and closes this generator.
+                            w.breaker.on_success(self.clock())
+                            router.finished(i, req.prompt_token_ids, output)
                         yield chunk
-                w.breaker.on_success(self.clock())
-                if keys:
-                    # SGLang caches the finished sequence: a conversation's next turn
-                    # re-sends it.
-                    self.index.insert(i, self.index.chain([*req.prompt_token_ids, *output]))
                 return
             except EngineError as exc:
                 self._stream_failed(w, exc)
@@ -287,33 +261,8 @@ class WorkerPool:
             finally:
                 w.in_flight -= 1
                 w.kv_in_flight -= kv
-                w.pending_prefill -= pending
+                router.released(i, pending)
                 self._where.pop(req.request_id, None)
-
-    def prefix_keys(self, prompt_token_ids: Sequence[int]) -> list[int]:
-        """The keys locality routing matches a prompt by ([] with least_full)."""
-        return self.index.chain(prompt_token_ids) if self.routing == "locality" else []
-
-    def cached_prefix(self, req: QueuedRequest) -> int:
-        """For locality-aware admission (`scheduler.request.Locality`): the most of
-        the queued request's prompt that a healthy worker with room for it is
-        thought to hold."""
-        now_s, kv, best = self.clock(), req.kv_tokens, 0
-        for i, w in enumerate(self.workers):
-            if w.healthy and w.load(now_s, kv, 1) <= 1.0:
-                best = max(best, self.index.match(i, req.prefix_keys))
-        return best
-
-    def _reported(
-        self, i: int, keys: list[int], prompt_tokens: int, matched: int, chunk: EngineChunk
-    ) -> None:
-        """The worker says how much of the prompt it had cached: fewer tokens than
-        the index matched means it evicted more than the index did (or restarted)."""
-        reported = min(max(0, chunk.cached_tokens), prompt_tokens)
-        self.cached_tokens_total += reported
-        self.predicted_cached_total += matched
-        if reported < matched:
-            self.index.shrink(i, matched - reported)
 
     async def abort(self, request_id: str) -> None:
         w = self._where.get(request_id)

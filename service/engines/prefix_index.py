@@ -14,6 +14,10 @@ fewer `cached_tokens` than the index matched, it evicted more than the index
 did (running requests hold KV too) or restarted, so the index forgets as many of
 its least recently used tokens (the prompt just sent is the most recent: it is
 being cached now); a worker that comes back after an ejection starts empty.
+
+With replicas, each one's routes reach the others (`prefix_share.py`) as the
+deepest key of each routed sequence, so a conversation's next turn finds its
+worker whichever replica it reaches.
 """
 
 from __future__ import annotations
@@ -50,14 +54,14 @@ class PrefixIndex:
         return chain(token_ids, self.block)
 
     def match(self, worker: int, keys: Sequence[int]) -> int:
-        """Tokens of the prefix `keys` stands for that `worker` is thought to hold."""
+        """Tokens of the prefix `keys` stands for that `worker` is thought to hold:
+        up to its deepest key there (a key stands for its whole prefix, so one
+        learned from another replica, `prefix_share.py`, counts alone)."""
         cached = self._cached[worker]
-        n = 0
-        for k in keys:
-            if k not in cached:
-                break
-            n += 1
-        return n * self.block
+        for i in range(len(keys) - 1, -1, -1):
+            if keys[i] in cached:
+                return (i + 1) * self.block
+        return 0
 
     def insert(self, worker: int, keys: Sequence[int]) -> None:
         """`worker` now holds the prefix `keys` (leaf first, so leaves go first)."""

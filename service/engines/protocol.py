@@ -44,6 +44,8 @@ class EngineRequest:
     # The prompt's prefix keys, when a pool routing by locality computed them
     # for admission already (prefix_index.chain).
     prefix_keys: Sequence[int] = ()
+    # Its tenant was light at admission: a pool routes it where it starts soonest.
+    light: bool = False
 
     @property
     def prompt_tokens(self) -> int:

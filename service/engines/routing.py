@@ -14,8 +14,10 @@ full the worker is, so that a cached prefix does not pile every request onto
 one worker while the others idle. Only workers with room are considered while
 any has room. So a conversation's next turn goes where its history is, a
 tenant's system prompt stays warm on the workers it was sent to, and a short
-request from a light tenant goes to a worker that is not in the middle of
-another tenant's long prefill.
+request goes to a worker that is not in the middle of another tenant's long
+prefill. A light tenant's request (`soonest`) drops the balance term: where it
+starts soonest, whatever the load (isolation across engines: on a worker that is
+only decoding, its first token waits for one decode step, not a prefill chunk).
 
 Ties go to the least full worker, then to the first.
 """
@@ -30,7 +32,17 @@ Routing = Literal["least_full", "locality"]
 ROUTINGS: tuple[Routing, ...] = ("least_full", "locality")
 
 # A worker at full load weighs as this many prefill tokens ahead (locality).
-BALANCE_TOKENS = 2048
+BALANCE_TOKENS = 512
+
+
+def fullness(
+    in_flight: int, kv_in_flight: int, slots: int, kv_capacity: int, requests: int, kv_tokens: int
+) -> float:
+    """How full a worker would be with `requests` more of `kv_tokens` in all, as a
+    fraction of its own capacity: the busier of its slots and its KV."""
+    return max(
+        (in_flight + requests) / max(1, slots), (kv_in_flight + kv_tokens) / max(1, kv_capacity)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +64,16 @@ def route(
     *,
     preferred: int | None = None,
     slack: float = 0.0,
-    balance_tokens: float = BALANCE_TOKENS,
+    balance_tokens: float | None = None,
+    soonest: bool = False,
 ) -> int:
-    """The index of the chosen worker in `workers` (not empty)."""
+    """The index of the chosen worker in `workers` (not empty). `soonest` (a
+    light tenant's request, locality): no balance term, the worker where it
+    starts soonest whatever its load, so that a worker that is only decoding
+    takes it before one in the middle of a prefill."""
+    balance = BALANCE_TOKENS if balance_tokens is None else balance_tokens
+    if soonest:
+        balance = 0.0
     if routing == "least_full":
         best = min(range(len(workers)), key=lambda i: (workers[i].load, i))
         if preferred is not None and workers[preferred].load <= workers[best].load + slack:
@@ -65,6 +84,6 @@ def route(
     def cost(i: int) -> tuple[float, float, int]:
         w = workers[i]
         uncached = max(0, prompt_tokens - w.matched)
-        return (w.pending_prefill + uncached + balance_tokens * w.load, w.load, i)
+        return (w.pending_prefill + uncached + balance * w.load, w.load, i)
 
     return min(room, key=cost)

@@ -132,5 +132,5 @@ async def test_a_conversations_later_turns_land_where_its_history_is(
         # to the server that ran that turn (the two share no cache).
         for (before, _), (_, cached) in itertools.pairwise(seen):
             assert cached >= before, f"conversation {k}: {seen}"
-    assert pool.cached_tokens_total >= sum(s[0][0] + s[1][0] for s in turns)
+    assert pool.router.cached_tokens_total >= sum(s[0][0] + s[1][0] for s in turns)
     await assert_drained(app, sglang_a, sglang_b)

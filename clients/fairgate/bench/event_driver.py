@@ -28,11 +28,19 @@ from scheduler.dispatcher import Dispatcher
 from scheduler.errors import SchedulingError
 from scheduler.ordering.policy import QueuePolicy
 from scheduler.request import Locality, Priority, QueuedRequest
-from scheduler.rules import Isolation, Verdict, engine_priority
+from scheduler.rules import (
+    Isolation,
+    Verdict,
+    admission_charge,
+    cached_shortfall,
+    engine_priority,
+)
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import ManualTimers
 from service.engines.protocol import SamplingOptions
-from service.engines.simulator.core import SimConfig, SimCore
+from service.engines.router import Router
+from service.engines.routing import Routing, fullness
+from service.engines.simulator.core import SimConfig, SimCore, SimRequest, StepResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +57,8 @@ class Arrival:
     deadline_after_s: float | None = None
     # The engine fails the request after this many output tokens.
     fail_after_tokens: int | None = None
+    # Its prompt (shared prefixes); None: ids of its own (`distinct_prompt_ids`).
+    prompt_ids: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -66,6 +76,14 @@ class _Call:
     done_s: float | None = None
     error: SchedulingError | None = None
     driver: Driver | None = None
+    prompt_ids: list[int] = field(default_factory=list)
+    # Where it runs (the worker's index), and the router's view of it there.
+    worker: int = 0
+    matched: int = 0
+    pending: int = 0
+    cached_tokens: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    sim_req: SimRequest | None = None
 
     def wanted(self) -> bool:
         return not self.gone
@@ -107,7 +125,36 @@ class FairnessMonitor:
         self._ranges = keep
 
 
+@dataclass(slots=True, eq=False)
+class _Worker:
+    """One simulated engine of the fleet, as the router sees it (`router.Target`)."""
+
+    core: SimCore
+    url: str
+    healthy: bool = True
+    in_flight: int = 0
+    kv_in_flight: int = 0
+    # The step under way and when it ends (None: not stepping).
+    step: StepResult | None = None
+    end_s: float = 0.0
+
+    def load(self, now_s: float, kv_tokens: int = 0, requests: int = 0) -> float:
+        cfg = self.core.config
+        kv = self.core.capacity
+        return fullness(
+            self.in_flight, self.kv_in_flight, cfg.max_running_requests, kv, requests, kv_tokens
+        )
+
+    def slots(self) -> int:
+        return self.core.config.max_running_requests
+
+
 class Driver:
+    """`engines` simulated engines of one config; with more than one (or a
+    `routing`), requests go where `router.Router` sends them (what a pool of
+    SGLang workers does live), and with `locality` routing admission asks the
+    router's prefix index (unless `locality` is given)."""
+
     def __init__(
         self,
         policy: QueuePolicy,
@@ -122,9 +169,22 @@ class Driver:
         isolation: Isolation = Isolation.RESERVE,
         locality: Locality | None = None,
         allowance: float = 0.0,
+        engines: int = 1,
+        routing: Routing | None = None,
     ) -> None:
         self.clock = clock or FakeClock()
         self.timers = ManualTimers(self.clock)
+        self.workers = [_Worker(SimCore(sim), f"sim://{i}") for i in range(engines)]
+        self.router: Router | None = None
+        if engines > 1 or routing is not None:
+            self.router = Router(
+                self.workers,
+                routing=routing or "locality",
+                clock=self.clock.now_s,
+                kv_tokens=[w.core.capacity for w in self.workers],
+            )
+            if locality is None and self.router.routing == "locality":
+                locality = self.router.cached_prefix
         self.dispatcher = Dispatcher(
             policy,
             AdmissionBudget(limits),
@@ -137,11 +197,12 @@ class Driver:
             locality=locality,
             allowance=allowance,
         )
-        self.core = SimCore(sim)
         # The priorities fairgate sends the engine (generation.py does the same).
         self._threshold = sim.priority_preemption_threshold if sim.priority_scheduling else None
         self._tiered = isolation is Isolation.PREEMPT
         self.w_in, self.w_out = w_in, w_out
+        # A cached prompt token's charge, as the policy makes it (the monitor's too).
+        self.w_cached: float = getattr(policy, "w_cached", w_in)
         reg = tenants or TenantRegistry.permissive()
         self._weight = reg.weight_of
         self.monitor = FairnessMonitor(weights=defaultdict(lambda: 1.0))
@@ -157,6 +218,11 @@ class Driver:
         self.max_batch_streak = 0
         self.steps = 0
 
+    @property
+    def core(self) -> SimCore:
+        """The first (with one engine, the only) engine."""
+        return self.workers[0].core
+
     # -- bookkeeping ----------------------------------------------------------
     def backlogged(self) -> set[str]:
         return {t for t, by in self.queued.items() if sum(by.values()) > 0}
@@ -167,7 +233,10 @@ class Driver:
 
     def _on_admitted(self, call: _Call) -> None:
         tid = call.req.tenant_id
-        self.monitor.service[tid] += self.w_in * call.req.prompt_tokens
+        # Service as the fair counter charges it (a cached prefix at w_cached).
+        self.monitor.service[tid] += admission_charge(
+            self.w_in, call.req.prompt_tokens, 1.0, call.req.cached_estimate, self.w_cached
+        )
         # Charged while still backlogged: update before dequeuing.
         self.monitor.update(self.backlogged())
         self._dequeued(call)
@@ -247,6 +316,13 @@ class Driver:
             deadline_s=deadline,
         )
         call = _Call(a, req, len(self.calls), driver=self)
+        vocab = self.core.config.vocab_size
+        if a.prompt_ids is not None:
+            call.prompt_ids = list(a.prompt_ids)
+        else:
+            call.prompt_ids = distinct_prompt_ids(call.index, a.prompt_tokens, vocab)
+        if self.router is not None:
+            req.prefix_keys = self.router.prefix_keys(call.prompt_ids)
         self.calls.append(call)
         self.monitor.weights[a.tenant_id] = self._weight(a.tenant_id)
         self.queued[a.tenant_id][a.priority] += 1
@@ -289,20 +365,49 @@ class Driver:
                 call.req.lent,
                 call.req.prompt_tokens if self._tiered else None,
             )
-            vocab = self.core.config.vocab_size
-            sim_req = self.core.make_request(
-                call.req.request_id,
-                distinct_prompt_ids(call.index, call.req.prompt_tokens, vocab),
-                call.req.max_tokens,
-                sampling,
-                priority,
+            if self.router is not None:
+                keys = list(call.req.prefix_keys)
+                picked = self.router.pick(
+                    call.prompt_ids, call.req.max_tokens, keys, set(), call.req.light
+                )
+                assert picked is not None
+                call.worker, call.matched = picked
+                call.pending = self.router.sent(
+                    call.worker, keys, call.req.prompt_tokens, call.matched
+                )
+            w = self.workers[call.worker]
+            w.in_flight += 1
+            w.kv_in_flight += call.req.kv_tokens
+            sim_req = w.core.make_request(
+                call.req.request_id, call.prompt_ids, call.req.max_tokens, sampling, priority
             )
-            self.core.add(sim_req)
+            w.core.add(sim_req)
+            call.sim_req = sim_req
             self._running[call.req.request_id] = call
+
+    def _first_token(self, call: _Call) -> None:
+        """Its prefill is done: the engine says what it had cached."""
+        assert call.sim_req is not None
+        cached = call.cached_tokens = call.sim_req.cached_tokens
+        if self.router is not None:
+            self.router.streamed(
+                call.worker, call.pending, call.matched, call.req.prompt_tokens, cached
+            )
+            call.pending = 0
+        est = call.req.cached_estimate
+        short = cached_shortfall(self.w_in, self.w_cached, est, cached, 1.0)
+        self.monitor.service[call.req.tenant_id] += short
+        self.dispatcher.on_cached_tokens(call.req, cached)
 
     def _end(self, call: _Call) -> None:
         """The request leaves the engine: done, cancelled or failed."""
-        self.core.abort(call.req.request_id)
+        w = self.workers[call.worker]
+        w.core.abort(call.req.request_id)
+        w.in_flight -= 1
+        w.kv_in_flight -= call.req.kv_tokens
+        if self.router is not None:
+            self.router.released(call.worker, call.pending)
+            call.pending = 0
         del self._running[call.req.request_id]
         call.state = "done"
         call.done_s = self.clock.now_s()
@@ -317,31 +422,43 @@ class Driver:
         for a in arrivals:
             self._push(a.at_s, "arrive", a)
         while self.clock.now_s() < until_s:
-            if self.core.idle:
+            # Every engine with work steps; the one whose step ends first reports.
+            for w in self.workers:
+                if w.step is None and not w.core.idle:
+                    w.step = w.core.step()
+                    w.end_s = self.clock.now_s() + w.step.duration_s
+                    self.steps += 1
+                    assert self.steps < max_steps, "simulation does not terminate"
+            stepping = [w for w in self.workers if w.step is not None]
+            if not stepping:
                 if self._next_event_s() == math.inf:
                     break
                 self._handle_events_until(self._next_event_s())
                 continue
-            result = self.core.step()
-            self.steps += 1
-            assert self.steps < max_steps, "simulation does not terminate"
-            end_s = self.clock.now_s() + result.duration_s
+            w = min(stepping, key=lambda x: x.end_s)
+            end_s = w.end_s
             self._handle_events_until(end_s)
             self.clock.set(end_s)
+            result, w.step = w.step, None
+            assert result is not None
             for em in result.emissions:
                 call = self._running.get(em.rid)
                 if call is None:
                     continue  # cancelled during the step
                 call.output_tokens += 1
                 call.token_times_s.append(end_s)
+                call.output_ids.append(em.token_id)
                 if call.first_token_s is None:
                     call.first_token_s = end_s
+                    self._first_token(call)
                 self.dispatcher.on_output_tokens(call.req, 1)
                 # A charge can reorder the fair queue and admit a request now.
                 self._start_admitted()
                 self.monitor.service[call.req.tenant_id] += self.w_out
                 self.monitor.update(self.backlogged())
                 fail = call.arrival.fail_after_tokens
+                if em.finish is not None and self.router is not None:
+                    self.router.finished(call.worker, call.prompt_ids, call.output_ids)
                 if em.finish is not None or (fail is not None and call.output_tokens >= fail):
                     self._end(call)
         if until_s == math.inf:

@@ -152,7 +152,8 @@ def _request(i: int) -> EngineRequest:
 
 
 def _pick(pool: WorkerPool, req: EngineRequest) -> Worker:
-    picked = pool._pick(req, pool.index.chain(req.prompt_token_ids), set())
+    keys = pool.router.prefix_keys(req.prompt_token_ids)
+    picked = pool.router.pick(req.prompt_token_ids, req.max_tokens, keys, set())
     assert picked is not None
     return pool.workers[picked[0]]
 

@@ -11,6 +11,7 @@ from fairgate import AsyncClient, Completion
 
 from scheduler.dispatcher import Dispatcher
 from scheduler.ordering.vtc import VtcPolicy
+from scheduler.rules import LIGHT_QUEUE
 from service.engines.pool import WorkerPool
 from service.engines.simulator.http_server import SimServer
 from tests.conftest import StartServer
@@ -63,7 +64,7 @@ async def test_a_conversations_later_turns_land_where_its_history_is(
         for (before, _), (_, cached) in itertools.pairwise(seen):
             assert cached >= before, f"conversation {k}: {seen}"
     assert set().union(*(_where(workers, 1000 + k) for k in range(6))) == {0, 1}
-    assert pool.cached_tokens_total > 0
+    assert pool.router.cached_tokens_total > 0
     await assert_no_sglang_leaks(app, *workers)
 
 
@@ -80,14 +81,14 @@ async def test_a_short_request_avoids_the_worker_in_a_long_prefill(
     workers[0].faults.first_chunk_delay_s = 30.0
     async with AsyncClient(app.address) as c:
         long = asyncio.create_task(c.complete([5] * 3000, max_tokens=10, ignore_eos=True))
-        await eventually(lambda: pool.workers[0].pending_prefill == 3000, what="long routed")
+        await eventually(lambda: pool.router.pending_prefill[0] == 3000, what="long routed")
         workers[0].faults.first_chunk_delay_s = 0.0
         decoding = [
             asyncio.create_task(c.complete([9, i], max_tokens=400, ignore_eos=True))
             for i in range(2)
         ]
         await eventually(lambda: pool.workers[1].in_flight == 2, what="decoders on worker 1")
-        await eventually(lambda: pool.workers[1].pending_prefill == 0, what="decoding")
+        await eventually(lambda: pool.router.pending_prefill[1] == 0, what="decoding")
         short = await c.complete([7, 7, 7], max_tokens=2)
         assert short.result.finish_reason == "length"
         assert _where(workers, 7) == {1}
@@ -96,32 +97,34 @@ async def test_a_short_request_avoids_the_worker_in_a_long_prefill(
             t.cancel()
         await asyncio.gather(long, *decoding, return_exceptions=True)
     await eventually(lambda: pool.in_flight == 0, what="all ended")
-    assert [w.pending_prefill for w in pool.workers] == [0, 0]
+    assert pool.router.pending_prefill == [0, 0]
     await assert_no_sglang_leaks(app, *workers)
 
 
 async def test_a_worker_that_loses_its_cache_is_corrected_by_what_it_reports(
     start_server: StartServer, start_sim: StartSim
 ) -> None:
-    """The index thinks worker 0 holds a prefix; the worker flushes its cache (a
-    restart would too) and reports cached_tokens 0: the index forgets that much,
-    and then learns the prefix again from the request that re-computed it."""
+    """The index thinks worker 0 holds two prefixes; the worker flushes its cache
+    (a restart would too) and then reports cached_tokens 0 for the newer one: the
+    index forgets as much of what it believed, the older prefix first, and learns
+    the newer one again from the request that re-computed it."""
     workers = [await start_sim(time_scale=0.0) for _ in range(2)]
     app = await start_server(**sglang_settings(*workers))
     pool = _pool(app)
-    prefix = [3, *range(100, 900)]
+    old, new = [3, *range(100, 900)], [4, *range(1100, 1900)]
+    block = pool.router.index.block
     async with AsyncClient(app.address) as c:
-        await c.complete([*prefix, 1], max_tokens=2)
-        held = pool.index.size(0)
-        assert held >= len(prefix) - pool.index.block
-        again = await c.complete([*prefix, 2], max_tokens=2)
-        assert again.result.usage.cached_tokens >= len(prefix) - pool.index.block
+        await c.complete([*old, 1], max_tokens=2)
+        await c.complete([*new, 1], max_tokens=2)
+        assert pool.router.index.match(0, pool.router.index.chain(old)) >= len(old) - block
+        again = await c.complete([*new, 2], max_tokens=2)
+        assert again.result.usage.cached_tokens >= len(new) - block
         assert workers[0].engine.core.flush_cache()
-        lost = await c.complete([*prefix, 3], max_tokens=2)
+        lost = await c.complete([*new, 3], max_tokens=2)
         assert lost.result.usage.cached_tokens == 0
-        assert pool.index.match(0, pool.index.chain(prefix)) < len(prefix) - pool.index.block
-        relearned = await c.complete([*prefix, 4], max_tokens=2)
-        assert relearned.result.usage.cached_tokens >= len(prefix) - pool.index.block
+        assert pool.router.index.match(0, pool.router.index.chain(old)) < len(old) // 2
+        relearned = await c.complete([*new, 4], max_tokens=2)
+        assert relearned.result.usage.cached_tokens >= len(new) - block
     await assert_no_sglang_leaks(app, *workers)
 
 
@@ -129,12 +132,16 @@ async def test_a_worker_that_loses_its_cache_is_corrected_by_what_it_reports(
 async def test_admission_lets_a_cached_request_into_the_worker_that_holds_it(
     start_server: StartServer, start_sim: StartSim, allowance: float
 ) -> None:
-    """Two workers of one slot each, both busy; tenant a's request (first in fair
-    order, nothing cached) and tenant b's (its prefix on worker 0) wait. Worker 0
+    """Two workers of one slot each, both busy; tenant a's requests (first in fair
+    order, nothing cached, more than a light tenant's) and tenant b's (its prefix
+    on worker 0) wait. Worker 0
     frees first: b's request, within the allowance of a, goes in there and skips
     its prefill; a takes the next slot. With no allowance the fair order holds."""
     workers = [await start_sim(time_scale=1.0, max_running_requests=1) for _ in range(2)]
-    app = await start_server(**sglang_settings(*workers, fair_allowance_tokens=allowance))
+    # No light credit: b (one request queued) is not ordered ahead of a for it.
+    app = await start_server(
+        **sglang_settings(*workers, fair_allowance_tokens=allowance, fair_light_credit=0)
+    )
     pool = _pool(app)
     model = app.models.resolve("")
     assert model is not None
@@ -147,27 +154,31 @@ async def test_admission_lets_a_cached_request_into_the_worker_that_holds_it(
         return asyncio.create_task(clients[tenant].complete(prompt, max_tokens=n, ignore_eos=True))
 
     await send("b", [*prefix, 1], 2)
-    short = send("x", [21, 22], 40)  # worker 0 (a tie: the first), ends first
+    short = send("x", [21, 22], 4000)  # worker 0 (a tie: the first)
     await eventually(lambda: pool.workers[0].in_flight == 1, what="worker 0 busy")
     long = send("y", [31, 32], 4000)
     await eventually(lambda: pool.workers[1].in_flight == 1, what="worker 1 busy")
-    a = send("a", [41, 42, 43], 2)
-    await eventually(lambda: len(d.policy) == 1, what="a queued")
+    # a has more than LIGHT_QUEUE queued (heavy: locality may pass it).
+    a = [send("a", [41, 42, i], 2) for i in range(LIGHT_QUEUE + 1)]
+    await eventually(lambda: len(d.policy) == LIGHT_QUEUE + 1, what="a queued")
     b = send("b", [*prefix, 2], 2)
-    await eventually(lambda: len(d.policy) == 2, what="b queued")
-    await short
-    done_a, done_b = await a, await b
+    await eventually(lambda: len(d.policy) == LIGHT_QUEUE + 2, what="b queued")
+    short.cancel()  # worker 0 frees first
+    await asyncio.gather(short, return_exceptions=True)
+    done_a, done_b = await a[0], await b
+    await asyncio.gather(*a)
     long.cancel()
     await asyncio.gather(long, return_exceptions=True)
     for client in clients.values():
         await client.close()
-    first = [r["input_ids"][0] for r in workers[0].record.requests][2:]
+    order = [r["input_ids"][0] for r in workers[0].record.requests][2:]
+    n = LIGHT_QUEUE + 1
     if allowance:
-        assert first == [11, 41]
-        assert done_b.result.usage.cached_tokens >= len(prefix) - pool.index.block
+        assert order == [11] + [41] * n
+        assert done_b.result.usage.cached_tokens >= len(prefix) - pool.router.index.block
         assert d.locality_picks_total == 1
     else:
-        assert first == [41, 11]
+        assert order == [41] * n + [11]
         assert d.locality_picks_total == 0
     assert done_a.result.finish_reason == "length"
     await eventually(lambda: pool.in_flight == 0, what="all ended")
@@ -203,3 +214,63 @@ async def test_a_cache_hit_is_charged_at_the_cached_rate_and_a_miss_in_full(
             assert w.engine.core.flush_cache()
         assert await charged(3) == pytest.approx(802)  # estimated 800 cached, had 0
     await assert_no_sglang_leaks(app, *workers)
+
+
+@pytest.mark.parametrize("share", [True, False])
+async def test_two_replicas_send_a_conversation_where_its_history_is(
+    start_server: StartServer, start_sim: StartSim, redis_url: str, share: bool
+) -> None:
+    """Two fairgate replicas over Redis, two workers; six conversations at once
+    whose turns alternate between the replicas. Each replica learns where the
+    other routed (prefix_share.py), so every later turn finds its history
+    cached. Without the share, a turn routed by the replica that has not seen
+    its conversation lands by load alone, and some miss."""
+    workers = [await start_sim(time_scale=0.2, max_running_requests=16) for _ in range(2)]
+    apps = [
+        await start_server(**sglang_settings(*workers, store="redis", redis_url=redis_url))
+        for _ in range(2)
+    ]
+    pools = [_pool(app) for app in apps]
+    if not share:
+        for p in pools:
+            p.router.on_routed = None
+    rng = random.Random(11)
+    clients = [AsyncClient(app.address) for app in apps]
+
+    async def conversation(k: int) -> list[tuple[int, int]]:
+        prompt = [1000 + k, *(rng.randrange(2000, 30000) for _ in range(600))]
+        seen = []
+        for turn in range(4):
+            done = await clients[(k + turn) % 2].complete(
+                prompt, max_tokens=20, ignore_eos=True, return_token_ids=True
+            )
+            seen.append((len(prompt), done.result.usage.cached_tokens))
+            prompt = [*prompt, *done.token_ids]
+            if share:  # the other replica has heard of it (no timing assumed)
+                index = pools[(k + turn + 1) % 2].router.index
+                keys = index.chain(prompt)
+                full = len(keys) * index.block
+                await eventually(
+                    lambda ix=index, ks=keys, n=full: max(ix.match(i, ks) for i in (0, 1)) == n,
+                    what="the route shared",
+                )
+            prompt += [rng.randrange(2000, 30000) for _ in range(40)]
+        return seen
+
+    try:
+        turns = await asyncio.gather(*(conversation(k) for k in range(6)))
+    finally:
+        for c in clients:
+            await c.close()
+    misses = [
+        (k, seen)
+        for k, seen in enumerate(turns)
+        for (before, _), (_, cached) in itertools.pairwise(seen)
+        if cached < before
+    ]
+    if share:
+        assert misses == []
+    else:
+        assert misses
+    for app in apps:
+        await assert_no_sglang_leaks(app, *workers)

@@ -18,7 +18,7 @@ from scheduler.ordering.backlog import Backlog
 from scheduler.ordering.keyed_heap import KeyedHeap
 from scheduler.ordering.vtc import VtcPolicy
 from scheduler.request import QueuedRequest
-from scheduler.rules import locality_pick, order_key
+from scheduler.rules import LIGHT_QUEUE, locality_pick, order_key
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 from scheduler.timers import ManualTimers
 from service.engines.simulator.core import SimConfig
@@ -113,25 +113,25 @@ def _submit(
 def test_the_cached_request_within_the_allowance_goes_first_and_beyond_it_waits() -> None:
     d, policy = _dispatcher({"b1": 800, "c1": 900, "c2": 900}, allowance=150)
     a0, wa0 = _submit(d, "a0", "a")  # the one slot
-    a1, wa1 = _submit(d, "a1", "a")
+    # a keeps more than LIGHT_QUEUE queued: heavy, locality may pass it.
+    wa = [_submit(d, f"a{i}", "a")[1] for i in range(1, LIGHT_QUEUE + 2)]
     b1, wb1 = _submit(d, "b1", "b")
     c1, wc1 = _submit(d, "c1", "c", prompt=200)
     assert wa0.admitted_count == 1
     # Counters: a 100; b and c lifted to the floor, 100 (a, the only one backlogged).
     # All three within 150: c's cached prefix is the longest, c goes first.
     d.finish(a0)
-    assert (wa1.admitted_count, wb1.admitted_count, wc1.admitted_count) == (0, 0, 1)
+    assert (wa[0].admitted_count, wb1.admitted_count, wc1.admitted_count) == (0, 0, 1)
     assert d.locality_picks_total == 1
     # c is now at 300, beyond 100 + 150: its next request waits although it is
     # cached; b (cached, within the allowance of a) goes before a.
     _, wc2 = _submit(d, "c2", "c")
     d.finish(c1)
-    assert (wa1.admitted_count, wb1.admitted_count, wc2.admitted_count) == (0, 1, 0)
+    assert (wa[0].admitted_count, wb1.admitted_count, wc2.admitted_count) == (0, 1, 0)
     d.finish(b1)
-    assert (wa1.admitted_count, wc2.admitted_count) == (1, 0)
-    d.finish(a1)
-    assert wc2.admitted_count == 1
-    assert policy.counter("c") == 400
+    assert (wa[0].admitted_count, wc2.admitted_count) == (1, 0)
+    assert policy.counter("c") == 300
+    assert d.locality_picks_total == 2
 
 
 def test_nothing_cached_keeps_the_fair_order() -> None:
@@ -215,3 +215,15 @@ def _run_local(
     )
     drv.run(arrivals)
     return drv
+
+
+def test_locality_never_passes_a_light_tenants_head() -> None:
+    """Tenant l has one request queued (light), first in fair order; b's cached
+    head within the allowance does not go before it (isolation first)."""
+    d, _ = _dispatcher({"b1": 800}, allowance=10_000)
+    a0, _ = _submit(d, "a0", "a")
+    _, wl = _submit(d, "l1", "l", prompt=10)
+    _, wb = _submit(d, "b1", "b", prompt=10)
+    d.finish(a0)
+    assert (wl.admitted_count, wb.admitted_count) == (1, 0)
+    assert d.locality_picks_total == 0

@@ -77,11 +77,14 @@ def test_locality_skips_a_worker_busy_prefilling_for_a_short_request() -> None:
 
 
 def test_locality_balances_load_against_a_cached_prefix() -> None:
-    # The cached prefix is worth less than a full worker's load.
-    hot = WorkerView(0.95, 0, 1000)
+    # A short cached prefix is worth less than a nearly full worker's load
+    # (BALANCE_TOKENS per full load), more than a lightly loaded one's.
     idle = WorkerView(0.0, 0, 0)
-    assert route([hot, idle], 1100, "locality") == 1
-    assert route([WorkerView(0.3, 0, 1000), idle], 1100, "locality") == 0
+    short = BALANCE_TOKENS // 2
+    assert route([WorkerView(0.95, 0, short), idle], 1100, "locality") == 1
+    assert route([WorkerView(0.3, 0, short), idle], 1100, "locality") == 0
+    # A long one wins even on a nearly full worker (it still has room).
+    assert route([WorkerView(0.95, 0, 1000), idle], 1100, "locality") == 0
 
 
 def test_only_workers_with_room_while_any_has_room() -> None:
@@ -119,3 +122,10 @@ def test_locality_picks_the_least_cost_worker_with_room(
         return w.pending_prefill + max(0, prompt - w.matched) + BALANCE_TOKENS * w.load
 
     assert all(cost(workers[chosen]) <= cost(w) for w in room)
+
+
+def test_a_light_tenants_request_goes_where_it_starts_soonest_whatever_the_load() -> None:
+    # Worker 0 is nearly empty but prefilling; worker 1 is busier, only decoding.
+    workers = [WorkerView(0.1, 300, 0), WorkerView(0.8, 0, 0)]
+    assert route(workers, 20, "locality") == 0  # the balance term: 300 < 512 x 0.7
+    assert route(workers, 20, "locality", soonest=True) == 1

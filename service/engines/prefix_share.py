@@ -1,0 +1,112 @@
+"""Replicas tell each other what they routed where, through a Redis stream.
+
+Each replica's pool keeps its own prefix index (`prefix_index.py`). With
+several replicas over Redis, a conversation's turns may reach different
+replicas; the one that routes a later turn must know where the earlier turns
+went. So every replica appends, for each sequence it routes (the prompt when it
+is sent, prompt plus output when it ends), the worker's URL and the sequence's
+deepest prefix key to one stream, and reads the others' entries every
+`interval_s` into its own index. A key stands for its whole prefix, so that
+one key per sequence is enough (`PrefixIndex.match` looks for the deepest).
+
+Redis faults cost locality only: entries not sent or not read are not retried,
+routing goes on from the local index, and a warning is logged once per outage.
+The stream is capped (`maxlen`, approximately); a replica that starts reads what
+is still there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from scheduler.redis_io import UNAVAILABLE, text
+
+log = logging.getLogger(__name__)
+
+
+class PrefixShare:
+    def __init__(
+        self,
+        client: Any,
+        stream: str,
+        replica_id: str,
+        learn: Callable[[str, int], None],
+        *,
+        interval_s: float = 0.05,
+        maxlen: int = 50_000,
+        batch: int = 2_000,
+    ) -> None:
+        self.client = client
+        self.stream = stream
+        self.replica_id = replica_id
+        self.learn = learn
+        self.interval_s = interval_s
+        self.maxlen = maxlen
+        self.batch = batch
+        self._out: list[tuple[str, int]] = []
+        self._last_id = "0-0"
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+        self.sent_total = 0
+        self.learned_total = 0
+        self.rounds = 0
+
+    def publish(self, url: str, key: int) -> None:
+        """This replica routed the sequence `key` stands for to worker `url`."""
+        if len(self._out) < self.batch:
+            self._out.append((url, key))
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="prefix-share")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.client.aclose()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.sync()
+                if self._failing:
+                    log.info("prefix share: Redis is back")
+                self._failing = False
+            except UNAVAILABLE as exc:
+                if not self._failing:
+                    log.warning(
+                        "prefix share: Redis failed (%s); routing from this replica's routes", exc
+                    )
+                self._failing = True
+            self.rounds += 1
+            await asyncio.sleep(self.interval_s)
+
+    async def sync(self) -> None:
+        """Send what this replica routed since the last call; learn the others'."""
+        out, self._out = self._out, []
+        if out:
+            pipe = self.client.pipeline(transaction=False)
+            for url, key in out:
+                fields = {"r": self.replica_id, "u": url, "k": str(key)}
+                pipe.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
+            await pipe.execute()
+            self.sent_total += len(out)
+        while True:
+            got = await self.client.xread({self.stream: self._last_id}, count=self.batch)
+            entries = got[0][1] if got else []
+            for entry_id, fields in entries:
+                self._last_id = text(entry_id)
+                f = {text(k): text(v) for k, v in fields.items()}
+                if f.get("r") != self.replica_id and "u" in f and "k" in f:
+                    with contextlib.suppress(ValueError):
+                        self.learn(f["u"], int(f["k"]))
+                        self.learned_total += 1
+            if len(entries) < self.batch:
+                return

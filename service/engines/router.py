@@ -1,0 +1,172 @@
+"""Routing across a pool's workers, without I/O: which worker, and what it holds.
+
+`Router` is the bookkeeping both the live pool (`pool.py`, SGLang workers over
+HTTP) and the virtual fleet (`fairgate.bench.event_driver`, simulator cores on a
+fake clock) route with, so the two cannot drift: the prefix index
+(`prefix_index.py`), the prefill routed to each worker that has not streamed
+yet, the rule (`routing.route`), the correction by the `cached_tokens` a worker
+reports, the finished sequence (SGLang caches it), and the replicas' share
+(`on_routed` / `learn`, `prefix_share.py`). The targets say how full they are
+and whether they are healthy; the router never waits on them.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from scheduler import rules
+from scheduler.request import QueuedRequest
+from service.engines.prefix_index import PrefixIndex
+from service.engines.routing import Routing, WorkerView, route
+
+
+class Target(Protocol):
+    """A worker as routing needs it."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    def load(self, now_s: float, kv_tokens: int = 0, requests: int = 0) -> float:
+        """How full it would be with `requests` more of `kv_tokens` in all (1.0: full)."""
+        ...
+
+    def slots(self) -> int:
+        """Its running-request slots."""
+        ...
+
+
+class Router:
+    def __init__(
+        self,
+        targets: Sequence[Target],
+        *,
+        routing: Routing = "locality",
+        clock: Callable[[], float],
+        prefix_affinity_tokens: int = 0,
+        affinity_slack: int = 2,
+        kv_tokens: Sequence[int] | None = None,
+    ) -> None:
+        self.targets = targets
+        self.routing: Routing = routing
+        self.clock = clock
+        self.prefix_affinity_tokens = prefix_affinity_tokens
+        self.affinity_slack = affinity_slack
+        # Sized by each worker's KV (`set_capacity` once it is read).
+        self.index = PrefixIndex(kv_tokens or [1 for _ in targets])
+        # Uncached prompt tokens routed to each worker that have not streamed yet.
+        self.pending_prefill = [0 for _ in targets]
+        # Prompt tokens the workers reported cached, and those the index expected.
+        self.cached_tokens_total = 0
+        self.predicted_cached_total = 0
+        # Replicas: each sequence routed (worker URL, its deepest prefix key) goes to
+        # the others (prefix_share.py), whose routes come back through `learn`.
+        self.on_routed: Callable[[str, int], None] | None = None
+
+    # -- what admission asks ----------------------------------------------------
+    def prefix_keys(self, prompt_token_ids: Sequence[int]) -> list[int]:
+        """The keys locality matches a prompt by ([] with least_full)."""
+        return self.index.chain(prompt_token_ids) if self.routing == "locality" else []
+
+    def cached_prefix(self, req: QueuedRequest) -> int:
+        """For locality-aware admission (`scheduler.request.Locality`): the most of
+        the queued request's prompt that a healthy worker with room for it is
+        thought to hold."""
+        now_s, kv, best = self.clock(), req.kv_tokens, 0
+        for i, t in enumerate(self.targets):
+            if t.healthy and t.load(now_s, kv, 1) <= 1.0:
+                best = max(best, self.index.match(i, req.prefix_keys))
+        return best
+
+    # -- one request --------------------------------------------------------------
+    def pick(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        keys: list[int],
+        tried: set[int],
+        soonest: bool = False,
+    ) -> tuple[int, int] | None:
+        """The worker for a request not yet tried (its index), and the prefix it is
+        thought to hold; None: no healthy worker left. `soonest`: a light
+        tenant's (`routing.route`)."""
+        candidates = [i for i, t in enumerate(self.targets) if t.healthy and i not in tried]
+        if not candidates:
+            return None
+        now_s = self.clock()
+        prompt_tokens = len(prompt_token_ids)
+        kv = rules.kv_tokens(prompt_tokens, max_tokens)
+        local = self.routing == "locality"
+        views = [
+            WorkerView(
+                self.targets[i].load(now_s, kv, 1),
+                self.pending_prefill[i],
+                self.index.match(i, keys) if local else 0,
+            )
+            for i in candidates
+        ]
+        preferred, slack = None, 0.0
+        n = self.prefix_affinity_tokens
+        if n and prompt_tokens >= n:
+            preferred = zlib.crc32(repr(list(prompt_token_ids[:n])).encode()) % len(candidates)
+            # Within `affinity_slack` requests of the best (in the preferred one's slots).
+            slack = self.affinity_slack / max(1, self.targets[candidates[preferred]].slots())
+        j = route(
+            views, prompt_tokens, self.routing, preferred=preferred, slack=slack, soonest=soonest
+        )
+        return candidates[j], views[j].matched
+
+    def sent(self, i: int, keys: list[int], prompt_tokens: int, matched: int) -> int:
+        """The request went to worker `i`: the prefill it adds there (returned, for
+        `streamed` / `released`). Its prompt is there once prefilled; the next
+        request with this prefix routed here before then still finds it cached or
+        being computed."""
+        pending = prompt_tokens - matched
+        self.pending_prefill[i] += pending
+        self._routed(i, keys)
+        return pending
+
+    def streamed(self, i: int, pending: int, matched: int, prompt_tokens: int, cached: int) -> None:
+        """Its first chunk: its prefill is done; the worker says how much of the
+        prompt it had cached. Fewer tokens than the index matched means it evicted
+        more than the index did (or restarted)."""
+        self.pending_prefill[i] -= pending
+        reported = min(max(0, cached), prompt_tokens)
+        self.cached_tokens_total += reported
+        self.predicted_cached_total += matched
+        if reported < matched:
+            self.index.shrink(i, matched - reported)
+
+    def released(self, i: int, pending: int) -> None:
+        """It left worker `i` before its first chunk (`pending`: what `sent` added)."""
+        self.pending_prefill[i] -= pending
+
+    def finished(self, i: int, prompt_token_ids: Sequence[int], output: Sequence[int]) -> None:
+        """Worker `i` finished it: SGLang caches the whole sequence, which a
+        conversation's next turn re-sends."""
+        if self.routing == "locality":
+            self._routed(i, self.index.chain([*prompt_token_ids, *output]))
+
+    def _routed(self, i: int, keys: list[int]) -> None:
+        self.index.insert(i, keys)
+        if keys and self.on_routed is not None:
+            self.on_routed(self.targets[i].url, keys[-1])
+
+    # -- workers --------------------------------------------------------------------
+    def learn(self, url: str, key: int) -> None:
+        """Another replica routed a sequence with this deepest key to `url`."""
+        for i, t in enumerate(self.targets):
+            if t.url == url:
+                self.index.insert(i, [key])
+                return
+
+    def set_capacity(self, i: int, kv_tokens: int) -> None:
+        self.index.set_capacity(i, kv_tokens)
+
+    def readmitted(self, i: int) -> None:
+        """Back after an ejection: it may have restarted with an empty cache."""
+        self.index.clear(i)

@@ -1,0 +1,65 @@
+"""Replicas' routes through a real Redis stream (service/engines/prefix_share.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from scheduler.redis_io import connect
+from service.engines.prefix_share import PrefixShare
+from tests.helpers import eventually
+
+
+def _share(url: str, replica: str, learned: list[tuple[str, int]], **kw: int) -> PrefixShare:
+    return PrefixShare(
+        connect(url, timeout_s=0.5),
+        "t:{d}:routes",
+        replica,
+        lambda u, k: learned.append((u, k)),
+        **kw,
+    )
+
+
+async def test_each_replica_learns_the_others_routes_not_its_own(redis_url: str) -> None:
+    heard_a: list[tuple[str, int]] = []
+    heard_b: list[tuple[str, int]] = []
+    a, b = _share(redis_url, "a", heard_a), _share(redis_url, "b", heard_b, batch=2)
+    try:
+        a.publish("http://w0", -(2**63))
+        a.publish("http://w1", 2**63 - 1)
+        b.publish("http://w0", 7)
+        await a.sync()
+        await b.sync()
+        await a.sync()
+        # b reads in batches of 2 and goes on until the stream is read.
+        assert heard_b == [("http://w0", -(2**63)), ("http://w1", 2**63 - 1)]
+        assert heard_a == [("http://w0", 7)]
+        # A replica that starts later reads what is still in the stream.
+        late: list[tuple[str, int]] = []
+        c = _share(redis_url, "c", late)
+        await c.sync()
+        assert len(late) == 3
+        await c.aclose()
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_redis_down_costs_locality_only(caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing raises out of the share's loop, what waits to be sent stays bounded,
+    and the outage is logged once."""
+    heard: list[tuple[str, int]] = []
+    share = _share("redis://127.0.0.1:1", "a", heard, batch=100)
+    for k in range(1000):
+        share.publish("http://w0", k)
+    assert len(share._out) == 100
+    with caplog.at_level(logging.WARNING, logger="service.engines.prefix_share"):
+        await share.start()
+        for n in range(1, 4):
+            share.publish("http://w0", 1)
+            await eventually(lambda n=n: share.rounds >= n, what=f"round {n}")
+    await share.aclose()
+    assert heard == []
+    warnings = [r for r in caplog.records if "Redis failed" in r.message]
+    assert len(warnings) == 1
