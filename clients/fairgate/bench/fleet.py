@@ -84,10 +84,12 @@ async def replay(
         if delay > 0:
             await asyncio.sleep(delay)
 
-    async def one(tenant: str, ids: list[int], max_tokens: int) -> tuple[FleetRecord, list[int]]:
+    def record(tenant: str, ids: list[int], max_tokens: int) -> FleetRecord:
+        # Made when the request leaves, not in its task: a task cancelled at the
+        # window's end before it ran still counts as sent.
         rec = FleetRecord(tenant, now_s(), len(ids), max_tokens)
         records.append(rec)
-        return rec, await send(rec, ids, now_s)
+        return rec
 
     async def conversation(item: Item) -> None:
         prompt: list[int] = []
@@ -96,7 +98,8 @@ async def replay(
             if len(prompt) + turn.max_tokens > MAX_PROMPT_TOKENS:
                 return
             await asyncio.sleep(turn.think_s * time_scale)
-            rec, out = await one(item.tenant, prompt, turn.max_tokens)
+            rec = record(item.tenant, prompt, turn.max_tokens)
+            out = await send(rec, prompt, now_s)
             if not rec.completed:
                 return
             prompt += out
@@ -107,9 +110,9 @@ async def replay(
         if item.turns:
             tasks.append(asyncio.create_task(conversation(item)))
         else:
-            tasks.append(
-                asyncio.create_task(one(item.tenant, list(item.prompt_ids), item.max_tokens))
-            )
+            ids = list(item.prompt_ids)
+            rec = record(item.tenant, ids, item.max_tokens)
+            tasks.append(asyncio.create_task(send(rec, ids, now_s)))
     await at(window_s)
     for task in tasks:
         task.cancel()
