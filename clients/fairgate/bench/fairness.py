@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -226,11 +226,28 @@ def bound_for(trace: list[Arrival]) -> float:
     return vtc_bound(W_IN, W_OUT, longest, M_TOKENS, Settings().fair_light_credit)
 
 
+class Weighted(Protocol):
+    """What `analyse` reads of a scenario (fairness or fleet)."""
+
+    @property
+    def weights(self) -> dict[str, float]: ...
+    @property
+    def victim(self) -> str: ...
+
+
 def analyse(
-    sc: Scenario, records: list[RequestRecord], window_s: float, bound: float, label: str, n: int
+    sc: Weighted,
+    records: list[RequestRecord],
+    window_s: float,
+    bound: float,
+    label: str,
+    n: int,
+    w_cached: float | None = None,
 ) -> RunResult:
+    """`w_cached`: charge the prompt tokens the engine reported cached at that weight
+    (None: every prompt token at W_IN)."""
     res = RunResult(label, n, records, window_s)
-    events = service_events(records, W_IN, W_OUT, window_s)
+    events = service_events(records, W_IN, W_OUT, window_s, w_cached)
     tenants = [t for t in sc.weights if any(r.tenant == t for r in records)]
     intervals = {t: backlog_intervals(records, t, window_s) for t in tenants}
     gaps = [

@@ -13,6 +13,8 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+from scheduler.rules import admission_charge
+
 
 @dataclass
 class RequestRecord:
@@ -28,6 +30,9 @@ class RequestRecord:
     # gRPC status name: RESOURCE_EXHAUSTED is a rejection, anything else a failure.
     rejected: str = ""
     failed: str = ""
+    # Prompt tokens the engine served from its prefix cache, as the usage at the
+    # end of the stream reports them (None: not reported, or the stream never ended).
+    cached_tokens: int | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -35,14 +40,22 @@ class RequestRecord:
 
 
 def service_events(
-    records: list[RequestRecord], w_in: float, w_out: float, until_s: float
+    records: list[RequestRecord],
+    w_in: float,
+    w_out: float,
+    until_s: float,
+    w_cached: float | None = None,
 ) -> dict[str, list[tuple[float, float]]]:
-    """Per tenant, (time, weighted tokens) service increments before `until_s`, in time order."""
+    """Per tenant, (time, weighted tokens) service increments before `until_s`, in time order.
+    A prompt counts at admission as fairgate charges it: `w_cached` per token the
+    engine reported cached (`w_cached` None: every prompt token at `w_in`)."""
     out: dict[str, list[tuple[float, float]]] = {}
     for r in records:
         ev = out.setdefault(r.tenant, [])
         if r.admitted_s is not None and r.admitted_s <= until_s:
-            ev.append((r.admitted_s, w_in * r.prompt_tokens))
+            cached = r.cached_tokens or 0 if w_cached is not None else 0
+            charge = admission_charge(w_in, r.prompt_tokens, 1.0, cached, w_cached or 0.0)
+            ev.append((r.admitted_s, charge))
         ev.extend((t, w_out * n) for t, n in r.token_times if t <= until_s)
     for ev in out.values():
         ev.sort()

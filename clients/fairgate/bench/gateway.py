@@ -164,15 +164,17 @@ async def sim_workers(
 
 
 @asynccontextmanager
-async def smg_gateway(binary: str, worker_urls: Sequence[str]) -> AsyncIterator[tuple[str, int]]:
+async def smg_gateway(
+    binary: str, worker_urls: Sequence[str], policy: str = "round_robin"
+) -> AsyncIterator[tuple[str, int]]:
     with tempfile.TemporaryFile() as log:  # its errors, shown if it exits
-        async with _smg(binary, worker_urls, log) as running:
+        async with _smg(binary, worker_urls, log, policy) as running:
             yield running
 
 
 @asynccontextmanager
 async def _smg(
-    binary: str, worker_urls: Sequence[str], log: IO[bytes]
+    binary: str, worker_urls: Sequence[str], log: IO[bytes], policy: str
 ) -> AsyncIterator[tuple[str, int]]:
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
@@ -180,9 +182,10 @@ async def _smg(
         "launch",
         "--host=127.0.0.1",
         f"--port={port}",
-        "--policy=round_robin",
+        f"--policy={policy}",
         "--log-level=error",
         # Its metrics default to port 29000: another smg on the machine would hold it.
+        "--prometheus-host=127.0.0.1",
         f"--prometheus-port={free_port()}",
         "--worker-urls",
         *worker_urls,

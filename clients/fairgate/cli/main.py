@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from fairgate.admin.cli import admin_app
+from fairgate.bench.fleet_cli import fleet_command
 from fairgate.bench.load_cli import load_command
 from fairgate.cli.conn import ApiKeyOpt, CaFileOpt, CertFileOpt, KeyFileOpt, TlsOpt, tls_config
 from fairgate.cli.serve import ServeCommand, serve_command
@@ -32,6 +33,7 @@ bench_app = typer.Typer(
 )
 typer_app.add_typer(bench_app, name="bench")
 bench_app.command("load")(load_command)
+bench_app.command("fleet")(fleet_command)
 typer_app.command("plan")(plan_command)
 typer_app.add_typer(admin_app, name="admin")
 

@@ -59,3 +59,15 @@ def test_service_counted_only_while_every_tenant_was_backlogged() -> None:
     assert together == [(2.0, 4.0), (6.0, 7.0)]
     events = [(1.0, 5.0), (2.0, 1.0), (3.5, 2.0), (5.0, 7.0), (6.5, 4.0), (8.0, 9.0)]
     assert service_within(events, together) == 1.0 + 2.0 + 4.0
+
+
+def test_prompt_tokens_the_engine_had_cached_count_at_w_cached() -> None:
+    done = RequestRecord("a", 0.0, 1000, admitted_s=1.0, cached_tokens=800)
+    cut = RequestRecord("a", 0.0, 500, admitted_s=2.0)  # no usage came back: all at w_in
+    lying = RequestRecord("a", 0.0, 100, admitted_s=3.0, cached_tokens=900)  # capped at the prompt
+    recs = [done, cut, lying]
+    charged = service_events(recs, w_in=1.0, w_out=2.0, until_s=9.0, w_cached=0.1)["a"]
+    assert [v for _, v in charged] == pytest.approx([200 + 80, 500, 10])
+    # Without w_cached every prompt token counts at w_in, reported hits or not.
+    plain = service_events(recs, w_in=1.0, w_out=2.0, until_s=9.0)["a"]
+    assert [v for _, v in plain] == [1000, 500, 100]

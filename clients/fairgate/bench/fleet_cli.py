@@ -1,0 +1,59 @@
+"""The typer command behind `fairgate bench fleet` (registered in cli/main.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+
+from fairgate.bench.fleet_stacks import VARIANTS
+
+
+def fleet_command(
+    workers: Annotated[
+        int, typer.Option(min=1, help="sim-server workers behind every gateway")
+    ] = 4,
+    seconds: Annotated[float, typer.Option(min=1, help="simulated seconds per run")] = 40.0,
+    time_scale: Annotated[
+        float, typer.Option(help="wall seconds per simulated second (the workers' time scale)")
+    ] = 2.0,
+    seed: Annotated[int, typer.Option(help="plan seed (prompts and arrivals)")] = 1,
+    load: Annotated[
+        float, typer.Option(min=0.01, help="offered load of the heavy tenants (1: the default mix)")
+    ] = 1.0,
+    variants: Annotated[
+        str, typer.Option(help=f"comma-separated, among {','.join(VARIANTS)}")
+    ] = ",".join(VARIANTS),
+    repetitions: Annotated[
+        int, typer.Option(min=1, help="runs of every variant, order rotated; medians reported")
+    ] = 1,
+    smg: Annotated[
+        str | None, typer.Option(help="smg binary (default: beside python, then PATH)")
+    ] = None,
+    no_smg: Annotated[bool, typer.Option("--no-smg", help="leave the smg variants out")] = False,
+    json_out: Annotated[str, typer.Option("--json", help="also write the report here")] = "",
+) -> None:
+    """Prefix-heavy mix on N workers: fairgate (locality, least_full, fcfs, 2 replicas)
+    vs smg (cache_aware, round_robin), in one run."""
+    from fairgate.bench.fairness_report import write_json
+    from fairgate.bench.fleet import main as fleet_main
+
+    chosen = [v.strip() for v in variants.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if not chosen or unknown:
+        raise typer.BadParameter(f"use keys among {','.join(VARIANTS)}", param_hint="--variants")
+    out = asyncio.run(
+        fleet_main(
+            workers=workers,
+            seconds=seconds,
+            time_scale=time_scale,
+            seed=seed,
+            load=load,
+            variants=chosen,
+            repetitions=repetitions,
+            smg_binary=None if no_smg else (smg or ""),
+        )
+    )
+    if json_out:
+        write_json(json_out, out)

@@ -1,0 +1,146 @@
+"""The report of `fairgate bench fleet`: a JSON-able dict and an 80-column table.
+
+Per variant (the median over repetitions): tokens served per second (prompt +
+output, cached prompt tokens included, as the fairness bench counts them),
+output tokens/s, prompt tokens served from cache (the engines' `cached_tokens`
+summed over completed requests) and their share of those requests' prompt
+tokens, Jain over the backlogged tenants, the max weighted gap over the stated
+bound, and the light tenant's TTFT p99 over its solo run through the same
+stack; then ratios to fairgate without locality and to smg cache_aware.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from fairgate.bench.fleet_stacks import BASELINE, PEER, FleetVariant
+
+if TYPE_CHECKING:
+    from fairgate.bench.fleet import FleetRun
+    from fairgate.bench.fleet_scenarios import FleetScenario
+
+# Per-run figures whose median over repetitions the report gives.
+FIGURES = (
+    "tokens_per_s",
+    "output_tokens_per_s",
+    "cached_tokens",
+    "cached_fraction",
+    "cached_tokens_per_s",
+    "jain",
+    "gap_over_bound",
+    "light_ttft_p99_s",
+)
+
+
+def _figures(run: FleetRun, victim: str) -> dict[str, float]:
+    r = run.result
+    light = r.per_tenant.get(victim, {})
+    return {
+        "tokens_per_s": r.tokens_per_s,
+        "output_tokens_per_s": r.output_tokens_per_s,
+        **{k: float(v) for k, v in run.cache().items() if k in FIGURES},
+        "jain": r.jain,
+        "gap_over_bound": r.gap_over_bound,
+        "light_ttft_p99_s": light.get("ttft_p99_s", math.nan),
+    }
+
+
+def _median(xs: Sequence[float]) -> float:
+    ok = [x for x in xs if not math.isnan(x)]
+    return statistics.median(ok) if ok else math.nan
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(b) else math.nan
+
+
+def report(
+    sc: FleetScenario,
+    bound: float,
+    variants: Sequence[FleetVariant],
+    reps: list[dict[str, FleetRun]],
+    solos: dict[str, FleetRun],
+    routing_setting: bool,
+) -> dict[str, Any]:
+    solo_p99 = {
+        stack: run.result.per_tenant.get(sc.victim, {}).get("ttft_p99_s", math.nan)
+        for stack, run in solos.items()
+    }
+    rows: dict[str, dict[str, Any]] = {}
+    for v in variants:
+        per_rep = [_figures(rep[v.key], sc.victim) for rep in reps]
+        row: dict[str, Any] = {f: _median([p[f] for p in per_rep]) for f in FIGURES}
+        row["light_solo_ttft_p99_s"] = solo_p99.get(v.stack, math.nan)
+        row["light_p99_over_solo"] = _ratio(row["light_ttft_p99_s"], row["light_solo_ttft_p99_s"])
+        row["describe"] = v.describe()
+        row["repetitions"] = [
+            {**p, "accounting": rep[v.key].accounting(), "tenants": rep[v.key].result.per_tenant}
+            for p, rep in zip(per_rep, reps, strict=True)
+        ]
+        rows[v.key] = row
+    for row in rows.values():
+        for ref_name, ref in (("baseline", BASELINE), ("peer", PEER)):
+            other = rows.get(ref)
+            for f in ("tokens_per_s", "output_tokens_per_s", "cached_tokens"):
+                row[f"{f}_over_{ref_name}"] = (
+                    _ratio(row[f], other[f]) if other is not None else math.nan
+                )
+    return {
+        "workers": sc.workers,
+        "seconds": sc.seconds,
+        "load": sc.load,
+        "weights": sc.weights,
+        "victim": sc.victim,
+        "bound_weighted_tokens": bound,
+        "routing_setting": routing_setting,
+        "baseline": BASELINE,
+        "peer": PEER,
+        "solo": {stack: run.accounting() for stack, run in solos.items()},
+        "variants": rows,
+    }
+
+
+def _f(x: Any, spec: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def print_report(rep: dict[str, Any]) -> None:
+    weights = " ".join(f"{t} {w:g}" for t, w in rep["weights"].items())
+    print(
+        f"\nprefix-heavy mix on {rep['workers']} workers, weights {weights}\n"
+        f"stated bound {rep['bound_weighted_tokens']:.0f} weighted tokens "
+        f"(VTC bound + light credit + allowance)"
+    )
+    print(
+        f"{'variant':<12} {'tok/s':>7} {'out/s':>6} {'cache':>5} {'Jain':>5} {'gap/B':>5} "
+        f"{'p99/solo':>8} {'tok/base':>8} {'tok/smg':>7} {'cch/smg':>7}"
+    )
+    for key, r in rep["variants"].items():
+        print(
+            f"{key:<12} {_f(r['tokens_per_s'], '.0f'):>7} "
+            f"{_f(r['output_tokens_per_s'], '.0f'):>6} {_f(r['cached_fraction'], '.2f'):>5} "
+            f"{_f(r['jain'], '.3f'):>5} {_f(r['gap_over_bound'], '.2f'):>5} "
+            f"{_f(r['light_p99_over_solo'], '.2f'):>8} "
+            f"{_f(r['tokens_per_s_over_baseline'], '.3f'):>8} "
+            f"{_f(r['tokens_per_s_over_peer'], '.3f'):>7} "
+            f"{_f(r['cached_tokens_over_peer'], '.3f'):>7}"
+        )
+    print(
+        "tok/s: prompt (cached included) + output tokens per simulated s; cache: the\n"
+        "cached share of completed prompts; base: fg least_full; smg: smg cache_aware"
+    )
+    print(
+        f"{'variant':<12} {'sent':>6} {'done':>6} {'unfin':>6} {'rej':>5} {'fail':>5} "
+        f"{'light p99 s':>11} {'solo p99 s':>10} {'cached Mtok':>11}"
+    )
+    for key, r in rep["variants"].items():
+        acc = r["repetitions"][-1]["accounting"]
+        print(
+            f"{key:<12} {acc['sent']:>6} {acc['completed']:>6} {acc['unfinished']:>6} "
+            f"{acc['rejected']:>5} {acc['failed']:>5} {_f(r['light_ttft_p99_s'], '.3f'):>11} "
+            f"{_f(r['light_solo_ttft_p99_s'], '.3f'):>10} "
+            f"{_f(r['cached_tokens'] / 1e6, '.3f'):>11}"
+        )

