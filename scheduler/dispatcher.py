@@ -114,6 +114,9 @@ class _QueueRound:
             entry = self._wanted(head)
             if entry is None:
                 continue
+            if d.locality is not None:
+                # What it would add to the engine's KV, and charge (QueuedRequest.kv_tokens).
+                head.cached_estimate = d.locality(head)
             self.entry = entry
             return head
         return None
@@ -123,9 +126,11 @@ class _QueueRound:
         if d.locality is None or not rules.locality_may_pass(d.reserve.queued(c.tenant_id)):
             return c
         heads = [h for h in d.policy.heads_within(d.allowance) if h is c or self._wanted(h)]
+        for h in heads[1:]:  # the head's is set (`head`)
+            h.cached_estimate = d.locality(h)
         if len(heads) < 2:
             return c
-        return heads[rules.locality_pick([d.locality(h) for h in heads])]
+        return heads[rules.locality_pick([h.cached_estimate for h in heads])]
 
     def _wanted(self, req: QueuedRequest) -> _Entry | None:
         """Its entry, or None after dropping it: its caller was cancelled and has
@@ -165,8 +170,6 @@ class _QueueRound:
     def admit(self, c: QueuedRequest, lent: bool) -> bool:
         d, entry = self.d, self._entry(c)
         d.locality_picks_total += c is not d.policy.peek_next()
-        if d.locality is not None:
-            c.cached_estimate = d.locality(c)
         if d.policy.pop_next(c) is not c:
             raise AssertionError("policy pop_next disagrees with heads_within")
         c.lent = lent

@@ -48,8 +48,10 @@ class QueuedRequest:
 
     @property
     def kv_tokens(self) -> int:
-        """KV-cache tokens this request may occupy at most."""
-        return rules.kv_tokens(self.prompt_tokens, self.max_tokens)
+        """KV-cache tokens this request may add at most: its prompt and output,
+        less the prefix a worker already holds (`cached_estimate`: shared with the
+        requests that use it, so counted once, by the one that brought it)."""
+        return rules.kv_tokens(self.prompt_tokens - self.cached_estimate, self.max_tokens)
 
 
 # How many of a queued request's prompt tokens a worker with room for it holds

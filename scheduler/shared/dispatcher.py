@@ -428,12 +428,12 @@ class SharedDispatcher:
             if c.lease_id in order:
                 entry.lease_at = decided_by
                 entry.req.light = rules.light(c.queued)
-                entry.req.cached_estimate = c.cached
+
                 entry.req.lent = c.lease_id in lent
                 self.lent_total += entry.req.lent
                 if c.take_buckets:
                     entry.buckets_at = entry.lease_at
-                    entry.requests_taken, entry.tokens_taken = entry.taken(float(c.kv_tokens))
+                    entry.requests_taken, entry.tokens_taken = entry.taken(float(c.sent_tokens))
                     if entry.buckets_at is Place.SHARED:
                         self._failover.took(c.tenant_id, entry.requests_taken, entry.tokens_taken)
                 self._start(entry)
@@ -447,7 +447,7 @@ class SharedDispatcher:
         requests, tokens = (0.0, 0.0)
         entry = self._entries.get(c.lease_id)
         if entry is not None and c.take_buckets:
-            requests, tokens = entry.taken(float(c.kv_tokens))
+            requests, tokens = entry.taken(float(c.sent_tokens))
         self._outbox.settle(Settlement(c.lease_id, c.tenant_id, requests, tokens, c.buckets))
         if entry is not None and entry.queued:
             # A settled lease id is never opened again: a new one for the next offer.

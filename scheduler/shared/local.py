@@ -98,7 +98,7 @@ class Entry:
     def lease(self) -> Lease:
         return Lease(self.lease_id, self.req.tenant_id, self.req.kv_tokens)
 
-    def candidate(self, buckets: BucketLimits, queued: int = 1, cached: int = 0) -> Candidate:
+    def candidate(self, buckets: BucketLimits, queued: int = 1) -> Candidate:
         return Candidate(
             lease_id=self.lease_id,
             tenant_id=self.req.tenant_id,
@@ -110,7 +110,7 @@ class Entry:
             max_concurrent=self.cfg.quotas.max_concurrent,
             queued=queued,
             seq=self.req.seq,
-            cached=cached,
+            cached=self.req.cached_estimate,
         )
 
     def settlement(self) -> Settlement:

@@ -291,8 +291,10 @@ class Pump:
             entry = self._entries.of(req)
             assert entry is not None
             ahead[t] = n + 1
-            cached = 0 if opts.locality is None else opts.locality(req)
-            out.append(entry.candidate(buckets(entry), self._local.queued(t) - n, cached))
+            if opts.locality is not None:
+                # What it would add to the engine's KV, and charge (QueuedRequest.kv_tokens).
+                req.cached_estimate = opts.locality(req)
+            out.append(entry.candidate(buckets(entry), self._local.queued(t) - n))
         return out
 
     async def _shared_tick(self, now_s: float) -> None:

@@ -248,7 +248,7 @@ class MemoryStore:
     def _own_wait_s(self, c: Candidate, now_s: float) -> float:
         bucket_wait = None
         if c.take_buckets:
-            bucket_wait = self._bucket_wait(c.tenant_id, c.kv_tokens, c.buckets, now_s)[1]
+            bucket_wait = self._bucket_wait(c.tenant_id, c.sent_tokens, c.buckets, now_s)[1]
         return rules.own_limit_wait_s(
             self.concurrency.get(c.tenant_id, 0), c.max_concurrent, bucket_wait
         )
@@ -301,7 +301,7 @@ class MemoryStore:
         `c.queued - 1`: light or heavy for the rest of the round, as a dispatcher
         counts it)."""
         if c.take_buckets:
-            self._add(c.tenant_id, -1.0, -float(c.kv_tokens), c.buckets, now_s)
+            self._add(c.tenant_id, -1.0, -float(c.sent_tokens), c.buckets, now_s)
         counter = out.counters[c.tenant_id]
         self.floor = max(self.floor, counter)
         self.counters[c.tenant_id] = counter + rules.admission_charge(

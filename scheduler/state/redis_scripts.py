@@ -248,6 +248,8 @@ for k = 1, nc do
   c.weight, c.prompt, c.kv, c.take = num(w), num(nxt()), num(nxt()), nxt() == '1'
   c.rr, c.rb, c.tr, c.tb, c.maxc = opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt())
   c.queued, c.seq, c.cached = num(nxt()), num(nxt()), num(nxt())
+  -- what the buckets count: prompt + max_tokens as sent (store.Candidate.sent_tokens)
+  c.sent = c.kv + math.min(math.max(0, c.cached), c.prompt)
   c.idx = k - 1
   counters[c.tenant] = counters[c.tenant] or counter(c.tenant)
   cands[k] = c
@@ -379,7 +381,7 @@ local function decide(c, trial)
     table.insert(blocked, tostring(c.idx)); table.insert(blocked, '-1'); return 'own'
   end
   if c.take then
-    local _, w = bucket_wait(c.tenant, c.kv, c.rr, c.rb, c.tr, c.tb)
+    local _, w = bucket_wait(c.tenant, c.sent, c.rr, c.rb, c.tr, c.tb)
     if w ~= 0 then
       table.insert(blocked, tostring(c.idx)); table.insert(blocked, fmt(w)); return 'own'
     end
@@ -423,7 +425,7 @@ local function decide(c, trial)
       return 'stop'
     end
   end
-  if c.take then bucket_add(c.tenant, -1, -c.kv, c.rr, c.rb, c.tr, c.tb) end
+  if c.take then bucket_add(c.tenant, -1, -c.sent, c.rr, c.rb, c.tr, c.tb) end
   local counter_now = counters[c.tenant]
   local floor = tonumber(redis.call('GET', FLOOR)) or 0
   if counter_now > floor then redis.call('SET', FLOOR, fmt(counter_now)) end

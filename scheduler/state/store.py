@@ -92,8 +92,14 @@ class Candidate:
     # earlier head (rules.vtc_rank), whatever the order of the offer.
     seq: int = 0
     # Prompt tokens a worker with room holds, as the offering replica's engine
-    # pool thinks (locality: rules.locality_pick; charged at w_cached).
+    # pool thinks (locality: rules.locality_pick; charged at w_cached; not in
+    # `kv_tokens`, what it adds to the engine's KV).
     cached: int = 0
+
+    @property
+    def sent_tokens(self) -> int:
+        """Prompt + max_tokens as sent: what the token buckets count."""
+        return self.kv_tokens + min(max(0, self.cached), self.prompt_tokens)
 
 
 @dataclass(frozen=True, slots=True)

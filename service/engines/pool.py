@@ -226,7 +226,7 @@ class WorkerPool:
             tried.add(i)
             if last is not None:
                 self.moved_requests += 1
-            kv = rules.kv_tokens(req.prompt_tokens, req.max_tokens)
+            kv = rules.kv_tokens(req.prompt_tokens - matched, req.max_tokens)
             w.in_flight += 1
             w.kv_in_flight += kv
             w.streams_total += 1

@@ -76,10 +76,12 @@ class Router:
         """For locality-aware admission (`scheduler.request.Locality`): the most of
         the queued request's prompt that a healthy worker with room for it is
         thought to hold."""
-        now_s, kv, best = self.clock(), req.kv_tokens, 0
+        now_s, best = self.clock(), 0
         for i, t in enumerate(self.targets):
-            if t.healthy and t.load(now_s, kv, 1) <= 1.0:
-                best = max(best, self.index.match(i, req.prefix_keys))
+            matched = self.index.match(i, req.prefix_keys)
+            kv = rules.kv_tokens(req.prompt_tokens - matched, req.max_tokens)
+            if matched > best and t.healthy and t.load(now_s, kv, 1) <= 1.0:
+                best = matched
         return best
 
     # -- one request --------------------------------------------------------------
@@ -99,16 +101,14 @@ class Router:
             return None
         now_s = self.clock()
         prompt_tokens = len(prompt_token_ids)
-        kv = rules.kv_tokens(prompt_tokens, max_tokens)
         local = self.routing == "locality"
-        views = [
-            WorkerView(
-                self.targets[i].load(now_s, kv, 1),
-                self.pending_prefill[i],
-                self.index.match(i, keys) if local else 0,
-            )
-            for i in candidates
-        ]
+        views = []
+        for i in candidates:
+            matched = self.index.match(i, keys) if local else 0
+            # A held prefix is shared: the request adds only the rest to its KV.
+            kv = rules.kv_tokens(prompt_tokens - matched, max_tokens)
+            load = self.targets[i].load(now_s, kv, 1)
+            views.append(WorkerView(load, self.pending_prefill[i], matched))
         preferred, slack = None, 0.0
         n = self.prefix_affinity_tokens
         if n and prompt_tokens >= n:

@@ -111,7 +111,9 @@ async def test_routing_counts_kv_so_a_large_request_goes_where_it_fits(
         await start_sim(time_scale=1.0, kv_capacity_tokens=4000, max_running_requests=8)
         for _ in range(2)
     ]
-    app = await start_server(**sglang_settings(*workers))
+    # Prompts of one repeated token share prefixes: without locality, every
+    # request counts its whole prompt (locality counts a held prefix once).
+    app = await start_server(**sglang_settings(*workers, sglang_routing="least_full"))
     pool = _pool(app)
     async with AsyncClient(app.address) as c:
 
