@@ -32,6 +32,9 @@ Routing = Literal["least_full", "locality"]
 ROUTINGS: tuple[Routing, ...] = ("least_full", "locality")
 
 # A worker at full load weighs as this many prefill tokens ahead (locality).
+# On the virtual fleet's prefix mix, 2048 kept cached prefixes off busy workers
+# (0.64 of prompts from cache, against 0.70 with 512 and 0.72 with none); none at
+# all would pile a hot prefix onto one worker until it is full.
 BALANCE_TOKENS = 512
 
 
