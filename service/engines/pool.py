@@ -249,7 +249,7 @@ class WorkerPool:
                             # Before the last chunk goes out: the consumer stops there
                             # and closes this generator.
                             w.breaker.on_success(self.clock())
-                            router.finished(i, req.prompt_token_ids, output)
+                            router.finished(i, req.prompt_token_ids, keys, output)
                         yield chunk
                 return
             except EngineError as exc:

@@ -28,11 +28,14 @@ from collections.abc import Sequence
 BLOCK_TOKENS = 16
 
 
-def chain(token_ids: Sequence[int], block: int = BLOCK_TOKENS) -> list[int]:
-    """The keys of the prompt's whole blocks: key i stands for tokens [0, (i+1)*block)."""
-    keys: list[int] = []
-    h = 0
-    for start in range(0, len(token_ids) - block + 1, block):
+def chain(
+    token_ids: Sequence[int], block: int = BLOCK_TOKENS, known: Sequence[int] = ()
+) -> list[int]:
+    """The keys of the prompt's whole blocks: key i stands for tokens [0, (i+1)*block).
+    `known`: the keys of a prefix of `token_ids` already computed (not again)."""
+    keys = list(known)
+    h = keys[-1] if keys else 0
+    for start in range(len(keys) * block, len(token_ids) - block + 1, block):
         h = hash((h, tuple(token_ids[start : start + block])))
         keys.append(h)
     return keys
@@ -50,14 +53,16 @@ class PrefixIndex:
         self._capacity[worker] = max(1, tokens // self.block)
         self._evict(worker)
 
-    def chain(self, token_ids: Sequence[int]) -> list[int]:
-        return chain(token_ids, self.block)
+    def chain(self, token_ids: Sequence[int], known: Sequence[int] = ()) -> list[int]:
+        return chain(token_ids, self.block, known)
 
     def match(self, worker: int, keys: Sequence[int]) -> int:
         """Tokens of the prefix `keys` stands for that `worker` is thought to hold:
         up to its deepest key there (a key stands for its whole prefix, so one
         learned from another replica, `prefix_share.py`, counts alone)."""
         cached = self._cached[worker]
+        if cached.keys().isdisjoint(keys):  # a cold prompt: one pass in C
+            return 0
         for i in range(len(keys) - 1, -1, -1):
             if keys[i] in cached:
                 return (i + 1) * self.block

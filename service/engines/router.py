@@ -145,11 +145,13 @@ class Router:
         """It left worker `i` before its first chunk (`pending`: what `sent` added)."""
         self.pending_prefill[i] -= pending
 
-    def finished(self, i: int, prompt_token_ids: Sequence[int], output: Sequence[int]) -> None:
+    def finished(
+        self, i: int, prompt_token_ids: Sequence[int], keys: list[int], output: Sequence[int]
+    ) -> None:
         """Worker `i` finished it: SGLang caches the whole sequence, which a
-        conversation's next turn re-sends."""
+        conversation's next turn re-sends (`keys`: the prompt's, extended)."""
         if self.routing == "locality":
-            self._routed(i, self.index.chain([*prompt_token_ids, *output]))
+            self._routed(i, self.index.chain([*prompt_token_ids, *output], keys))
 
     def _routed(self, i: int, keys: list[int]) -> None:
         self.index.insert(i, keys)

@@ -101,17 +101,22 @@ async def test_serve_in_process_streams_and_stops_sglang_children_on_sigterm() -
     assert [p for p in children if alive(p)] == []
 
 
-async def test_a_bad_model_path_ends_serve_with_one_line_and_exit_2() -> None:
+async def _failed_serve(model_path: str, timeout_s: float) -> tuple[int | None, list[str]]:
+    """`serve` on `model_path` until it exits: its exit status and stderr lines."""
     proc = await asyncio.create_subprocess_exec(
-        *serve_args("/nonexistent/model"),
+        *serve_args(model_path),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=inproc_env(),
         cwd=REPO,
     )
-    _, err = await asyncio.wait_for(proc.communicate(), timeout=300)
-    lines = err.decode().strip().splitlines()
-    assert proc.returncode == 2
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
+    return proc.returncode, err.decode().strip().splitlines()
+
+
+async def test_a_bad_model_path_ends_serve_with_one_line_and_exit_2() -> None:
+    returncode, lines = await _failed_serve("/nonexistent/model", 300)
+    assert returncode == 2
     assert lines[-1].startswith("error: '/nonexistent/model' does not exist"), lines[-5:]
     assert "--sglang-model-path / FAIRGATE_SGLANG_MODEL_PATH" in lines[-1]
     assert not any(line.startswith("Traceback") for line in lines)
@@ -119,17 +124,8 @@ async def test_a_bad_model_path_ends_serve_with_one_line_and_exit_2() -> None:
 
 async def test_a_model_sglang_cannot_load_ends_serve_with_one_line(tmp_path: object) -> None:
     """A folder that exists but holds no model: SGLang itself refuses it."""
-    empty = str(tmp_path)
-    proc = await asyncio.create_subprocess_exec(
-        *serve_args(empty),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=inproc_env(),
-        cwd=REPO,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), timeout=600)
-    lines = err.decode().strip().splitlines()
-    assert proc.returncode != 0 and lines[-1].startswith("error: "), lines[-20:]
+    returncode, lines = await _failed_serve(str(tmp_path), 600)
+    assert returncode != 0 and lines[-1].startswith("error: "), lines[-20:]
     assert "SGLang refused the model" in lines[-1]
     assert "--sglang-model-path / FAIRGATE_SGLANG_MODEL_PATH" in lines[-1]
     assert not any(line.startswith("Traceback") for line in lines), lines[-20:]

@@ -458,7 +458,8 @@ class Driver:
                 self.monitor.update(self.backlogged())
                 fail = call.arrival.fail_after_tokens
                 if em.finish is not None and self.router is not None:
-                    self.router.finished(call.worker, call.prompt_ids, call.output_ids)
+                    keys = list(call.req.prefix_keys)
+                    self.router.finished(call.worker, call.prompt_ids, keys, call.output_ids)
                 if em.finish is not None or (fail is not None and call.output_tokens >= fail):
                     self._end(call)
         if until_s == math.inf:
