@@ -139,21 +139,33 @@ class Generation:
                     exc.field = self.prompt_field
                 raise
             admitted_s = time.monotonic()
+
+            preempts = params.model.isolation is Isolation.PREEMPT
+
+            def priority(lent: bool) -> int:
+                return rules.engine_priority(
+                    params.priority is Priority.BATCH,
+                    queued.light,
+                    params.model.preempt_threshold,
+                    lent,
+                    queued.prompt_tokens if preempts else None,
+                )
+
             engine_req = EngineRequest(
                 request_id=self.request_id,
                 prompt_token_ids=params.prompt_ids,
                 prompt_text=params.prompt_text,
                 max_tokens=params.max_tokens,
                 sampling=params.sampling,
-                priority=rules.engine_priority(
-                    params.priority is Priority.BATCH,
-                    queued.light,
-                    params.model.preempt_threshold,
-                    queued.lent,
-                    queued.prompt_tokens if params.model.isolation is Isolation.PREEMPT else None,
-                ),
+                priority=priority(queued.lent),
                 prefix_keys=queued.prefix_keys,
                 light=queued.light,
+                # Routed to a worker with no free slot, a light request is lent one.
+                preempt_priority=(
+                    priority(True)
+                    if queued.light and preempts and params.model.preempt_threshold is not None
+                    else None
+                ),
             )
             obs.admitted(engine_req, dispatcher.budget)
             drain, key = self.drain, id(queued)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -218,11 +219,16 @@ class WorkerPool:
         last: EngineError | None = None
         keys = list(req.prefix_keys) or router.prefix_keys(req.prompt_token_ids)
         while True:
-            picked = router.pick(req.prompt_token_ids, req.max_tokens, keys, tried, req.light)
+            preempts = req.preempt_priority is not None
+            picked = router.pick(
+                req.prompt_token_ids, req.max_tokens, keys, tried, req.light, preempts
+            )
             if picked is None:
                 raise last or EngineError("no healthy SGLang worker", retryable=True)
             i, matched = picked
             w = self.workers[i]
+            priority = router.priority_on(i, req.priority, req.preempt_priority)
+            sent = req if priority == req.priority else dataclasses.replace(req, priority=priority)
             tried.add(i)
             if last is not None:
                 self.moved_requests += 1
@@ -235,7 +241,7 @@ class WorkerPool:
             output: list[int] = []
             started = False
             try:
-                async with aclosing(w.engine.generate(req)) as stream:
+                async with aclosing(w.engine.generate(sent)) as stream:
                     async for chunk in stream:
                         if not started:
                             started = True

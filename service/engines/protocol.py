@@ -46,6 +46,10 @@ class EngineRequest:
     prefix_keys: Sequence[int] = ()
     # Its tenant was light at admission: a pool routes it where it starts soonest.
     light: bool = False
+    # A light request's priority when it is routed to a worker with no free slot:
+    # one the engine preempts for (`rules.engine_priority`, lent); None: the
+    # engine does not preempt, and the request waits for a slot.
+    preempt_priority: int | None = None
 
     @property
     def prompt_tokens(self) -> int:

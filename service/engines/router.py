@@ -92,10 +92,12 @@ class Router:
         keys: list[int],
         tried: set[int],
         soonest: bool = False,
+        preempts: bool = False,
     ) -> tuple[int, int] | None:
         """The worker for a request not yet tried (its index), and the prefix it is
         thought to hold; None: no healthy worker left. `soonest`: a light
-        tenant's (`routing.route`)."""
+        tenant's; `preempts`: it may take a full worker's slot (`routing.route`,
+        `priority_on`)."""
         candidates = [i for i, t in enumerate(self.targets) if t.healthy and i not in tried]
         if not candidates:
             return None
@@ -116,9 +118,23 @@ class Router:
             # Within `affinity_slack` requests of the best (in the preferred one's slots).
             slack = self.affinity_slack / max(1, self.targets[candidates[preferred]].slots())
         j = route(
-            views, prompt_tokens, self.routing, preferred=preferred, slack=slack, soonest=soonest
+            views,
+            prompt_tokens,
+            self.routing,
+            preferred=preferred,
+            slack=slack,
+            soonest=soonest,
+            preempts=preempts,
         )
         return candidates[j], views[j].matched
+
+    def priority_on(self, i: int, priority: int, preempt_priority: int | None) -> int:
+        """The priority a request goes to worker `i` with: `preempt_priority` (a
+        light request's, its engine retracts a running request for it) only
+        where no slot is free; elsewhere it starts without retracting anyone."""
+        if preempt_priority is None or self.targets[i].load(self.clock(), 0, 1) <= 1.0:
+            return priority
+        return preempt_priority
 
     def sent(self, i: int, keys: list[int], prompt_tokens: int, matched: int) -> int:
         """The request went to worker `i`: the prefill it adds there (returned, for

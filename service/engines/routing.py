@@ -18,6 +18,10 @@ request goes to a worker that is not in the middle of another tenant's long
 prefill. A light tenant's request (`soonest`) drops the balance term: where it
 starts soonest, whatever the load (isolation across engines: on a worker that is
 only decoding, its first token waits for one decode step, not a prefill chunk).
+Where its engine retracts a running request for it (SGLang's priority
+preemption; the pool then sends it with a lent request's priority,
+`Router.priority_on`), a full worker counts as having room: a slot is freed for
+it at the next step, where a worker with a free slot may have a prefill ahead.
 
 Ties go to the least full worker, then to the first.
 """
@@ -69,11 +73,13 @@ def route(
     slack: float = 0.0,
     balance_tokens: float | None = None,
     soonest: bool = False,
+    preempts: bool = False,
 ) -> int:
     """The index of the chosen worker in `workers` (not empty). `soonest` (a
     light tenant's request, locality): no balance term, the worker where it
     starts soonest whatever its load, so that a worker that is only decoding
-    takes it before one in the middle of a prefill."""
+    takes it before one in the middle of a prefill; with `preempts` (its engine
+    retracts a running request for it) a full worker counts as having room."""
     balance = BALANCE_TOKENS if balance_tokens is None else balance_tokens
     if soonest:
         balance = 0.0
@@ -82,7 +88,9 @@ def route(
         if preferred is not None and workers[preferred].load <= workers[best].load + slack:
             return preferred
         return best
-    room = [i for i, w in enumerate(workers) if w.load <= 1.0] or list(range(len(workers)))
+    everyone = list(range(len(workers)))
+    room = everyone if soonest and preempts else [i for i in everyone if workers[i].load <= 1.0]
+    room = room or everyone
 
     def cost(i: int) -> tuple[float, float, int]:
         w = workers[i]

@@ -352,26 +352,43 @@ class Driver:
         elif call.state == "running":
             self._end(call)
 
+    def _priority(self, req: QueuedRequest, lent: bool) -> int:
+        """The priority fairgate sends the engine (generation.py does the same)."""
+        return engine_priority(
+            req.priority is Priority.BATCH,
+            req.light,
+            self._threshold,
+            lent,
+            req.prompt_tokens if self._tiered else None,
+        )
+
     def _start_admitted(self) -> None:
         while self._to_start:
             call = self._to_start.pop()
             if call.state != "running":
                 continue
             sampling = SamplingOptions(ignore_eos=False)
-            priority = engine_priority(
-                call.req.priority is Priority.BATCH,
-                call.req.light,
-                self._threshold,
-                call.req.lent,
-                call.req.prompt_tokens if self._tiered else None,
-            )
+            priority = self._priority(call.req, call.req.lent)
             if self.router is not None:
+                # As generation.py and pool.py: a light request may be lent a full
+                # worker's slot.
+                preempt = (
+                    self._priority(call.req, True)
+                    if call.req.light and self._tiered and self._threshold is not None
+                    else None
+                )
                 keys = list(call.req.prefix_keys)
                 picked = self.router.pick(
-                    call.prompt_ids, call.req.max_tokens, keys, set(), call.req.light
+                    call.prompt_ids,
+                    call.req.max_tokens,
+                    keys,
+                    set(),
+                    call.req.light,
+                    preempt is not None,
                 )
                 assert picked is not None
                 call.worker, call.matched = picked
+                priority = self.router.priority_on(call.worker, priority, preempt)
                 call.pending = self.router.sent(
                     call.worker, keys, call.req.prompt_tokens, call.matched
                 )

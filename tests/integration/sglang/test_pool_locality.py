@@ -9,6 +9,7 @@ import random
 import pytest
 from fairgate import AsyncClient, Completion
 
+from scheduler import rules
 from scheduler.dispatcher import Dispatcher
 from scheduler.ordering.vtc import VtcPolicy
 from scheduler.rules import LIGHT_QUEUE
@@ -94,6 +95,52 @@ async def test_a_short_request_avoids_the_worker_in_a_long_prefill(
         assert _where(workers, 7) == {1}
         long.cancel()
         for t in decoding:
+            t.cancel()
+        await asyncio.gather(long, *decoding, return_exceptions=True)
+    await eventually(lambda: pool.in_flight == 0, what="all ended")
+    assert pool.router.pending_prefill == [0, 0]
+    await assert_no_sglang_leaks(app, *workers)
+
+
+async def test_a_light_request_is_lent_a_full_workers_slot_rather_than_wait_behind_a_prefill(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    """Two workers of two slots that preempt above 10 (SGLang's default). Worker 0
+    has a free slot but a 3 000-token prefill ahead; worker 1 is full, decoding.
+    Admission has room (3 of 4 slots), so it lends nothing; the pool sends the
+    light tenant's short request to worker 1 with the priority of a lent request,
+    and that engine retracts a decoding request for it: it starts at the next
+    step instead of behind the prefill or a slot."""
+    workers = [
+        await start_sim(enable_priority_scheduling=True, time_scale=1.0, max_running_requests=2)
+        for _ in range(2)
+    ]
+    app = await start_server(**sglang_settings(*workers))
+    pool = _pool(app)
+    model = app.models.resolve("")
+    assert model is not None and model.preempt_threshold == 10
+    workers[0].faults.first_chunk_delay_s = 30.0
+    async with (
+        AsyncClient(app.address, tenant="flood") as f,
+        AsyncClient(app.address, tenant="light") as v,
+    ):
+        long = asyncio.create_task(f.complete([5] * 3000, max_tokens=10, ignore_eos=True))
+        await eventually(lambda: pool.router.pending_prefill[0] == 3000, what="long routed")
+        workers[0].faults.first_chunk_delay_s = 0.0
+        decoding = [
+            asyncio.create_task(f.complete([9, i], max_tokens=2000, ignore_eos=True))
+            for i in range(2)
+        ]
+        await eventually(lambda: pool.workers[1].in_flight == 2, what="worker 1 full")
+        await eventually(lambda: pool.router.pending_prefill[1] == 0, what="decoding")
+        short = await v.complete([7, 7, 7], max_tokens=2)
+        assert short.result.finish_reason == "length"
+        assert _where(workers, 7) == {1}
+        assert workers[1].engine.core.preemptions == 1
+        assert model.dispatcher.stats().lent_total == 0
+        lent_p = rules.engine_priority(False, True, 10, lent=True, prompt_tokens=3)
+        assert [b["priority"] for b in workers[1].record.requests][-1] == lent_p
+        for t in [long, *decoding]:
             t.cancel()
         await asyncio.gather(long, *decoding, return_exceptions=True)
     await eventually(lambda: pool.in_flight == 0, what="all ended")

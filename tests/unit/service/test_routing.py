@@ -129,3 +129,17 @@ def test_a_light_tenants_request_goes_where_it_starts_soonest_whatever_the_load(
     workers = [WorkerView(0.1, 300, 0), WorkerView(0.8, 0, 0)]
     assert route(workers, 20, "locality") == 0  # the balance term: 300 < 512 x 0.7
     assert route(workers, 20, "locality", soonest=True) == 1
+
+
+def test_a_light_request_the_engine_preempts_for_takes_a_full_worker_that_is_not_prefilling() -> (
+    None
+):
+    # Worker 0 has a free slot but 900 prefill tokens queued; worker 1 is full and
+    # only decoding. A light request that waits for a slot goes to worker 0; one
+    # its engine retracts a running request for goes to worker 1 (it starts at the
+    # next step there, not after the 900 tokens).
+    workers = [WorkerView(0.9, 900, 0), WorkerView(1.05, 0, 0)]
+    assert route(workers, 60, "locality", soonest=True) == 0
+    assert route(workers, 60, "locality", soonest=True, preempts=True) == 1
+    # A heavy request never counts a full worker as room, preempting or not.
+    assert route(workers, 60, "locality", preempts=True) == 0
