@@ -69,6 +69,30 @@ async def test_a_conversations_later_turns_land_where_its_history_is(
     await assert_no_sglang_leaks(app, *workers)
 
 
+async def _prefill_on_0_decoding_on_1(
+    pool: WorkerPool, workers: list[SimServer], c: AsyncClient, max_tokens: int
+) -> list[asyncio.Task[Completion]]:
+    """Worker 0 holds a 3 000-token prompt's first chunk back (as a long prefill
+    would); worker 1 then takes two requests that decode `max_tokens` each."""
+    workers[0].faults.first_chunk_delay_s = 30.0
+    long = asyncio.create_task(c.complete([5] * 3000, max_tokens=10, ignore_eos=True))
+    await eventually(lambda: pool.router.pending_prefill[0] == 3000, what="long routed")
+    workers[0].faults.first_chunk_delay_s = 0.0
+    decoding = [
+        asyncio.create_task(c.complete([9, i], max_tokens=max_tokens, ignore_eos=True))
+        for i in range(2)
+    ]
+    await eventually(lambda: pool.workers[1].in_flight == 2, what="decoders on worker 1")
+    await eventually(lambda: pool.router.pending_prefill[1] == 0, what="decoding")
+    return [long, *decoding]
+
+
+async def _cancel(tasks: list[asyncio.Task[Completion]]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def test_a_short_request_avoids_the_worker_in_a_long_prefill(
     start_server: StartServer, start_sim: StartSim
 ) -> None:
@@ -79,24 +103,12 @@ async def test_a_short_request_avoids_the_worker_in_a_long_prefill(
     workers = [await start_sim(time_scale=1.0, max_running_requests=8) for _ in range(2)]
     app = await start_server(**sglang_settings(*workers))
     pool = _pool(app)
-    workers[0].faults.first_chunk_delay_s = 30.0
     async with AsyncClient(app.address) as c:
-        long = asyncio.create_task(c.complete([5] * 3000, max_tokens=10, ignore_eos=True))
-        await eventually(lambda: pool.router.pending_prefill[0] == 3000, what="long routed")
-        workers[0].faults.first_chunk_delay_s = 0.0
-        decoding = [
-            asyncio.create_task(c.complete([9, i], max_tokens=400, ignore_eos=True))
-            for i in range(2)
-        ]
-        await eventually(lambda: pool.workers[1].in_flight == 2, what="decoders on worker 1")
-        await eventually(lambda: pool.router.pending_prefill[1] == 0, what="decoding")
+        busy = await _prefill_on_0_decoding_on_1(pool, workers, c, 400)
         short = await c.complete([7, 7, 7], max_tokens=2)
         assert short.result.finish_reason == "length"
         assert _where(workers, 7) == {1}
-        long.cancel()
-        for t in decoding:
-            t.cancel()
-        await asyncio.gather(long, *decoding, return_exceptions=True)
+        await _cancel(busy)
     await eventually(lambda: pool.in_flight == 0, what="all ended")
     assert pool.router.pending_prefill == [0, 0]
     await assert_no_sglang_leaks(app, *workers)
@@ -119,20 +131,11 @@ async def test_a_light_request_is_lent_a_full_workers_slot_rather_than_wait_behi
     pool = _pool(app)
     model = app.models.resolve("")
     assert model is not None and model.preempt_threshold == 10
-    workers[0].faults.first_chunk_delay_s = 30.0
     async with (
         AsyncClient(app.address, tenant="flood") as f,
         AsyncClient(app.address, tenant="light") as v,
     ):
-        long = asyncio.create_task(f.complete([5] * 3000, max_tokens=10, ignore_eos=True))
-        await eventually(lambda: pool.router.pending_prefill[0] == 3000, what="long routed")
-        workers[0].faults.first_chunk_delay_s = 0.0
-        decoding = [
-            asyncio.create_task(f.complete([9, i], max_tokens=2000, ignore_eos=True))
-            for i in range(2)
-        ]
-        await eventually(lambda: pool.workers[1].in_flight == 2, what="worker 1 full")
-        await eventually(lambda: pool.router.pending_prefill[1] == 0, what="decoding")
+        busy = await _prefill_on_0_decoding_on_1(pool, workers, f, 2000)
         short = await v.complete([7, 7, 7], max_tokens=2)
         assert short.result.finish_reason == "length"
         assert _where(workers, 7) == {1}
@@ -140,9 +143,7 @@ async def test_a_light_request_is_lent_a_full_workers_slot_rather_than_wait_behi
         assert model.dispatcher.stats().lent_total == 0
         lent_p = rules.engine_priority(False, True, 10, lent=True, prompt_tokens=3)
         assert [b["priority"] for b in workers[1].record.requests][-1] == lent_p
-        for t in [long, *decoding]:
-            t.cancel()
-        await asyncio.gather(long, *decoding, return_exceptions=True)
+        await _cancel(busy)
     await eventually(lambda: pool.in_flight == 0, what="all ended")
     assert pool.router.pending_prefill == [0, 0]
     await assert_no_sglang_leaks(app, *workers)
