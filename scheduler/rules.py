@@ -344,6 +344,19 @@ def engine_priority(
     return threshold + 1 + min(top, threshold) + step  # lent batch - the top = threshold + 1
 
 
+def lent_slot_priority(
+    batch: bool, light_tenant: bool, threshold: int | None, prompt_tokens: int | None
+) -> int | None:
+    """A light request's priority where a pool routes it to a worker with no free
+    slot (`Router.priority_on`): a lent request's, which the engine retracts a
+    running request for. None where there is no such slot to take: not a light
+    tenant's, or an engine that does not preempt (`threshold` None; the caller
+    passes None outside Isolation.PREEMPT too)."""
+    if not light_tenant or threshold is None:
+        return None
+    return engine_priority(batch, True, threshold, True, prompt_tokens)
+
+
 def waiting_below_share(
     share: float, limits: AdmissionLimits, tenant_in_flight: int, tenant_kv: int
 ) -> bool:

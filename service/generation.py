@@ -140,31 +140,23 @@ class Generation:
                 raise
             admitted_s = time.monotonic()
 
+            batch = params.priority is Priority.BATCH
             preempts = params.model.isolation is Isolation.PREEMPT
-
-            def priority(lent: bool) -> int:
-                return rules.engine_priority(
-                    params.priority is Priority.BATCH,
-                    queued.light,
-                    params.model.preempt_threshold,
-                    lent,
-                    queued.prompt_tokens if preempts else None,
-                )
-
+            threshold = params.model.preempt_threshold
+            tiers_of = queued.prompt_tokens if preempts else None
             engine_req = EngineRequest(
                 request_id=self.request_id,
                 prompt_token_ids=params.prompt_ids,
                 prompt_text=params.prompt_text,
                 max_tokens=params.max_tokens,
                 sampling=params.sampling,
-                priority=priority(queued.lent),
+                priority=rules.engine_priority(
+                    batch, queued.light, threshold, queued.lent, tiers_of
+                ),
                 prefix_keys=queued.prefix_keys,
                 light=queued.light,
-                # Routed to a worker with no free slot, a light request is lent one.
-                preempt_priority=(
-                    priority(True)
-                    if queued.light and preempts and params.model.preempt_threshold is not None
-                    else None
+                preempt_priority=rules.lent_slot_priority(
+                    batch, queued.light, threshold if preempts else None, tiers_of
                 ),
             )
             obs.admitted(engine_req, dispatcher.budget)

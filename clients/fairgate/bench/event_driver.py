@@ -34,6 +34,7 @@ from scheduler.rules import (
     admission_charge,
     cached_shortfall,
     engine_priority,
+    lent_slot_priority,
 )
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import ManualTimers
@@ -352,30 +353,22 @@ class Driver:
         elif call.state == "running":
             self._end(call)
 
-    def _priority(self, req: QueuedRequest, lent: bool) -> int:
-        """The priority fairgate sends the engine (generation.py does the same)."""
-        return engine_priority(
-            req.priority is Priority.BATCH,
-            req.light,
-            self._threshold,
-            lent,
-            req.prompt_tokens if self._tiered else None,
-        )
-
     def _start_admitted(self) -> None:
         while self._to_start:
             call = self._to_start.pop()
             if call.state != "running":
                 continue
             sampling = SamplingOptions(ignore_eos=False)
-            priority = self._priority(call.req, call.req.lent)
+            batch = call.req.priority is Priority.BATCH
+            tiers_of = call.req.prompt_tokens if self._tiered else None
+            priority = engine_priority(
+                batch, call.req.light, self._threshold, call.req.lent, tiers_of
+            )
             if self.router is not None:
                 # As generation.py and pool.py: a light request may be lent a full
                 # worker's slot.
-                preempt = (
-                    self._priority(call.req, True)
-                    if call.req.light and self._tiered and self._threshold is not None
-                    else None
+                preempt = lent_slot_priority(
+                    batch, call.req.light, self._threshold if self._tiered else None, tiers_of
                 )
                 keys = list(call.req.prefix_keys)
                 picked = self.router.pick(

@@ -13,6 +13,7 @@ from scheduler import rules
 from scheduler.dispatcher import Dispatcher
 from scheduler.ordering.vtc import VtcPolicy
 from scheduler.rules import LIGHT_QUEUE
+from service.app import App
 from service.engines.pool import WorkerPool
 from service.engines.simulator.http_server import SimServer
 from tests.conftest import StartServer
@@ -93,6 +94,12 @@ async def _cancel(tasks: list[asyncio.Task[Completion]]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _all_ended(app: App, pool: WorkerPool, workers: list[SimServer]) -> None:
+    await eventually(lambda: pool.in_flight == 0, what="all ended")
+    assert pool.router.pending_prefill == [0, 0]
+    await assert_no_sglang_leaks(app, *workers)
+
+
 async def test_a_short_request_avoids_the_worker_in_a_long_prefill(
     start_server: StartServer, start_sim: StartSim
 ) -> None:
@@ -109,9 +116,7 @@ async def test_a_short_request_avoids_the_worker_in_a_long_prefill(
         assert short.result.finish_reason == "length"
         assert _where(workers, 7) == {1}
         await _cancel(busy)
-    await eventually(lambda: pool.in_flight == 0, what="all ended")
-    assert pool.router.pending_prefill == [0, 0]
-    await assert_no_sglang_leaks(app, *workers)
+    await _all_ended(app, pool, workers)
 
 
 async def test_a_light_request_is_lent_a_full_workers_slot_rather_than_wait_behind_a_prefill(
@@ -144,9 +149,7 @@ async def test_a_light_request_is_lent_a_full_workers_slot_rather_than_wait_behi
         lent_p = rules.engine_priority(False, True, 10, lent=True, prompt_tokens=3)
         assert [b["priority"] for b in workers[1].record.requests][-1] == lent_p
         await _cancel(busy)
-    await eventually(lambda: pool.in_flight == 0, what="all ended")
-    assert pool.router.pending_prefill == [0, 0]
-    await assert_no_sglang_leaks(app, *workers)
+    await _all_ended(app, pool, workers)
 
 
 async def test_a_worker_that_loses_its_cache_is_corrected_by_what_it_reports(
