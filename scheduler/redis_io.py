@@ -69,7 +69,8 @@ def connect(url: str, *, timeout_s: float = 1.0) -> Any:
         if not path:
             raise ValueError(f"{url!r}: redis+sentinel:// needs a service name: .../mymaster")
         user, _, password = auth.partition(":")
-        sentinel = Sentinel(sentinels, socket_timeout=timeout_s)  # type: ignore[no-untyped-call]
+        # Typed from redis 8 on; untyped before.
+        sentinel = Sentinel(sentinels, socket_timeout=timeout_s)  # type: ignore[no-untyped-call,unused-ignore]
         return sentinel.master_for(
             path[0],
             db=int(path[1]) if len(path) > 1 else 0,

@@ -146,8 +146,8 @@ async def test_virtual_replay_repeats_exactly_and_runs_the_same_rules() -> None:
 
 
 def test_many_traces_are_summarized_by_median_and_range() -> None:
+    from fairgate.bench.cli import _seed_list
     from fairgate.bench.fairness_report import summarize
-    from fairgate.cli.main import _seed_list
 
     assert _seed_list("1-3,7") == [1, 2, 3, 7]
     for bad in ("", "a", "3-", "1-x"):

@@ -162,3 +162,9 @@ def serve_command() -> Callable[..., None]:
         "(--http-listen: FAIRGATE_HTTP_LISTEN); flags win."
     )
     return serve
+
+
+# `fairgate serve` on its own: the root command imports this module on first use
+# (fairgate.cli.lazy), so the client commands run where only the client is installed.
+serve_app = typer.Typer(rich_markup_mode=None, add_completion=False)
+serve_app.command("serve", cls=ServeCommand)(serve_command())

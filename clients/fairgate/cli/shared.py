@@ -19,6 +19,7 @@ from typing import Annotated, Any, get_args
 
 import grpc
 
+from fairgate.cli.extras import missing_extra
 from fairgate.errors import FairgateError
 
 
@@ -97,6 +98,12 @@ def run(cli: Callable[..., Any], args: list[str] | None = None) -> None:
     failures (server unreachable, a bad file) as one line, exit code 1."""
     try:
         cli(args=args, prog_name="fairgate")
+    except ModuleNotFoundError as exc:  # a command run without its extra (sim-server, …)
+        line = missing_extra(exc, "this command", "server")
+        if line is None:
+            raise
+        sys.stderr.write(f"error: {line}\n")
+        sys.exit(1)
     except (FairgateError, grpc.RpcError, OSError) as exc:
         sys.stderr.write(f"error: {one_line_error(exc)}\n")
         sys.exit(1)
