@@ -27,7 +27,7 @@ from service.auth import Authenticator, AuthInterceptor
 from service.chat_template import chat_template_for
 from service.decode_guard import DecodeGuardInterceptor
 from service.drain import CUT_WAIT_S, Drain
-from service.engines.factory import build_engine
+from service.engine_factory import build_engine
 from service.engines.pool import WorkerPool
 from service.engines.protocol import Engine, EngineCapacity
 from service.models import ModelRegistry, ServedModel

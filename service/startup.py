@@ -13,6 +13,8 @@ from __future__ import annotations
 import errno
 import socket
 
+from service.settings_errors import env_name
+
 # Exit codes: 2 a setting is wrong (fix the configuration); 1 the environment
 # refused (a port taken, Redis down), as before this module existed.
 EXIT_CONFIG = 2
@@ -21,10 +23,7 @@ EXIT_ENVIRONMENT = 1
 
 def setting_names(name: str) -> str:
     """`http_listen` → `--http-listen / FAIRGATE_HTTP_LISTEN`: where a user sets it."""
-    # Imported here: settings imports the event loop module, which raises StartupError.
-    from service.settings import ENV_PREFIX
-
-    return f"--{name.replace('_', '-')} / {ENV_PREFIX}{name.upper()}"
+    return f"--{name.replace('_', '-')} / {env_name(name)}"
 
 
 class StartupError(Exception):

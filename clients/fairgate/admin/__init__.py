@@ -1,4 +1,4 @@
-"""Tenant administration: `AdminClient` and the `fairgate admin` commands."""
+"""Tenant administration: `AdminClient` (the `fairgate admin` commands are `fairgate.cli.admin`)."""
 
 from fairgate.admin.client import AdminClient
 

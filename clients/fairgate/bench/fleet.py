@@ -11,16 +11,14 @@ smg), is the solo reference of its TTFT. Times are simulated seconds.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fairgate.bench.fairness import W_IN, W_OUT, RunResult, _tenants_yaml, analyse
+from fairgate.bench.fairness import W_IN, W_OUT, _tenants_yaml, analyse
 from fairgate.bench.fleet_clients import Clock, FleetRecord, Sender
-from fairgate.bench.fleet_report import print_report, report
+from fairgate.bench.fleet_report import FleetRun, print_report, report
 from fairgate.bench.fleet_scenarios import MAX_PROMPT_TOKENS, FleetScenario, Item
 from fairgate.bench.fleet_stacks import (
     VARIANTS,
@@ -33,40 +31,6 @@ from fairgate.bench.fleet_stacks import (
 from fairgate.bench.gateway import _uptime, find_smg
 from scheduler.rules import vtc_bound
 from service.settings import Settings
-
-
-@dataclass
-class FleetRun:
-    """One variant's (or solo) run: the fairness analysis and the cache counts."""
-
-    variant: str
-    result: RunResult
-    records: list[FleetRecord]
-
-    def cache(self) -> dict[str, float]:
-        done = [r for r in self.records if r.completed]
-        prompt = sum(r.prompt_tokens for r in done)
-        cached = sum(r.cached_tokens or 0 for r in done)
-        window_s = self.result.window_s
-        return {
-            "completed": len(done),
-            "completed_prompt_tokens": prompt,
-            "cached_tokens": cached,
-            "cached_fraction": cached / prompt if prompt else math.nan,
-            "cached_tokens_per_s": cached / window_s,
-        }
-
-    def accounting(self) -> dict[str, int]:
-        """Every request sent is completed, still streaming or queued at the
-        window's end, rejected, or failed: exactly one of them."""
-        rs = self.records
-        return {
-            "sent": len(rs),
-            "completed": sum(1 for r in rs if r.completed),
-            "unfinished": sum(1 for r in rs if not (r.completed or r.rejected or r.failed)),
-            "rejected": sum(1 for r in rs if r.rejected),
-            "failed": sum(1 for r in rs if r.failed),
-        }
 
 
 async def replay(

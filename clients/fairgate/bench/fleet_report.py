@@ -14,13 +14,50 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fairgate.bench.fleet_stacks import BASELINE, PEER, FleetVariant
 
 if TYPE_CHECKING:
-    from fairgate.bench.fleet import FleetRun
+    from fairgate.bench.fairness import RunResult
+    from fairgate.bench.fleet_clients import FleetRecord
     from fairgate.bench.fleet_scenarios import FleetScenario
+
+
+@dataclass
+class FleetRun:
+    """One variant's (or solo) run: the fairness analysis and the cache counts."""
+
+    variant: str
+    result: RunResult
+    records: list[FleetRecord]
+
+    def cache(self) -> dict[str, float]:
+        done = [r for r in self.records if r.completed]
+        prompt = sum(r.prompt_tokens for r in done)
+        cached = sum(r.cached_tokens or 0 for r in done)
+        window_s = self.result.window_s
+        return {
+            "completed": len(done),
+            "completed_prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "cached_fraction": cached / prompt if prompt else math.nan,
+            "cached_tokens_per_s": cached / window_s,
+        }
+
+    def accounting(self) -> dict[str, int]:
+        """Every request sent is completed, still streaming or queued at the
+        window's end, rejected, or failed: exactly one of them."""
+        rs = self.records
+        return {
+            "sent": len(rs),
+            "completed": sum(1 for r in rs if r.completed),
+            "unfinished": sum(1 for r in rs if not (r.completed or r.rejected or r.failed)),
+            "rejected": sum(1 for r in rs if r.rejected),
+            "failed": sum(1 for r in rs if r.failed),
+        }
+
 
 # Per-run figures whose median over repetitions the report gives.
 FIGURES = (

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from fairgate.admin.cli import admin_app
+from fairgate.cli.admin.cli import admin_app
 from fairgate.cli.conn import ApiKeyOpt, CaFileOpt, CertFileOpt, KeyFileOpt, TlsOpt, tls_config
 from fairgate.cli.lazy import LazyGroup
 from fairgate.cli.shared import version
@@ -134,7 +134,7 @@ def models(
             if output in ("json", "yaml"):
                 import dataclasses
 
-                from fairgate.admin.render import print_data
+                from fairgate.cli.admin.render import print_data
 
                 print_data([dataclasses.asdict(m) for m in listed], output)
                 return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from fairgate.admin.render import tenants_table, usage_table
+from fairgate.cli.admin.render import tenants_table, usage_table
 from fairgate.v1 import admin_pb2 as apb
 from rich.console import Console
 from rich.table import Table

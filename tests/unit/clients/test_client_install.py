@@ -110,6 +110,6 @@ def test_the_command_line_client_needs_only_the_cli_extra() -> None:
     # Module level only: serve, bench and plan load lazily (fairgate.cli.lazy), and
     # commands such as sim-server import the server inside their function.
     ours, third = _closure(["fairgate.cli.main", "fairgate.cli.entry"], nested=False)
-    assert "fairgate.admin.cli" in ours
+    assert "fairgate.cli.admin.cli" in ours
     assert not [m for m in ours if m.startswith(("fairgate.bench", "fairgate.plan", "service"))]
     assert _provided(third, allowed) == {}

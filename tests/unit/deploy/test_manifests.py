@@ -157,8 +157,8 @@ def test_compose_replicas_use_the_stand_in_with_admin_on() -> None:
 
 
 def test_compose_in_process_option_is_one_gpu_with_valid_settings() -> None:
-    from service.engines.sglang_inproc_build import engine_kwargs
     from service.settings import Settings
+    from service.sglang_inproc_build import engine_kwargs
 
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     service = compose["services"]["fairgate-inproc"]

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from service.engines.sglang_inproc_build import ENGINE_KEYWORDS, check_model_path, engine_kwargs
 from service.settings import Settings, SettingsError
+from service.sglang_inproc_build import ENGINE_KEYWORDS, check_model_path, engine_kwargs
 from service.startup import StartupError
 
 

@@ -5,7 +5,7 @@ Connection flags (or env vars), accepted before or after the subcommand:
 (FAIRGATE_TLS), --ca-file (FAIRGATE_CA_FILE), --cert-file / --key-file
 (FAIRGATE_CLIENT_CERT_FILE / FAIRGATE_CLIENT_KEY_FILE), --server-name
 (FAIRGATE_TLS_SERVER_NAME); --output table|json|yaml (FAIRGATE_OUTPUT).
-Exit codes: fairgate/admin/conn.py.
+Exit codes: fairgate/cli/admin/conn.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Annotated, Any
 
 import typer
 
-from fairgate.admin import render
 from fairgate.admin.client import AdminClient
-from fairgate.admin.conn import (
+from fairgate.cli.admin import render
+from fairgate.cli.admin.conn import (
     EXIT_DRIFT,
     EXIT_INPUT,
     Conn,
@@ -28,7 +28,7 @@ from fairgate.admin.conn import (
     session,
     shared,
 )
-from fairgate.admin.tenant_args import FlagErrors, tenant_from_flags
+from fairgate.cli.admin.tenant_args import FlagErrors, tenant_from_flags
 
 admin_app = typer.Typer(
     no_args_is_help=True,
@@ -194,7 +194,7 @@ def tenants_export(ctx: typer.Context) -> None:
 
     `fairgate admin tenants export > tenants.yaml` then `fairgate admin apply
     -f tenants.yaml` is a no-op: the file is what `serve --tenants` and `apply` read."""
-    from fairgate.admin.tenant_args import tenants_to_file
+    from fairgate.cli.admin.tenant_args import tenants_to_file
 
     with session(ctx) as (conn, client):
         resp = client.list_tenants()
@@ -357,7 +357,7 @@ def apply(
     ] = False,
 ) -> None:
     """Make the server's tenants match a tenants file (idempotent; atomic)."""
-    from fairgate.admin.tenant_args import tenants_from_file
+    from fairgate.cli.admin.tenant_args import tenants_from_file
 
     try:
         tenants, default = tenants_from_file(file)

@@ -31,11 +31,11 @@ def build_engine(settings: Settings) -> tuple[Engine, str]:
         )
         return engine, settings.model_name or cost.model.name
     if settings.engine == "sglang-http":
-        from service.engines.sglang_factory import build_sglang_http
+        from service.sglang_factory import build_sglang_http
 
         return build_sglang_http(settings), settings.model_name
     if settings.engine == "sglang":
-        from service.engines.sglang_inproc_build import build_sglang_inproc
+        from service.sglang_inproc_build import build_sglang_inproc
 
         return build_sglang_inproc(settings), settings.model_name
     raise ValueError(f"unknown engine {settings.engine!r}")

@@ -1,0 +1,1 @@
+"""`fairgate admin`: the tenant administration commands (the client is `fairgate.admin`)."""
