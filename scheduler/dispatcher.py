@@ -32,7 +32,13 @@ from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.errors import SchedulingError
 from scheduler.gate import Admission
-from scheduler.gate_stats import GateStats, ledger_tenants
+from scheduler.gate_stats import (
+    BucketStats,
+    GateStats,
+    TenantBuckets,
+    configured_buckets,
+    ledger_tenants,
+)
 from scheduler.idle import IdleTenants
 from scheduler.ordering.policy import QueuePolicy
 from scheduler.quotas import QuotaLedger, Reservation
@@ -501,6 +507,12 @@ class Dispatcher:
 
     async def refresh_stats(self) -> None:
         """Nothing to fetch: every number is in this process."""
+
+    async def tenant_buckets(self, tenant_id: str) -> TenantBuckets:
+        usage = self.quotas.usage(tenant_id)
+        if usage is None:
+            return configured_buckets(self.quotas.tenants, tenant_id)
+        return BucketStats.of(usage.request_bucket), BucketStats.of(usage.token_bucket)
 
     async def aclose(self) -> None:
         """Nothing to hand over: the state dies with the process."""

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.errors import DeadlineExpired, QueueTimeout, SchedulingError
-from scheduler.gate_stats import GateStats
+from scheduler.gate_stats import GateStats, TenantBuckets
 from scheduler.request import QueuedRequest
 from scheduler.tenancy.tenants import TenantRegistry
 
@@ -113,6 +113,12 @@ class AdmissionGate(AdmissionCore, Protocol):
 
     async def refresh_stats(self) -> None:
         """Fetch what `stats()` reads from a shared store (no-op without one)."""
+        ...
+
+    async def tenant_buckets(self, tenant_id: str) -> TenantBuckets:
+        """The tenant's (request, token) buckets now, fleet-wide with a shared store
+        (read from it, one round trip; the last `stats()` while it is down): what
+        the rate-limit headers report."""
         ...
 
     async def aclose(self) -> None: ...

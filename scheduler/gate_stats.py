@@ -23,7 +23,8 @@ from typing import Literal
 from scheduler.budget import AdmissionLimits
 from scheduler.quotas import QuotaLedger
 from scheduler.rules import bucket_level
-from scheduler.state.store import BucketLimits
+from scheduler.state.store import BucketLimits, SeenLevel
+from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.token_bucket import TokenBucket
 
 # "memory": one replica, nothing shared; else the shared store's health as this
@@ -72,6 +73,26 @@ def stored_buckets(
         one(limits.requests_per_s, limits.requests_burst, r_level, r_age),
         one(limits.tokens_per_s, limits.tokens_burst, t_level, t_age),
     )
+
+
+# A tenant's (request, token) buckets; None where it has no such bucket.
+TenantBuckets = tuple[BucketStats | None, BucketStats | None]
+
+
+def seen_buckets(limits: BucketLimits, seen: Mapping[str, SeenLevel]) -> TenantBuckets:
+    """A tenant's buckets from the levels a store read just now (`BucketReader`)."""
+    r, t = seen.get("r"), seen.get("t")
+    return stored_buckets(
+        limits,
+        (r.level if r else None, t.level if t else None),
+        (r.age_s if r else None, t.age_s if t else None),
+    )
+
+
+def configured_buckets(registry: TenantRegistry, tenant_id: str) -> TenantBuckets:
+    """A tenant's buckets before it has sent anything: full, or none."""
+    cfg = registry.get(tenant_id)
+    return stored_buckets(BucketLimits.of(cfg.quotas), None, None) if cfg else (None, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +174,7 @@ def ledger_tenants(
     for tid in include:
         if tid in out:
             continue
-        cfg = registry.get(tid)
-        buckets = stored_buckets(BucketLimits.of(cfg.quotas), None, None) if cfg else (None, None)
+        buckets = configured_buckets(registry, tid)
         out[tid] = TenantStats(
             tenant_id=tid,
             weight=registry.weight_of(tid),

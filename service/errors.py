@@ -8,6 +8,7 @@ always, plus BadRequest, RetryInfo or QuotaFailure where they apply.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -185,9 +186,16 @@ def _map_scheduling(exc: SchedulingError) -> MappedStatus:
     return MappedStatus(grpc.StatusCode.FAILED_PRECONDITION, str(exc), [info])
 
 
-async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> NoReturn:
+async def abort(
+    context: grpc.aio.ServicerContext[Any, Any],
+    exc: Exception,
+    metadata: Sequence[tuple[str, str]] = (),
+) -> NoReturn:
+    """End the call with `exc`'s status and details; `metadata`: more trailing
+    metadata (the rate-limit headers)."""
     mapped = map_error(exc)
     record_abort(exc, mapped.code)
     st = mapped.to_status()
-    await context.abort(st.code, st.details, trailing_metadata=st.trailing_metadata)
+    trailing = (*st.trailing_metadata, *metadata)
+    await context.abort(st.code, st.details, trailing_metadata=trailing)
     raise AssertionError("context.abort returned")  # pragma: no cover

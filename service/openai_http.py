@@ -27,7 +27,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
 
 import grpc
@@ -47,6 +47,7 @@ from service.models import ModelRegistry
 from service.openai_errors import http_error
 from service.openai_request import PRIORITY_HEADER, param_name, to_generate_request
 from service.openai_response import ResponseWriter, error_event
+from service.ratelimit_headers import tenant_headers
 from service.settings import Settings
 from service.telemetry import Telemetry
 from service.telemetry.observation import RPC_SCOPE, RpcScope
@@ -58,13 +59,14 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def error_response(exc: Exception) -> web.Response:
+def error_response(exc: Exception, extra: Sequence[tuple[str, str]] = ()) -> web.Response:
+    """`exc` as OpenAI's JSON error; `extra`: more headers (the rate-limit ones)."""
     err = http_error(exc, param_name)
     return web.Response(
         status=err.status,
         body=err.json_bytes(),
         content_type="application/json",
-        headers=err.headers,
+        headers={**err.headers, **dict(extra)},
     )
 
 
@@ -230,12 +232,15 @@ class OpenAIFront:
             include_usage=converted.include_usage,
         )
         headers = {"x-request-id": request_id}
+        gate = params.model.dispatcher
         async with aclosing(generation.stream()) as events:
             try:
                 first = await anext(events)
             except (errors.ServiceError, SchedulingError, EngineError) as exc:
                 # ServiceError: ServerDraining (refused, failed in the queue, cut early).
-                return error_response(exc)
+                return error_response(exc, await tenant_headers(gate, tenant_id))
+            # The tenant's buckets with this request charged (OpenAI's headers).
+            headers.update(await tenant_headers(gate, tenant_id))
             if converted.stream:
                 return await self._stream(request, writer, first, events, headers)
             return await self._complete(writer, first, events, headers)
@@ -273,7 +278,8 @@ class OpenAIFront:
             parts.append(event.text)
             event = await anext(events)
         if event.failure is not None:
-            return error_response(event.failure)
+            limits = [(k, v) for k, v in headers.items() if k.startswith("x-ratelimit-")]
+            return error_response(event.failure, limits)
         return web.json_response(writer.complete("".join(parts), event), headers=headers)
 
     async def _stream(

@@ -22,6 +22,7 @@ from service.drain import Drain
 from service.engines.protocol import EngineError, FinishKind
 from service.generation import Delta, Generation, Outcome
 from service.models import ModelRegistry
+from service.ratelimit_headers import tenant_headers
 from service.settings import Settings
 from service.telemetry import Telemetry
 from service.validation import validate_generate
@@ -92,10 +93,11 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         remaining_s = context.time_remaining()
         try:
             params = validate_generate(request, self.models, self.settings.max_request_bytes)
+            tenant_id = self._tenant(context)
             generation = Generation(
                 params,
                 request_id=request_id,
-                tenant_id=self._tenant(context),
+                tenant_id=tenant_id,
                 received_s=received_s,
                 deadline_s=received_s + remaining_s if remaining_s is not None else None,
                 max_tokens_set=request.sampling.HasField("max_tokens"),
@@ -123,12 +125,16 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                         outcome = event
         except (errors.ServiceError, SchedulingError, EngineError) as exc:
             # ServiceError: ServerDraining (refused, failed in the queue, cut early).
-            await errors.abort(context, exc)
+            limits = await tenant_headers(params.model.dispatcher, tenant_id)
+            await errors.abort(context, exc, limits)
         assert outcome is not None  # the stream ends with an Outcome or raises
+        # The tenant's buckets after this request, for its next one (OpenAI's headers).
+        limits = await tenant_headers(params.model.dispatcher, tenant_id)
+        context.set_trailing_metadata(limits)
         yield pb.GenerateResponse(result=_result(outcome))
         if outcome.failure is not None:
             # The partial result above carries the usage; the status says it failed.
-            await errors.abort(context, outcome.failure)
+            await errors.abort(context, outcome.failure, limits)
 
     async def ListModels(
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -46,7 +46,7 @@ from scheduler.errors import (
     StoreUnavailable,
 )
 from scheduler.gate import Admission, RequestState
-from scheduler.gate_stats import GateStats
+from scheduler.gate_stats import GateStats, TenantBuckets, seen_buckets
 from scheduler.idle import IdleTenants
 from scheduler.quotas import bucket_exceeded, check_caps, check_queue_slot
 from scheduler.request import QueuedRequest
@@ -57,7 +57,15 @@ from scheduler.shared.options import FailureMode, QuotaView, SharedOptions, Stor
 from scheduler.shared.outbox import Outbox
 from scheduler.shared.pump import Pump
 from scheduler.shared.stats import GateTotals, Refusal, SharedStats
-from scheduler.state.store import BucketLimits, Candidate, Lease, Settlement, Step, Store
+from scheduler.state.store import (
+    BucketLimits,
+    BucketReader,
+    Candidate,
+    Lease,
+    Settlement,
+    Step,
+    Store,
+)
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import AsyncioTimers, Timers
 
@@ -480,6 +488,17 @@ class SharedDispatcher:
         """Read the store's fleet-wide state (bucket levels, counters, the other
         replicas' usage) for stats()."""
         await self._stats.refresh(self.store, self.options.replica_id)
+
+    async def tenant_buckets(self, tenant_id: str) -> TenantBuckets:
+        if isinstance(self.store, BucketReader):
+            cfg = self.quotas.tenants.get(tenant_id)
+            if cfg is None:
+                return None, None
+            with contextlib.suppress(StoreUnavailable):
+                seen = await self.store.bucket_levels(tenant_id)
+                return seen_buckets(BucketLimits.of(cfg.quotas), seen)
+        t = self.stats(include=(tenant_id,)).tenant(tenant_id)
+        return (t.request_bucket, t.token_bucket) if t is not None else (None, None)
 
     def stats(self, include: Iterable[str] = (), fleet: bool = False) -> GateStats:
         """Live state for admin and telemetry (see shared/stats.py)."""

@@ -20,6 +20,7 @@ from scheduler.state.store import (
     BucketLimits,
     Candidate,
     Lease,
+    SeenLevel,
     Settlement,
     Step,
     StepOutcome,
@@ -91,6 +92,14 @@ class MemoryStore:
         if b is None:
             return burst
         return bucket_level(b.level, b.updated_s, now_s, rate, burst)
+
+    async def bucket_levels(self, tenant_id: str) -> dict[str, SeenLevel]:
+        now_s = self.clock.now_s()
+        return {
+            kind: SeenLevel(b.level, max(0.0, now_s - b.updated_s))
+            for kind in ("r", "t")
+            if (b := self.buckets.get((tenant_id, kind))) is not None
+        }
 
     def _set(self, tenant: str, kind: str, level: float, now_s: float) -> None:
         self.buckets[(tenant, kind)] = _Bucket(level, now_s)

@@ -311,6 +311,22 @@ class RedisStore:
                     levels[(t, kind)] = SeenLevel(float(text(lvl)), age_s)
         return FleetSeen(int(res[2]), levels)
 
+    async def bucket_levels(self, tenant_id: str) -> dict[str, SeenLevel]:
+        """One tenant's buckets as stored now: one HMGET (aged by the wall clock,
+        as in `observe`)."""
+        try:
+            rl, rts, tl, tts = await self._r.hmget(
+                f"{self.base}:b:{tenant_id}", "rl", "rts", "tl", "tts"
+            )
+        except UNAVAILABLE as exc:
+            raise StoreUnavailable(f"redis unreachable: {exc}") from exc
+        now_ms = time.time() * 1000
+        return {
+            kind: SeenLevel(float(text(lvl)), max(0.0, (now_ms - float(text(ts))) / 1000))
+            for kind, lvl, ts in (("r", rl, rts), ("t", tl, tts))
+            if lvl is not None and ts is not None
+        }
+
     async def fleet_usage(self) -> dict[str, bytes]:
         """The live replicas' published usage (one round trip); drops the dead ones'."""
         try:

@@ -301,6 +301,16 @@ class FleetSeen:
 
 
 @runtime_checkable
+class BucketReader(Protocol):
+    """A store that reads one tenant's buckets on demand (the rate-limit headers)."""
+
+    async def bucket_levels(self, tenant_id: str) -> dict[str, SeenLevel]:
+        """The tenant's stored bucket levels by kind ("r" requests, "t" tokens), read
+        now; a kind never written (a full bucket) is absent. Raises StoreUnavailable."""
+        ...
+
+
+@runtime_checkable
 class FleetObserver(Protocol):
     """A store that can tell which replicas are alive and where buckets stand (Redis)."""
 

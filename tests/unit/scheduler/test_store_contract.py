@@ -14,6 +14,7 @@ from scheduler.state.memory_store import MemoryStore
 from scheduler.state.redis_store import RedisStore
 from scheduler.state.store import (
     BucketLimits,
+    BucketReader,
     Candidate,
     Lease,
     Settlement,
@@ -145,6 +146,18 @@ async def test_reserve_takes_buckets_and_settlement_refunds(store: Store) -> Non
     assert await store.reserve("5", "a", 40, b) == ("", 0.0)
     limit, wait_s = await store.reserve("6", "a", 200, b)
     assert limit == "tokens_per_min" and math.isinf(wait_s)  # above the burst: never
+
+
+async def test_bucket_levels_read_one_tenant_now(store: Store) -> None:
+    """What the rate-limit headers read (BucketReader): both stores, the same levels."""
+    assert isinstance(store, BucketReader)
+    b = BucketLimits(requests_per_s=0.01, requests_burst=5, tokens_per_s=1.0, tokens_burst=100)
+    assert await store.bucket_levels("a") == {}  # never written: full
+    assert await store.reserve("1", "a", 60, b) == ("", 0.0)
+    seen = await store.bucket_levels("a")
+    assert seen["r"].level == pytest.approx(4.0) and seen["t"].level == pytest.approx(40.0)
+    assert 0.0 <= seen["r"].age_s < 5.0
+    assert await store.bucket_levels("b") == {}
 
 
 async def test_wait_mode_candidates_are_blocked_until_their_buckets_allow(store: Store) -> None:

@@ -1,0 +1,133 @@
+"""Rate-limit headers across replicas: two fairgate processes on one real Redis.
+
+The official `openai` SDK reads `x-ratelimit-*` (with_raw_response) and
+"remaining" falls with use whichever replica serves the call, the 429 that ends
+the burst carries them too, and gRPC calls carry the same in trailing metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import openai
+import pytest
+from fairgate.v1 import inference_pb2 as pb
+from fairgate.v1 import inference_pb2_grpc as pb_grpc
+
+BURST = 6  # requests; the rate is slow enough that nothing refills within the test
+TENANTS = f"""
+tenants:
+  - id: t
+    over_quota: reject
+    quotas:
+      {{requests_per_s: 0.001, requests_burst: {BURST}, tokens_per_min: 6, tokens_burst: 5000}}
+"""
+HEADER = {"x-fairgate-tenant": "t"}
+
+
+async def _replica(env: dict[str, str]) -> tuple[asyncio.subprocess.Process, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fairgate.cli.main", "serve", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    while True:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        assert line, "replica exited before listening"
+        m = re.search(r"listening on (\S+), OpenAI API on (\S+) ", line)
+        if m:
+            return proc, m.group(1), m.group(2)
+
+
+@pytest.fixture
+async def replicas(redis_url: str, tmp_path: Path) -> AsyncIterator[list[tuple[str, str]]]:
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(TENANTS)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("FAIRGATE_", "OTEL_"))},
+        "FAIRGATE_LISTEN": "127.0.0.1:0",
+        "FAIRGATE_HTTP_LISTEN": "127.0.0.1:0",
+        "FAIRGATE_STORE": "redis",
+        "FAIRGATE_REDIS_URL": redis_url,
+        "FAIRGATE_REDIS_DOMAIN": f"rl-{uuid.uuid4().hex[:8]}",
+        "FAIRGATE_TENANTS_FILE": str(tenants),
+        "FAIRGATE_LOG_LEVEL": "WARNING",
+    }
+    procs = []
+    try:
+        for _ in range(2):
+            proc, grpc_address, http_base = await _replica(env)
+            procs.append((proc, grpc_address, http_base))
+        yield [(g, h) for _, g, h in procs]
+    finally:
+        for proc, _, _ in procs:
+            proc.terminate()
+        for proc, _, _ in procs:
+            await proc.wait()
+
+
+def _oai(base_url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=base_url, api_key="EMPTY", max_retries=0, default_headers=HEADER
+    )
+
+
+async def _chat(base_url: str) -> dict[str, str]:
+    async with _oai(base_url) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        raw.parse()
+        return {k: v for k, v in raw.headers.items() if k.startswith("x-ratelimit-")}
+
+
+async def test_remaining_falls_on_either_replica_and_the_429_says_so(
+    replicas: list[tuple[str, str]],
+) -> None:
+    (_, http_a), (grpc_b, http_b) = replicas
+    seen = [await _chat(http) for http in (http_a, http_b, http_a)]
+    for headers in seen:
+        assert headers["x-ratelimit-limit-requests"] == str(BURST)
+        assert headers["x-ratelimit-limit-tokens"] == "5000"
+        assert re.fullmatch(
+            r"\d+(\.\d+)?(ms|s)|\d+m[\d.]+s|\d+h\d+m[\d.]+s", headers["x-ratelimit-reset-requests"]
+        )
+    # Each request takes one from the fleet-wide bucket, whichever replica served it.
+    assert [int(h["x-ratelimit-remaining-requests"]) for h in seen] == [
+        BURST - 1,
+        BURST - 2,
+        BURST - 3,
+    ]
+    tokens = [int(h["x-ratelimit-remaining-tokens"]) for h in seen]
+    assert tokens[0] > tokens[1] > tokens[2]
+
+    # gRPC: the same, in trailing metadata, through replica B.
+    async with grpc.aio.insecure_channel(grpc_b) as channel:
+        call = pb_grpc.InferenceServiceStub(channel).Generate(
+            pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(max_tokens=4)),
+            metadata=tuple(HEADER.items()),
+        )
+        async for _ in call:
+            pass
+        trailing = {
+            k: v for k, v in (await call.trailing_metadata()) if k.startswith("x-ratelimit-")
+        }
+    assert trailing["x-ratelimit-remaining-requests"] == str(BURST - 4)
+    assert trailing["x-ratelimit-limit-requests"] == str(BURST)
+
+    # Spend the rest, then the refusal carries the headers and Retry-After.
+    for _ in range(2):
+        await _chat(http_a)
+    with pytest.raises(openai.RateLimitError) as refused:
+        await _chat(http_b)
+    headers = refused.value.response.headers
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    assert headers["x-ratelimit-limit-requests"] == str(BURST)
+    assert float(headers["retry-after"]) > 0
