@@ -27,7 +27,7 @@ from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 from service.engines.routing import Routing
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
-from tests.unit.scheduler.test_fairness_shapes import PROPS, bound_of
+from tests.unit.fleet.test_fairness_shapes import PROPS, bound_of
 
 VOCAB = 32_000
 
@@ -112,8 +112,8 @@ def test_the_bound_holds_on_several_engines_with_shared_prefixes(
     bound = bound_of(arrivals, WEIGHTS, 3000 * engines) + allowance
     assert drv.monitor.worst <= bound + 1e-6, (drv.monitor.worst, bound)
     assert all(c.state == "done" for c in drv.calls)
-    assert drv.router is not None and drv.router.pending_prefill == [0] * engines
-    assert all(w.in_flight == 0 and w.kv_in_flight == 0 for w in drv.workers)
+    assert drv.placement is not None and drv.placement.pending_prefill == [0] * engines
+    assert drv.placement.in_flight == [0] * engines == drv.placement.kv_in_flight
 
 
 def test_locality_serves_more_prompt_from_cache_than_routing_by_load() -> None:
