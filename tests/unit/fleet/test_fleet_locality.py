@@ -1,7 +1,7 @@
 """Fair and cache-local across engines (issue #23): the virtual fleet.
 
-Several simulated engines (each with SGLang's radix cache) behind the router
-the live pool uses (`service/engines/router.py`), the dispatcher with
+Several simulated engines (each with SGLang's radix cache) behind the placement
+the live pool uses (`service/engines/placement.py`), the dispatcher with
 locality-aware admission, and a prefix-heavy mix: a tenant with a system
 prompt, multi-turn conversations that re-send their history, a RAG tenant over
 a few shared documents, heterogeneous shapes and bursty arrivals. At every
