@@ -45,6 +45,9 @@ class QueuedRequest:
     # Set at admission with locality: the prompt tokens a worker was thought to
     # hold, charged at the cached rate (rules.admission_charge).
     cached_estimate: int = 0
+    # Set with it: the engine (a worker of a pool) that estimate counted on, which
+    # the pool then routes to while it has room (service/engines/placement.py).
+    cached_on: int | None = None
 
     @property
     def kv_tokens(self) -> int:

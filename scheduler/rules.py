@@ -348,7 +348,7 @@ def lent_slot_priority(
     batch: bool, light_tenant: bool, threshold: int | None, prompt_tokens: int | None
 ) -> int | None:
     """A light request's priority where a pool routes it to a worker with no free
-    slot (`Router.priority_on`): a lent request's, which the engine retracts a
+    slot (`Placement.priority_on`): a lent request's, which the engine retracts a
     running request for. None where there is no such slot to take: not a light
     tenant's, or an engine that does not preempt (`threshold` None; the caller
     passes None outside Isolation.PREEMPT too)."""

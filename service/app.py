@@ -182,9 +182,9 @@ class App:
         tenants = directory.registry
         options = policy_options(settings, clock, tenants, directory.weight_of)
         isolation = isolation_for(settings.fair_isolation, cap)
-        router = engine.router if isinstance(engine, WorkerPool) else None
-        if router is not None and router.routing != "locality":
-            router = None
+        placement = engine.placement if isinstance(engine, WorkerPool) else None
+        if placement is not None and placement.routing != "locality":
+            placement = None
         dispatcher = await build_dispatcher(
             settings,
             options,
@@ -193,11 +193,11 @@ class App:
             tenants,
             model_name,
             isolation,
-            None if router is None else router.cached_prefix,
+            None if placement is None else placement.cached_prefix,
         )
         undo.push_async_callback(dispatcher.aclose)
-        if router is not None and settings.store == "redis":
-            share = build_prefix_share(settings, model_name, router)
+        if placement is not None and settings.store == "redis":
+            share = build_prefix_share(settings, model_name, placement)
             await share.start()
             undo.push_async_callback(share.aclose)
         # The in-process engine knows its model's folder: its tokenizer unless one is set.
@@ -223,7 +223,7 @@ class App:
             ),
             preempt_threshold=cap.preempt_threshold,
             isolation=isolation,
-            prefix_keys=None if router is None else router.prefix_keys,
+            prefix_keys=None if placement is None else placement.prefix_keys,
         )
         models = ModelRegistry([model], default=model_name)
         telemetry.watch_model(model)

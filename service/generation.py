@@ -23,12 +23,12 @@ from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass
 
-from scheduler import rules
 from scheduler.errors import RequestTooLarge
-from scheduler.request import Priority, QueuedRequest
+from scheduler.request import QueuedRequest
 from scheduler.rules import Isolation
 from service.drain import Drain, ServerDraining
-from service.engines.protocol import EngineError, EngineRequest, FinishKind
+from service.engines.placement import engine_request
+from service.engines.protocol import EngineError, FinishKind
 from service.telemetry import Telemetry
 from service.validation import GenerateParams
 
@@ -140,24 +140,14 @@ class Generation:
                 raise
             admitted_s = time.monotonic()
 
-            batch = params.priority is Priority.BATCH
-            preempts = params.model.isolation is Isolation.PREEMPT
-            threshold = params.model.preempt_threshold
-            tiers_of = queued.prompt_tokens if preempts else None
-            engine_req = EngineRequest(
-                request_id=self.request_id,
-                prompt_token_ids=params.prompt_ids,
-                prompt_text=params.prompt_text,
-                max_tokens=params.max_tokens,
-                sampling=params.sampling,
-                priority=rules.engine_priority(
-                    batch, queued.light, threshold, queued.lent, tiers_of
-                ),
-                prefix_keys=queued.prefix_keys,
-                light=queued.light,
-                preempt_priority=rules.lent_slot_priority(
-                    batch, queued.light, threshold if preempts else None, tiers_of
-                ),
+            engine_req = engine_request(
+                queued,
+                self.request_id,
+                params.prompt_ids,
+                params.sampling,
+                params.model.preempt_threshold,
+                params.model.isolation is Isolation.PREEMPT,
+                params.prompt_text,
             )
             obs.admitted(engine_req, dispatcher.budget)
             drain, key = self.drain, id(queued)

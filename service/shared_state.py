@@ -22,8 +22,8 @@ from scheduler.state.redis_store import RedisStore
 from scheduler.tenancy.redis_tenant_store import RedisTenantStore
 from scheduler.tenancy.tenant_store import InMemoryTenantStore, TenantStore
 from scheduler.tenancy.tenants import TenantRegistry
+from service.engines.placement import Placement
 from service.engines.prefix_share import PrefixShare
-from service.engines.router import Router
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -120,11 +120,11 @@ async def build_dispatcher(
     return shared
 
 
-def build_prefix_share(settings: Settings, model_name: str, router: Router) -> PrefixShare:
+def build_prefix_share(settings: Settings, model_name: str, placement: Placement) -> PrefixShare:
     """With store=redis, the replicas' pools tell each other what they routed where."""
     client = connect(settings.redis_url, timeout_s=settings.redis_timeout_s)
     domain = settings.redis_domain or model_name
     stream = f"{settings.redis_prefix}:{{{domain}}}:routes"
-    share = PrefixShare(client, stream, replica_id(), router.learn)
-    router.on_routed = share.publish
+    share = PrefixShare(client, stream, replica_id(), placement.learn)
+    placement.on_routed = share.publish
     return share

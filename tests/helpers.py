@@ -8,9 +8,11 @@ import math
 import os
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
-from service.app import App
-from service.engines.simulator.engine import SimulatedEngine
+if TYPE_CHECKING:  # `eventually` stays importable without the service (tests/unit/scheduler)
+    from service.app import App
+    from service.engines.simulator.engine import SimulatedEngine
 
 
 async def eventually(
@@ -39,6 +41,8 @@ def cpu_within(cpu_s: float, wall_s: float) -> bool:
 
 
 def sim(app: App) -> SimulatedEngine:
+    from service.engines.simulator.engine import SimulatedEngine
+
     assert isinstance(app.engine, SimulatedEngine)
     return app.engine
 

@@ -1,6 +1,8 @@
 """Several SGLang workers behind one Engine.
 
-Routing (the bookkeeping: `router.py`; the rule: `routing.py`): with
+Placement (pick, priority, per-worker KV accounting and the request's
+lifecycle: `placement.py`, which the virtual fleet runs too; the rule:
+`routing.py`): admission's locality choice while that worker has room; else, with
 `locality` (the default), the healthy worker where the request would get its
 first token soonest, counting the prefill work routed there that has not
 streamed yet and the prompt's prefix the worker is thought to hold
@@ -41,8 +43,8 @@ from collections.abc import AsyncGenerator, Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from scheduler import rules
 from service.engines.breaker import Breaker, BreakerPolicy
+from service.engines.placement import Placement
 from service.engines.protocol import (
     EngineCapacity,
     EngineChunk,
@@ -50,8 +52,7 @@ from service.engines.protocol import (
     EngineLoad,
     EngineRequest,
 )
-from service.engines.router import Router
-from service.engines.routing import Routing, fullness
+from service.engines.routing import Routing
 from service.engines.sglang_chunks import RequestRefused
 from service.engines.sglang_http import SglangHttpEngine, WorkerDown
 
@@ -63,31 +64,17 @@ FAILURE_LOAD = 4
 
 @dataclass(slots=True, eq=False)
 class Worker:
+    """One SGLang worker as the pool sees it (its load is the placement's)."""
+
     engine: SglangHttpEngine
     breaker: Breaker
     healthy: bool = False
-    in_flight: int = 0
     failures: int = 0
     last_error: str = ""
-    kv_in_flight: int = 0
     streams_total: int = 0
     stream_failures_total: int = 0
     # (monotonic s, "ejected" | "admitted", ejection length s): recent transitions.
     history: deque[tuple[float, str, float]] = field(default_factory=lambda: deque(maxlen=64))
-
-    def load(self, now_s: float, kv_tokens: int = 0, requests: int = 0) -> float:
-        """How full it is, as a fraction of its capacity, with `requests` more
-        requests of `kv_tokens` in all: the busier of its slots and its KV."""
-        cap = self.engine.capacity()
-        busy = self.in_flight + FAILURE_LOAD * self.breaker.penalty(now_s)
-        return fullness(
-            busy,
-            self.kv_in_flight,
-            cap.max_running_requests,
-            cap.max_total_tokens,
-            requests,
-            kv_tokens,
-        )
 
     @property
     def url(self) -> str:
@@ -95,6 +82,14 @@ class Worker:
 
     def slots(self) -> int:
         return self.engine.capacity().max_running_requests
+
+    def kv_capacity(self) -> int:
+        return self.engine.capacity().max_total_tokens
+
+    def penalty(self, now_s: float) -> int:
+        """Recent stream failures, as requests in flight (so a worker whose streams
+        die fast does not look idle)."""
+        return FAILURE_LOAD * self.breaker.penalty(now_s)
 
 
 class WorkerPool:
@@ -117,7 +112,7 @@ class WorkerPool:
         self.clock = clock
         self.workers = [Worker(e, Breaker(policy)) for e in engines]
         self.health_interval_s = health_interval_s
-        self.router = Router(
+        self.placement = Placement(
             self.workers,
             routing=routing,
             clock=clock,
@@ -163,9 +158,9 @@ class WorkerPool:
         self._vocab_size = self._vocab_size or cap.vocab_size
         self.served_model_name = self.served_model_name or w.engine.served_model_name
         i = self.workers.index(w)
-        self.router.set_capacity(i, cap.max_total_tokens)
+        self.placement.set_capacity(i, cap.max_total_tokens)
         if not w.healthy:
-            self.router.readmitted(i)
+            self.placement.readmitted(i)
             log.info("SGLang worker %s admitted", w.url)
             now_s = self.clock()
             w.breaker.readmitted(now_s)
@@ -214,30 +209,25 @@ class WorkerPool:
         return [w for w in self.workers if w.healthy]
 
     async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
-        router = self.router
+        placement = self.placement
         tried: set[int] = set()
         last: EngineError | None = None
-        keys = list(req.prefix_keys) or router.prefix_keys(req.prompt_token_ids)
+        keys = list(req.prefix_keys) or placement.prefix_keys(req.prompt_token_ids)
         while True:
-            preempts = req.preempt_priority is not None
-            picked = router.pick(
-                req.prompt_token_ids, req.max_tokens, keys, tried, req.light, preempts
-            )
-            if picked is None:
+            placed = placement.place(req, keys, tried)
+            if placed is None:
                 raise last or EngineError("no healthy SGLang worker", retryable=True)
-            i, matched = picked
-            w = self.workers[i]
-            priority = router.priority_on(i, req.priority, req.preempt_priority)
-            sent = req if priority == req.priority else dataclasses.replace(req, priority=priority)
-            tried.add(i)
+            w = self.workers[placed.worker]
+            sent = (
+                req
+                if placed.priority == req.priority
+                else dataclasses.replace(req, priority=placed.priority)
+            )
+            tried.add(placed.worker)
             if last is not None:
                 self.moved_requests += 1
-            kv = rules.kv_tokens(req.prompt_tokens - matched, req.max_tokens)
-            w.in_flight += 1
-            w.kv_in_flight += kv
             w.streams_total += 1
             self._where[req.request_id] = w
-            pending = router.sent(i, keys, req.prompt_tokens, matched)
             output: list[int] = []
             started = False
             try:
@@ -245,17 +235,14 @@ class WorkerPool:
                     async for chunk in stream:
                         if not started:
                             started = True
-                            router.streamed(
-                                i, pending, matched, req.prompt_tokens, chunk.cached_tokens
-                            )
-                            pending = 0
+                            placement.first_token(placed, req.prompt_tokens, chunk.cached_tokens)
                         if keys:
                             output.extend(chunk.token_ids)
                         if chunk.finish is not None:
                             # Before the last chunk goes out: the consumer stops there
                             # and closes this generator.
                             w.breaker.on_success(self.clock())
-                            router.finished(i, req.prompt_token_ids, keys, output)
+                            placement.finished(placed, req.prompt_token_ids, output)
                         yield chunk
                 return
             except EngineError as exc:
@@ -265,9 +252,7 @@ class WorkerPool:
                 last = exc
                 log.info("moving %s off %s: %s", req.request_id, w.url, exc)
             finally:
-                w.in_flight -= 1
-                w.kv_in_flight -= kv
-                router.released(i, pending)
+                placement.released(placed)
                 self._where.pop(req.request_id, None)
 
     async def abort(self, request_id: str) -> None:
@@ -300,7 +285,7 @@ class WorkerPool:
 
     @property
     def in_flight(self) -> int:
-        return sum(w.in_flight for w in self.workers)
+        return sum(self.placement.in_flight)
 
 
 def _common_threshold(thresholds: Iterable[int | None]) -> int | None:

@@ -50,6 +50,9 @@ class EngineRequest:
     # one the engine preempts for (`rules.engine_priority`, lent); None: the
     # engine does not preempt, and the request waits for a slot.
     preempt_priority: int | None = None
+    # The worker admission counted a cached prefix on (`QueuedRequest.cached_on`):
+    # a pool routes there while it has room (`placement.Placement.place`).
+    cached_on: int | None = None
 
     @property
     def prompt_tokens(self) -> int:

@@ -20,7 +20,7 @@ starts soonest, whatever the load (isolation across engines: on a worker that is
 only decoding, its first token waits for one decode step, not a prefill chunk).
 Where its engine retracts a running request for it (SGLang's priority
 preemption; the pool then sends it with a lent request's priority,
-`Router.priority_on`), a full worker counts as having room: a slot is freed for
+`Placement.priority_on`), a full worker counts as having room: a slot is freed for
 it at the next step, where a worker with a free slot may have a prefill ahead.
 
 Ties go to the least full worker, then to the first.

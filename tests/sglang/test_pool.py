@@ -57,7 +57,7 @@ async def test_two_workers_share_the_load_and_the_capacity(
             for _ in range(8)
         ]
         await eventually(
-            lambda: all(w.in_flight > 0 for w in pool.workers), timeout_s=30, what="both busy"
+            lambda: all(n > 0 for n in pool.placement.in_flight), timeout_s=30, what="both busy"
         )
         done = await asyncio.gather(*tasks)
     # Greedy: the same answer from the cumulative and the incremental worker.
@@ -84,7 +84,7 @@ async def test_worker_killed_mid_stream(
                 if isinstance(ev, Delta):
                     deltas += 1
                     if deltas == 5:
-                        assert pool.workers[0].in_flight == 1
+                        assert pool.placement.in_flight[0] == 1
                         victim.kill()
                 elif isinstance(ev, Result):
                     result = ev
@@ -132,5 +132,5 @@ async def test_a_conversations_later_turns_land_where_its_history_is(
         # to the server that ran that turn (the two share no cache).
         for (before, _), (_, cached) in itertools.pairwise(seen):
             assert cached >= before, f"conversation {k}: {seen}"
-    assert pool.router.cached_tokens_total >= sum(s[0][0] + s[1][0] for s in turns)
+    assert pool.placement.cached_tokens_total >= sum(s[0][0] + s[1][0] for s in turns)
     await assert_drained(app, sglang_a, sglang_b)

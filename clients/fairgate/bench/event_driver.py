@@ -28,19 +28,12 @@ from scheduler.dispatcher import Dispatcher
 from scheduler.errors import SchedulingError
 from scheduler.ordering.policy import QueuePolicy
 from scheduler.request import Locality, Priority, QueuedRequest
-from scheduler.rules import (
-    Isolation,
-    Verdict,
-    admission_charge,
-    cached_shortfall,
-    engine_priority,
-    lent_slot_priority,
-)
+from scheduler.rules import Isolation, Verdict, admission_charge, cached_shortfall
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import ManualTimers
+from service.engines.placement import Placed, Placement, engine_request
 from service.engines.protocol import SamplingOptions
-from service.engines.router import Router
-from service.engines.routing import Routing, fullness
+from service.engines.routing import Routing
 from service.engines.simulator.core import SimConfig, SimCore, SimRequest, StepResult
 
 
@@ -78,10 +71,9 @@ class _Call:
     error: SchedulingError | None = None
     driver: Driver | None = None
     prompt_ids: list[int] = field(default_factory=list)
-    # Where it runs (the worker's index), and the router's view of it there.
+    # Where it runs (the worker's index), and the placement's record of it there.
     worker: int = 0
-    matched: int = 0
-    pending: int = 0
+    placed: Placed | None = None
     cached_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
     sim_req: SimRequest | None = None
@@ -128,33 +120,30 @@ class FairnessMonitor:
 
 @dataclass(slots=True, eq=False)
 class _Worker:
-    """One simulated engine of the fleet, as the router sees it (`router.Target`)."""
+    """One simulated engine of the fleet, as the placement sees it (`placement.Target`)."""
 
     core: SimCore
     url: str
     healthy: bool = True
-    in_flight: int = 0
-    kv_in_flight: int = 0
     # The step under way and when it ends (None: not stepping).
     step: StepResult | None = None
     end_s: float = 0.0
 
-    def load(self, now_s: float, kv_tokens: int = 0, requests: int = 0) -> float:
-        cfg = self.core.config
-        kv = self.core.capacity
-        return fullness(
-            self.in_flight, self.kv_in_flight, cfg.max_running_requests, kv, requests, kv_tokens
-        )
-
     def slots(self) -> int:
         return self.core.config.max_running_requests
+
+    def kv_capacity(self) -> int:
+        return self.core.capacity
+
+    def penalty(self, now_s: float) -> int:
+        return 0
 
 
 class Driver:
     """`engines` simulated engines of one config; with more than one (or a
-    `routing`), requests go where `router.Router` sends them (what a pool of
-    SGLang workers does live), and with `locality` routing admission asks the
-    router's prefix index (unless `locality` is given)."""
+    `routing`), requests go where `placement.Placement` puts them (what a pool
+    of SGLang workers does live), and with `locality` routing admission asks the
+    placement (unless `locality` is given)."""
 
     def __init__(
         self,
@@ -176,16 +165,17 @@ class Driver:
         self.clock = clock or FakeClock()
         self.timers = ManualTimers(self.clock)
         self.workers = [_Worker(SimCore(sim), f"sim://{i}") for i in range(engines)]
-        self.router: Router | None = None
+        # One engine without a routing is no pool (as the live server: no placement).
+        self.placement: Placement | None = None
         if engines > 1 or routing is not None:
-            self.router = Router(
+            self.placement = Placement(
                 self.workers,
                 routing=routing or "locality",
                 clock=self.clock.now_s,
                 kv_tokens=[w.core.capacity for w in self.workers],
             )
-            if locality is None and self.router.routing == "locality":
-                locality = self.router.cached_prefix
+            if locality is None and self.placement.routing == "locality":
+                locality = self.placement.cached_prefix
         self.dispatcher = Dispatcher(
             policy,
             AdmissionBudget(limits),
@@ -322,8 +312,8 @@ class Driver:
             call.prompt_ids = list(a.prompt_ids)
         else:
             call.prompt_ids = distinct_prompt_ids(call.index, a.prompt_tokens, vocab)
-        if self.router is not None:
-            req.prefix_keys = self.router.prefix_keys(call.prompt_ids)
+        if self.placement is not None:
+            req.prefix_keys = self.placement.prefix_keys(call.prompt_ids)
         self.calls.append(call)
         self.monitor.weights[a.tenant_id] = self._weight(a.tenant_id)
         self.queued[a.tenant_id][a.priority] += 1
@@ -358,38 +348,24 @@ class Driver:
             call = self._to_start.pop()
             if call.state != "running":
                 continue
-            sampling = SamplingOptions(ignore_eos=False)
-            batch = call.req.priority is Priority.BATCH
-            tiers_of = call.req.prompt_tokens if self._tiered else None
-            priority = engine_priority(
-                batch, call.req.light, self._threshold, call.req.lent, tiers_of
+            # As generation.py: the engine request, then (a pool) its placement.
+            ereq = engine_request(
+                call.req,
+                call.req.request_id,
+                call.prompt_ids,
+                SamplingOptions(ignore_eos=False),
+                self._threshold,
+                self._tiered,
             )
-            if self.router is not None:
-                # As generation.py and pool.py: a light request may be lent a full
-                # worker's slot.
-                preempt = lent_slot_priority(
-                    batch, call.req.light, self._threshold if self._tiered else None, tiers_of
-                )
+            priority = ereq.priority
+            if self.placement is not None:
                 keys = list(call.req.prefix_keys)
-                picked = self.router.pick(
-                    call.prompt_ids,
-                    call.req.max_tokens,
-                    keys,
-                    set(),
-                    call.req.light,
-                    preempt is not None,
-                )
-                assert picked is not None
-                call.worker, call.matched = picked
-                priority = self.router.priority_on(call.worker, priority, preempt)
-                call.pending = self.router.sent(
-                    call.worker, keys, call.req.prompt_tokens, call.matched
-                )
+                call.placed = self.placement.place(ereq, keys, set())
+                assert call.placed is not None
+                call.worker, priority = call.placed.worker, call.placed.priority
             w = self.workers[call.worker]
-            w.in_flight += 1
-            w.kv_in_flight += call.req.kv_tokens
             sim_req = w.core.make_request(
-                call.req.request_id, call.prompt_ids, call.req.max_tokens, sampling, priority
+                call.req.request_id, call.prompt_ids, call.req.max_tokens, ereq.sampling, priority
             )
             w.core.add(sim_req)
             call.sim_req = sim_req
@@ -399,11 +375,8 @@ class Driver:
         """Its prefill is done: the engine says what it had cached."""
         assert call.sim_req is not None
         cached = call.cached_tokens = call.sim_req.cached_tokens
-        if self.router is not None:
-            self.router.streamed(
-                call.worker, call.pending, call.matched, call.req.prompt_tokens, cached
-            )
-            call.pending = 0
+        if self.placement is not None and call.placed is not None:
+            self.placement.first_token(call.placed, call.req.prompt_tokens, cached)
         est = call.req.cached_estimate
         short = cached_shortfall(self.w_in, self.w_cached, est, cached, 1.0)
         self.monitor.service[call.req.tenant_id] += short
@@ -413,11 +386,8 @@ class Driver:
         """The request leaves the engine: done, cancelled or failed."""
         w = self.workers[call.worker]
         w.core.abort(call.req.request_id)
-        w.in_flight -= 1
-        w.kv_in_flight -= call.req.kv_tokens
-        if self.router is not None:
-            self.router.released(call.worker, call.pending)
-            call.pending = 0
+        if self.placement is not None and call.placed is not None:
+            self.placement.released(call.placed)
         del self._running[call.req.request_id]
         call.state = "done"
         call.done_s = self.clock.now_s()
@@ -467,9 +437,9 @@ class Driver:
                 self.monitor.service[call.req.tenant_id] += self.w_out
                 self.monitor.update(self.backlogged())
                 fail = call.arrival.fail_after_tokens
-                if em.finish is not None and self.router is not None:
-                    keys = list(call.req.prefix_keys)
-                    self.router.finished(call.worker, call.prompt_ids, keys, call.output_ids)
+                if em.finish is not None and call.placed is not None:
+                    assert self.placement is not None
+                    self.placement.finished(call.placed, call.prompt_ids, call.output_ids)
                 if em.finish is not None or (fail is not None and call.output_tokens >= fail):
                     self._end(call)
         if until_s == math.inf:

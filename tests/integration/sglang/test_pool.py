@@ -35,7 +35,7 @@ async def test_failover_when_one_of_three_workers_dies(
             asyncio.create_task(c.complete(f"prompt {i}", max_tokens=60, ignore_eos=True))
             for i in range(9)
         ]
-        await eventually(lambda: [w.in_flight for w in pool.workers] == [3, 3, 3], what="spread")
+        await eventually(lambda: pool.placement.in_flight == [3, 3, 3], what="spread")
         await eventually(lambda: workers[0].engine.stats.started == 3, what="worker 0 busy")
         await workers[0].kill()
         done = await asyncio.gather(*tasks)
@@ -92,7 +92,7 @@ async def test_least_loaded_routing_and_prefix_affinity(
         # Short prompts (below the affinity length) spread by load.
         tasks = [asyncio.create_task(c.complete("hi", max_tokens=40)) for _ in range(6)]
         await eventually(lambda: pool.in_flight == 6, what="all running")
-        assert [w.in_flight for w in pool.workers] == [3, 3]
+        assert pool.placement.in_flight == [3, 3]
         await asyncio.gather(*tasks)
     load = await pool.load()
     assert load.running_requests == 0
@@ -125,11 +125,11 @@ async def test_routing_counts_kv_so_a_large_request_goes_where_it_fits(
         for k in range(3):
             tasks.append(send(50, 50))
             await eventually(lambda k=k: pool.in_flight == 2 + k, what="a small one routed")
-        assert [w.kv_in_flight for w in pool.workers] == [3000, 300]
-        assert [w.in_flight for w in pool.workers] == [1, 3]
+        assert pool.placement.kv_in_flight == [3000, 300]
+        assert pool.placement.in_flight == [1, 3]
         tasks.append(send(1500, 500))
         await eventually(lambda: pool.in_flight == 5, what="the 2 000-token one routed")
-        assert [w.kv_in_flight for w in pool.workers] == [3000, 2300]
+        assert pool.placement.kv_in_flight == [3000, 2300]
         # Both engines run everything they were sent; nothing waits for KV there.
         await eventually(
             lambda: [len(s.engine.core.running) for s in workers] == [1, 4], what="all running"
@@ -139,7 +139,7 @@ async def test_routing_counts_kv_so_a_large_request_goes_where_it_fits(
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     await eventually(lambda: pool.in_flight == 0, what="all ended")
-    assert [w.kv_in_flight for w in pool.workers] == [0, 0]
+    assert pool.placement.kv_in_flight == [0, 0]
     await assert_no_sglang_leaks(app, *workers)
 
 
@@ -171,7 +171,7 @@ async def test_pool_admits_every_workers_slots_without_queueing(
         await eventually(
             lambda: [len(s.engine.core.running) for s in workers] == [6, 6], what="6 per worker"
         )
-        assert [w.in_flight for w in pool.workers] == [6, 6]
+        assert pool.placement.in_flight == [6, 6]
         load = await pool.load()
         assert (load.running_requests, load.waiting_requests) == (12, 0)
         extra = asyncio.create_task(c.complete("p12", max_tokens=2, ignore_eos=True))

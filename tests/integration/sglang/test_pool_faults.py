@@ -152,10 +152,11 @@ def _request(i: int) -> EngineRequest:
 
 
 def _pick(pool: WorkerPool, req: EngineRequest) -> Worker:
-    keys = pool.router.prefix_keys(req.prompt_token_ids)
-    picked = pool.router.pick(req.prompt_token_ids, req.max_tokens, keys, set())
-    assert picked is not None
-    return pool.workers[picked[0]]
+    keys = pool.placement.prefix_keys(req.prompt_token_ids)
+    placed = pool.placement.place(req, keys, set())
+    assert placed is not None
+    pool.placement.released(placed)  # only the choice is asked here
+    return pool.workers[placed.worker]
 
 
 def test_least_load_routing_discounts_recent_failures() -> None:
@@ -166,13 +167,14 @@ def test_least_load_routing_discounts_recent_failures() -> None:
     pool = WorkerPool(engines, breaker=BreakerPolicy(consecutive_failures=3), clock=lambda: now[0])
     busy, failing = pool.workers
     busy.healthy = failing.healthy = True
-    busy.in_flight, failing.in_flight = 2, 0
+    in_flight = pool.placement.in_flight  # [busy, failing]
+    in_flight[:] = [2, 0]
     assert _pick(pool, _request(0)) is failing  # idle and clean: least load
     failing.breaker.on_failure(now[0])  # its streams die fast: it only *looks* idle
     assert _pick(pool, _request(1)) is busy
-    busy.in_flight = FAILURE_LOAD + 1
+    in_flight[0] = FAILURE_LOAD + 1
     assert _pick(pool, _request(2)) is failing  # still used when others are loaded
-    busy.in_flight = 2
+    in_flight[0] = 2
     now[0] += failing.breaker.policy.failure_memory_s  # a failure long ago weighs nothing
     assert _pick(pool, _request(3)) is failing
     assert failing.breaker.failures == 1  # but still counts towards ejection

@@ -66,7 +66,7 @@ async def test_a_conversations_later_turns_land_where_its_history_is(
         for (before, _), (_, cached) in itertools.pairwise(seen):
             assert cached >= before, f"conversation {k}: {seen}"
     assert set().union(*(_where(workers, 1000 + k) for k in range(6))) == {0, 1}
-    assert pool.router.cached_tokens_total > 0
+    assert pool.placement.cached_tokens_total > 0
     await assert_no_sglang_leaks(app, *workers)
 
 
@@ -77,14 +77,14 @@ async def _prefill_on_0_decoding_on_1(
     would); worker 1 then takes two requests that decode `max_tokens` each."""
     workers[0].faults.first_chunk_delay_s = 30.0
     long = asyncio.create_task(c.complete([5] * 3000, max_tokens=10, ignore_eos=True))
-    await eventually(lambda: pool.router.pending_prefill[0] == 3000, what="long routed")
+    await eventually(lambda: pool.placement.pending_prefill[0] == 3000, what="long routed")
     workers[0].faults.first_chunk_delay_s = 0.0
     decoding = [
         asyncio.create_task(c.complete([9, i], max_tokens=max_tokens, ignore_eos=True))
         for i in range(2)
     ]
-    await eventually(lambda: pool.workers[1].in_flight == 2, what="decoders on worker 1")
-    await eventually(lambda: pool.router.pending_prefill[1] == 0, what="decoding")
+    await eventually(lambda: pool.placement.in_flight[1] == 2, what="decoders on worker 1")
+    await eventually(lambda: pool.placement.pending_prefill[1] == 0, what="decoding")
     return [long, *decoding]
 
 
@@ -96,7 +96,7 @@ async def _cancel(tasks: list[asyncio.Task[Completion]]) -> None:
 
 async def _all_ended(app: App, pool: WorkerPool, workers: list[SimServer]) -> None:
     await eventually(lambda: pool.in_flight == 0, what="all ended")
-    assert pool.router.pending_prefill == [0, 0]
+    assert pool.placement.pending_prefill == [0, 0]
     await assert_no_sglang_leaks(app, *workers)
 
 
@@ -163,17 +163,17 @@ async def test_a_worker_that_loses_its_cache_is_corrected_by_what_it_reports(
     app = await start_server(**sglang_settings(*workers))
     pool = _pool(app)
     old, new = [3, *range(100, 900)], [4, *range(1100, 1900)]
-    block = pool.router.index.block
+    block = pool.placement.index.block
     async with AsyncClient(app.address) as c:
         await c.complete([*old, 1], max_tokens=2)
         await c.complete([*new, 1], max_tokens=2)
-        assert pool.router.index.match(0, pool.router.index.chain(old)) >= len(old) - block
+        assert pool.placement.index.match(0, pool.placement.index.chain(old)) >= len(old) - block
         again = await c.complete([*new, 2], max_tokens=2)
         assert again.result.usage.cached_tokens >= len(new) - block
         assert workers[0].engine.core.flush_cache()
         lost = await c.complete([*new, 3], max_tokens=2)
         assert lost.result.usage.cached_tokens == 0
-        assert pool.router.index.match(0, pool.router.index.chain(old)) < len(old) // 2
+        assert pool.placement.index.match(0, pool.placement.index.chain(old)) < len(old) // 2
         relearned = await c.complete([*new, 4], max_tokens=2)
         assert relearned.result.usage.cached_tokens >= len(new) - block
     await assert_no_sglang_leaks(app, *workers)
@@ -206,9 +206,9 @@ async def test_admission_lets_a_cached_request_into_the_worker_that_holds_it(
 
     await send("b", [*prefix, 1], 2)
     short = send("x", [21, 22], 4000)  # worker 0 (a tie: the first)
-    await eventually(lambda: pool.workers[0].in_flight == 1, what="worker 0 busy")
+    await eventually(lambda: pool.placement.in_flight[0] == 1, what="worker 0 busy")
     long = send("y", [31, 32], 4000)
-    await eventually(lambda: pool.workers[1].in_flight == 1, what="worker 1 busy")
+    await eventually(lambda: pool.placement.in_flight[1] == 1, what="worker 1 busy")
     # a has more than LIGHT_QUEUE queued (heavy: locality may pass it).
     a = [send("a", [41, 42, i], 2) for i in range(LIGHT_QUEUE + 1)]
     await eventually(lambda: len(d.policy) == LIGHT_QUEUE + 1, what="a queued")
@@ -226,7 +226,7 @@ async def test_admission_lets_a_cached_request_into_the_worker_that_holds_it(
     n = LIGHT_QUEUE + 1
     if allowance:
         assert order == [11] + [41] * n
-        assert done_b.result.usage.cached_tokens >= len(prefix) - pool.router.index.block
+        assert done_b.result.usage.cached_tokens >= len(prefix) - pool.placement.index.block
         assert d.locality_picks_total == 1
     else:
         assert order == [41] * n + [11]
@@ -284,7 +284,7 @@ async def test_two_replicas_send_a_conversation_where_its_history_is(
     pools = [_pool(app) for app in apps]
     if not share:
         for p in pools:
-            p.router.on_routed = None
+            p.placement.on_routed = None
     rng = random.Random(11)
     clients = [AsyncClient(app.address) for app in apps]
 
@@ -298,7 +298,7 @@ async def test_two_replicas_send_a_conversation_where_its_history_is(
             seen.append((len(prompt), done.result.usage.cached_tokens))
             prompt = [*prompt, *done.token_ids]
             if share:  # the other replica has heard of it (no timing assumed)
-                index = pools[(k + turn + 1) % 2].router.index
+                index = pools[(k + turn + 1) % 2].placement.index
                 keys = index.chain(prompt)
                 full = len(keys) * index.block
                 await eventually(

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import random
-
-from fairgate.bench.event_driver import Arrival
 
 from scheduler.budget import AdmissionBudget
 from scheduler.errors import SchedulingError
@@ -66,15 +63,3 @@ def fill(reserve: FairShareReserve, budget: AdmissionBudget, tenant: str, n: int
         reserve.on_queued(r)
         reserve.on_admitted(r)
         budget.reserve(r)
-
-
-def victim_and_flood(seconds: float = 14.0) -> list[Arrival]:
-    """A victim at 1 request/s beside a flood at 60/s, 256/256 tokens each (seeded)."""
-    rng = random.Random(7)
-    arrivals = []
-    for tenant, rate in (("victim", 1.0), ("flood", 60.0)):
-        t = rng.expovariate(rate)
-        while t < seconds:
-            arrivals.append(Arrival(t, tenant, 256, 256))
-            t += rng.expovariate(rate)
-    return sorted(arrivals, key=lambda a: a.at_s)

@@ -2,24 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-from fairgate.v1 import admin_pb2 as apb
-
 from scheduler.request import Priority
 from scheduler.tenancy.tenant_check import check_tenant, read_tenant
-from scheduler.tenancy.tenants import INTEGER_QUOTAS, QUOTA_RANGES, TenantQuotas
-
-
-def test_the_quota_names_kinds_and_ranges_are_declared_once() -> None:
-    fields = dataclasses.fields(TenantQuotas)
-    assert list(QUOTA_RANGES) == [f.name for f in fields]
-    # The admin API carries exactly these, integers as int64.
-    proto = apb.TenantQuotas.DESCRIPTOR.fields_by_name
-    assert set(proto) == set(QUOTA_RANGES)
-    ints = {n for n, f in proto.items() if f.type == f.TYPE_INT64}
-    assert ints == INTEGER_QUOTAS
-    assert all(isinstance(QUOTA_RANGES[n][0], int) for n in INTEGER_QUOTAS)
 
 
 def test_a_whole_tenant_with_every_kind_of_problem() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from fairgate.v1 import admin_pb2 as apb
 
@@ -9,7 +11,7 @@ from scheduler.clock import FakeClock
 from scheduler.ordering.policies import PolicyOptions, make_policy
 from scheduler.request import Priority, QueuedRequest
 from scheduler.tenancy.tenant_store import InMemoryTenantStore, PutTenant, SetDefaultTenant
-from scheduler.tenancy.tenants import TenantConfig
+from scheduler.tenancy.tenants import INTEGER_QUOTAS, QUOTA_RANGES, TenantConfig, TenantQuotas
 from service.admin_convert import apply_mask, config_to_proto, diff, tenant_from_proto
 from service.api_keys import KeyHasher, generate_key, key_id_of, tokens_equal
 from service.errors import InvalidRequest
@@ -107,3 +109,15 @@ def test_settings_for_auth_and_tls() -> None:
         Settings(tls_client_ca_file="ca.pem")
     s = Settings.from_env({"FAIRGATE_ADMIN_TOKEN": "secret-token", "FAIRGATE_AUTH_MODE": "api-key"})
     assert s.admin_token == "secret-token" and "secret-token" not in repr(s)
+
+
+def test_the_quota_names_kinds_and_ranges_are_declared_once() -> None:
+    """The tenant validator's quotas (scheduler/tenancy) are the admin API's."""
+    fields = dataclasses.fields(TenantQuotas)
+    assert list(QUOTA_RANGES) == [f.name for f in fields]
+    # The admin API carries exactly these, integers as int64.
+    proto = apb.TenantQuotas.DESCRIPTOR.fields_by_name
+    assert set(proto) == set(QUOTA_RANGES)
+    ints = {n for n, f in proto.items() if f.type == f.TYPE_INT64}
+    assert ints == INTEGER_QUOTAS
+    assert all(isinstance(QUOTA_RANGES[n][0], int) for n in INTEGER_QUOTAS)

@@ -1,7 +1,7 @@
 """Fair and cache-local across engines (issue #23): the virtual fleet.
 
-Several simulated engines (each with SGLang's radix cache) behind the router
-the live pool uses (`service/engines/router.py`), the dispatcher with
+Several simulated engines (each with SGLang's radix cache) behind the placement
+the live pool uses (`service/engines/placement.py`), the dispatcher with
 locality-aware admission, and a prefix-heavy mix: a tenant with a system
 prompt, multi-turn conversations that re-send their history, a RAG tenant over
 a few shared documents, heterogeneous shapes and bursty arrivals. At every
@@ -27,7 +27,7 @@ from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 from service.engines.routing import Routing
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
-from tests.unit.scheduler.test_fairness_shapes import PROPS, bound_of
+from tests.unit.fleet.test_fairness_shapes import PROPS, bound_of
 
 VOCAB = 32_000
 
@@ -112,8 +112,8 @@ def test_the_bound_holds_on_several_engines_with_shared_prefixes(
     bound = bound_of(arrivals, WEIGHTS, 3000 * engines) + allowance
     assert drv.monitor.worst <= bound + 1e-6, (drv.monitor.worst, bound)
     assert all(c.state == "done" for c in drv.calls)
-    assert drv.router is not None and drv.router.pending_prefill == [0] * engines
-    assert all(w.in_flight == 0 and w.kv_in_flight == 0 for w in drv.workers)
+    assert drv.placement is not None and drv.placement.pending_prefill == [0] * engines
+    assert drv.placement.in_flight == [0] * engines == drv.placement.kv_in_flight
 
 
 def test_locality_serves_more_prompt_from_cache_than_routing_by_load() -> None:
@@ -130,3 +130,23 @@ def test_locality_serves_more_prompt_from_cache_than_routing_by_load() -> None:
     ratio = cached_total(local) / max(1, cached_total(by_load))
     assert ratio > 1.3, (cached_total(local) / prompt, cached_total(by_load) / prompt)
     assert local.clock.now_s() < 0.95 * by_load.clock.now_s()
+
+
+@pytest.mark.parametrize("burst", [False, True])
+def test_admissions_locality_choice_is_where_the_request_runs(burst: bool) -> None:
+    """The worker admission counted a cached prefix on is the one the request is
+    placed on, unless it became full or unavailable (counted, and bounded here:
+    the fleet's workers never fail and admission checked their room). The choice
+    matters: the rule alone, at placement, would have gone elsewhere for some."""
+    arrivals = prefix_mix(3, 48, burst, conversations=12, documents=6)
+    drv = run(arrivals, 4, "locality", 4096.0, 0.1)
+    assert drv.placement is not None
+    s = drv.placement.locality
+    counted_on = [c for c in drv.calls if c.req.cached_estimate > 0]
+    assert s.hinted == len(counted_on) > 0
+    assert s.followed + s.mismatched == s.hinted
+    assert s.mismatched <= 0.05 * s.hinted, s
+    assert s.missed_tokens <= sum(c.req.cached_estimate for c in counted_on)
+    assert 0 < s.overrode < s.hinted
+    followed = [c for c in counted_on if c.placed is not None and c.worker == c.req.cached_on]
+    assert len(followed) == s.followed

@@ -1,0 +1,335 @@
+"""Placement across a pool's workers, without I/O: the one sequence both the
+live pool (`pool.py`, SGLang workers over HTTP) and the virtual fleet
+(`fairgate.bench.event_driver`, simulator cores on a fake clock) run, so the
+fleet's numbers describe the server's placement.
+
+It owns, per request: the worker (`place`: admission's locality choice when it
+still has room, else the rule `routing.route`), the priority the engine gets
+there (`engine_request` builds the request's priorities with
+`rules.engine_priority` / `rules.lent_slot_priority`; `place` lends a light
+request a full worker's slot), the worker's KV accounting (one way of counting:
+the prompt less the prefix the worker is thought to hold at placement, plus the
+output), and the lifecycle: `first_token` (the prefill routed there is done; the
+worker's reported `cached_tokens` corrects the prefix index), `finished`
+(SGLang caches the whole sequence), `released` (it left the worker). Per worker
+it keeps the prefix index (`prefix_index.py`), the prefill routed there that has
+not streamed yet, and the replicas' share (`on_routed` / `learn`,
+`prefix_share.py`). The targets say how large and healthy they are; the
+placement never waits on them. The clock is injected.
+
+Admission's locality estimate (`cached_prefix`, `QueuedRequest.cached_estimate`)
+is the placement's own choice at that moment: the worker routing would pick for
+the request, and the prefix it holds there; the request carries that worker
+(`QueuedRequest.cached_on`) and `place` uses it unless it became unhealthy or
+full, counting each time it cannot (`LocalityStats`).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scheduler import rules
+from scheduler.request import Priority, QueuedRequest
+from service.engines.prefix_index import PrefixIndex
+from service.engines.protocol import EngineRequest, SamplingOptions
+from service.engines.routing import Routing, WorkerView, fullness, route
+
+
+class Target(Protocol):
+    """A worker as placement needs it."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    def slots(self) -> int:
+        """Its running-request slots."""
+        ...
+
+    def kv_capacity(self) -> int:
+        """Its KV-cache tokens."""
+        ...
+
+    def penalty(self, now_s: float) -> int:
+        """Requests' worth of load it carries beyond those in flight (recent failures)."""
+        ...
+
+
+def engine_request(
+    queued: QueuedRequest,
+    request_id: str,
+    prompt_ids: list[int],
+    sampling: SamplingOptions,
+    threshold: int | None,
+    preempts: bool,
+    prompt_text: str | None = None,
+) -> EngineRequest:
+    """What goes to the engine for an admitted request: its priority there
+    (`threshold`: the engine's preemption threshold, None: it does not preempt;
+    `preempts`: Isolation.PREEMPT), the one a pool lends a full worker's slot
+    with, and admission's locality choice."""
+    batch = queued.priority is Priority.BATCH
+    tiers_of = queued.prompt_tokens if preempts else None
+    return EngineRequest(
+        request_id=request_id,
+        prompt_token_ids=prompt_ids,
+        prompt_text=prompt_text,
+        max_tokens=queued.max_tokens,
+        sampling=sampling,
+        priority=rules.engine_priority(batch, queued.light, threshold, queued.lent, tiers_of),
+        prefix_keys=queued.prefix_keys,
+        light=queued.light,
+        preempt_priority=rules.lent_slot_priority(
+            batch, queued.light, threshold if preempts else None, tiers_of
+        ),
+        cached_on=queued.cached_on if queued.cached_estimate > 0 else None,
+    )
+
+
+@dataclass(slots=True, eq=False)
+class Placed:
+    """One request on one worker, as the placement counted it there."""
+
+    worker: int
+    # The priority it goes to that worker with (`Placement.priority_on`).
+    priority: int
+    # Prompt tokens the worker is thought to hold, and its KV claim there.
+    matched: int
+    kv_tokens: int
+    # Its uncached prompt tokens not streamed yet (0 after the first token).
+    pending: int
+    keys: list[int] = field(default_factory=list)
+    released: bool = False
+
+
+@dataclass(slots=True)
+class LocalityStats:
+    """How admission's locality choice fared at placement."""
+
+    # Requests admission counted a cached prefix on a worker for.
+    hinted: int = 0
+    # Placed on that worker.
+    followed: int = 0
+    # Placed elsewhere: the worker was unhealthy (or already tried), or full.
+    unavailable: int = 0
+    full: int = 0
+    # Of the followed: the rule alone would have picked another worker.
+    overrode: int = 0
+    # Prompt tokens admission counted as cached that the worker used does not hold
+    # (per request at most its `cached_estimate`; charged back at the first token,
+    # `rules.cached_shortfall`).
+    missed_tokens: int = 0
+
+    @property
+    def mismatched(self) -> int:
+        return self.unavailable + self.full
+
+
+class Placement:
+    def __init__(
+        self,
+        targets: Sequence[Target],
+        *,
+        routing: Routing = "locality",
+        clock: Callable[[], float],
+        prefix_affinity_tokens: int = 0,
+        affinity_slack: int = 2,
+        kv_tokens: Sequence[int] | None = None,
+    ) -> None:
+        self.targets = targets
+        self.routing: Routing = routing
+        self.clock = clock
+        self.prefix_affinity_tokens = prefix_affinity_tokens
+        self.affinity_slack = affinity_slack
+        n = len(targets)
+        # Sized by each worker's KV (`set_capacity` once it is read).
+        self.index = PrefixIndex(kv_tokens or [1] * n)
+        # Per worker: requests placed there, their KV claims, and their uncached
+        # prompt tokens that have not streamed yet.
+        self.in_flight = [0] * n
+        self.kv_in_flight = [0] * n
+        self.pending_prefill = [0] * n
+        # Prompt tokens the workers reported cached, and those the index expected.
+        self.cached_tokens_total = 0
+        self.predicted_cached_total = 0
+        self.locality = LocalityStats()
+        # Replicas: each sequence routed (worker URL, its deepest prefix key) goes to
+        # the others (prefix_share.py), whose routes come back through `learn`.
+        self.on_routed: Callable[[str, int], None] | None = None
+
+    # -- load -----------------------------------------------------------------------
+    def load(self, i: int, now_s: float, kv_tokens: int = 0, requests: int = 0) -> float:
+        """How full worker `i` would be with `requests` more of `kv_tokens` in all,
+        as a fraction of its own capacity (1.0: full)."""
+        t = self.targets[i]
+        busy = self.in_flight[i] + t.penalty(now_s)
+        return fullness(busy, self.kv_in_flight[i], t.slots(), t.kv_capacity(), requests, kv_tokens)
+
+    # -- what admission asks ----------------------------------------------------------
+    def prefix_keys(self, prompt_token_ids: Sequence[int]) -> list[int]:
+        """The keys locality matches a prompt by ([] with least_full)."""
+        return self.index.chain(prompt_token_ids) if self.routing == "locality" else []
+
+    def cached_prefix(self, req: QueuedRequest) -> int:
+        """For locality-aware admission (`scheduler.request.Locality`): the prefix
+        of the queued request's prompt held by the worker the placement would pick
+        for it now, if that worker has room for it; that worker goes with the
+        request (`cached_on`) to `place`."""
+        candidates = self._candidates(set())
+        views = self._views(candidates, req.prompt_tokens, req.max_tokens, req.prefix_keys)
+        req.cached_on = None
+        if not views:
+            return 0
+        i, view = views[route([v for _, v in views], req.prompt_tokens, self.routing)]
+        if view.load > 1.0 or view.matched <= 0:
+            return 0
+        req.cached_on = i
+        return view.matched
+
+    # -- one request ---------------------------------------------------------------------
+    def place(self, req: EngineRequest, keys: list[int], tried: set[int]) -> Placed | None:
+        """Where `req` goes among the healthy workers not yet `tried`, its priority
+        there, and its claim on that worker (counted until `released`); None: no
+        healthy worker left. Admission's worker (`req.cached_on`) while it has
+        room; else the rule (`routing.route`): a light request (`req.light`) where
+        it starts soonest, one its engine preempts for may take a full worker."""
+        candidates = self._candidates(tried)
+        if not candidates:
+            return None
+        views = self._views(candidates, req.prompt_tokens, req.max_tokens, keys)
+        preferred, slack = self._affinity(req.prompt_token_ids, candidates)
+        j = route(
+            [v for _, v in views],
+            req.prompt_tokens,
+            self.routing,
+            preferred=preferred,
+            slack=slack,
+            soonest=req.light,
+            preempts=req.preempt_priority is not None,
+        )
+        i, view = views[j]
+        if req.cached_on is not None:
+            i, view = self._follow(req.cached_on, views, keys, i, view)
+        priority = self.priority_on(i, req.priority, req.preempt_priority)
+        kv = rules.kv_tokens(req.prompt_tokens - view.matched, req.max_tokens)
+        pending = req.prompt_tokens - view.matched
+        self.in_flight[i] += 1
+        self.kv_in_flight[i] += kv
+        self.pending_prefill[i] += pending
+        self._routed(i, keys)
+        return Placed(i, priority, view.matched, kv, pending, keys)
+
+    def priority_on(self, i: int, priority: int, preempt_priority: int | None) -> int:
+        """The priority a request goes to worker `i` with: `preempt_priority` (a
+        light request's, its engine retracts a running request for it) only
+        where no slot is free; elsewhere it starts without retracting anyone."""
+        if preempt_priority is None or self.load(i, self.clock(), 0, 1) <= 1.0:
+            return priority
+        return preempt_priority
+
+    def first_token(self, p: Placed, prompt_tokens: int, cached: int) -> None:
+        """Its first chunk: its prefill is done; the worker says how much of the
+        prompt it had cached. Fewer tokens than the index matched means it evicted
+        more than the index did (or restarted)."""
+        self.pending_prefill[p.worker] -= p.pending
+        p.pending = 0
+        reported = min(max(0, cached), prompt_tokens)
+        self.cached_tokens_total += reported
+        self.predicted_cached_total += p.matched
+        if reported < p.matched:
+            self.index.shrink(p.worker, p.matched - reported)
+
+    def finished(self, p: Placed, prompt_token_ids: Sequence[int], output: Sequence[int]) -> None:
+        """The worker finished it: SGLang caches the whole sequence, which a
+        conversation's next turn re-sends."""
+        if self.routing == "locality":
+            self._routed(p.worker, self.index.chain([*prompt_token_ids, *output], p.keys))
+
+    def released(self, p: Placed) -> None:
+        """It left the worker (finished, failed, aborted): its claim is freed once."""
+        if p.released:
+            return
+        p.released = True
+        i = p.worker
+        self.in_flight[i] -= 1
+        self.kv_in_flight[i] -= p.kv_tokens
+        self.pending_prefill[i] -= p.pending
+        p.pending = 0
+
+    # -- internals ---------------------------------------------------------------------
+    def _candidates(self, tried: set[int]) -> list[int]:
+        return [i for i, t in enumerate(self.targets) if t.healthy and i not in tried]
+
+    def _views(
+        self, candidates: list[int], prompt_tokens: int, max_tokens: int, keys: Sequence[int]
+    ) -> list[tuple[int, WorkerView]]:
+        now_s, local = self.clock(), self.routing == "locality"
+        views = []
+        for i in candidates:
+            matched = self.index.match(i, keys) if local else 0
+            # A held prefix is shared: the request adds only the rest to its KV.
+            load = self.load(i, now_s, rules.kv_tokens(prompt_tokens - matched, max_tokens), 1)
+            views.append((i, WorkerView(load, self.pending_prefill[i], matched)))
+        return views
+
+    def _follow(
+        self,
+        hint: int,
+        views: list[tuple[int, WorkerView]],
+        keys: Sequence[int],
+        i: int,
+        view: WorkerView,
+    ) -> tuple[int, WorkerView]:
+        """Admission's worker `hint` if it can take the request now; else the rule's
+        (`i`), the mismatch counted."""
+        s = self.locality
+        s.hinted += 1
+        if i == hint:
+            s.followed += 1
+            return i, view
+        there = next((v for k, v in views if k == hint), None)
+        if there is not None and there.load <= 1.0:
+            s.followed += 1
+            s.overrode += 1
+            return hint, there
+        if there is None:
+            s.unavailable += 1
+        else:
+            s.full += 1
+        held = self.index.match(hint, keys) if there is None else there.matched
+        s.missed_tokens += max(0, held - view.matched)
+        return i, view
+
+    def _affinity(self, prompt: Sequence[int], candidates: list[int]) -> tuple[int | None, float]:
+        """The worker the prompt's first tokens hash to, and how far from the least
+        full it may be: `affinity_slack` requests (in its slots); None: no affinity."""
+        n = self.prefix_affinity_tokens
+        if not n or len(prompt) < n:
+            return None, 0.0
+        j = zlib.crc32(repr(list(prompt[:n])).encode()) % len(candidates)
+        return j, self.affinity_slack / max(1, self.targets[candidates[j]].slots())
+
+    def _routed(self, i: int, keys: list[int]) -> None:
+        self.index.insert(i, keys)
+        if keys and self.on_routed is not None:
+            self.on_routed(self.targets[i].url, keys[-1])
+
+    # -- workers -------------------------------------------------------------------------
+    def learn(self, url: str, key: int) -> None:
+        """Another replica routed a sequence with this deepest key to `url`."""
+        for i, t in enumerate(self.targets):
+            if t.url == url:
+                self.index.insert(i, [key])
+                return
+
+    def set_capacity(self, i: int, kv_tokens: int) -> None:
+        self.index.set_capacity(i, kv_tokens)
+
+    def readmitted(self, i: int) -> None:
+        """Back after an ejection: it may have restarted with an empty cache."""
+        self.index.clear(i)

@@ -1,0 +1,161 @@
+"""The one placement (service/engines/placement.py), without I/O: admission's
+locality choice carried to routing, its mismatches counted, the per-worker KV
+accounting and the request's lifecycle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from scheduler import rules
+from scheduler.request import Priority, QueuedRequest
+from service.engines.placement import Placement, engine_request
+from service.engines.protocol import EngineRequest, SamplingOptions
+
+SLOTS, KV = 4, 10_000
+
+
+@dataclass
+class _Target:
+    url: str
+    healthy: bool = True
+
+    def slots(self) -> int:
+        return SLOTS
+
+    def kv_capacity(self) -> int:
+        return KV
+
+    def penalty(self, now_s: float) -> int:
+        return 0
+
+
+def _placement(n: int = 2) -> tuple[Placement, list[_Target]]:
+    targets = [_Target(f"w{i}") for i in range(n)]
+    return Placement(targets, clock=lambda: 0.0, kv_tokens=[KV] * n), targets
+
+
+PROMPT = list(range(1, 321))  # 20 blocks
+
+
+def _admitted(p: Placement, prompt: list[int] = PROMPT, max_tokens: int = 16) -> EngineRequest:
+    """A request as admission leaves it: the placement's estimate asked, then built
+    for the engine as generation.py builds it."""
+    q = QueuedRequest("r", "t", len(prompt), max_tokens, prefix_keys=p.prefix_keys(prompt))
+    q.cached_estimate = p.cached_prefix(q)
+    return engine_request(q, "r", prompt, SamplingOptions(), None, False)
+
+
+def test_admissions_worker_is_used_where_the_rule_alone_would_go_elsewhere() -> None:
+    p, _ = _placement()
+    p.index.insert(1, p.prefix_keys(PROMPT))
+    req = _admitted(p)
+    assert req.cached_on == 1
+    # Since admission looked, a long prefill was routed to worker 1: the rule alone
+    # now prefers worker 0.
+    p.pending_prefill[1] += 5_000
+    placed = p.place(req, list(req.prefix_keys), set())
+    assert placed is not None and placed.worker == 1 and placed.matched == len(PROMPT)
+    s = p.locality
+    assert (s.hinted, s.followed, s.overrode, s.mismatched) == (1, 1, 1, 0)
+    # Without admission's choice the same request goes to worker 0.
+    req.cached_on = None
+    other = p.place(req, list(req.prefix_keys), set())
+    assert other is not None and other.worker == 0
+
+
+@pytest.mark.parametrize("why", ["unhealthy", "full", "tried"])
+def test_a_mismatch_is_counted_with_the_cached_tokens_it_cost(why: str) -> None:
+    p, targets = _placement()
+    p.index.insert(1, p.prefix_keys(PROMPT))
+    req = _admitted(p)
+    assert req.cached_on == 1
+    tried: set[int] = set()
+    if why == "unhealthy":
+        targets[1].healthy = False
+    elif why == "full":
+        p.in_flight[1] = SLOTS
+    else:
+        tried.add(1)  # failed over from it
+    placed = p.place(req, list(req.prefix_keys), tried)
+    assert placed is not None and placed.worker == 0 and placed.matched == 0
+    s = p.locality
+    assert (s.hinted, s.followed, s.mismatched) == (1, 0, 1)
+    assert (s.full, s.unavailable) == ((1, 0) if why == "full" else (0, 1))
+    # What admission counted as held and the worker used does not hold: bounded by
+    # the request's estimate (charged back at its first token: rules.cached_shortfall).
+    assert s.missed_tokens == len(PROMPT)
+    # Placed where nothing is cached, it claims its whole prompt there.
+    assert placed.kv_tokens == rules.kv_tokens(len(PROMPT), req.max_tokens)
+
+
+def test_nothing_cached_carries_no_worker_and_routing_is_free() -> None:
+    p, _ = _placement()
+    req = _admitted(p)
+    assert req.cached_on is None
+    placed = p.place(req, list(req.prefix_keys), set())
+    assert placed is not None and p.locality.hinted == 0
+
+
+def test_no_estimate_on_a_worker_without_room() -> None:
+    p, _ = _placement()
+    p.index.insert(1, p.prefix_keys(PROMPT))
+    p.in_flight = [SLOTS, SLOTS]  # no worker has a free slot
+    q = QueuedRequest("r", "t", len(PROMPT), 16, prefix_keys=p.prefix_keys(PROMPT))
+    assert p.cached_prefix(q) == 0 and q.cached_on is None
+
+
+def test_the_claim_is_counted_where_it_is_placed_and_freed_once() -> None:
+    p, _ = _placement()
+    p.index.insert(0, p.prefix_keys(PROMPT[:160]))  # half the prompt held by worker 0
+    req = _admitted(p)
+    placed = p.place(req, list(req.prefix_keys), set())
+    assert placed is not None and placed.worker == 0 and placed.matched == 160
+    uncached = len(PROMPT) - 160
+    assert p.in_flight == [1, 0]
+    assert p.kv_in_flight == [rules.kv_tokens(uncached, 16), 0]
+    assert p.pending_prefill == [uncached, 0]
+    assert p.index.size(0) == len(PROMPT)  # its prompt is there once prefilled
+    p.first_token(placed, len(PROMPT), cached=96)  # it held less than the index thought
+    assert p.pending_prefill == [0, 0] and p.index.size(0) == len(PROMPT) - (160 - 96)
+    assert (p.cached_tokens_total, p.predicted_cached_total) == (96, 160)
+    p.finished(placed, PROMPT, [7, 8, 9])
+    p.released(placed)
+    p.released(placed)  # a second release (the pool's finally after a failure) is a no-op
+    assert p.in_flight == [0, 0] and p.kv_in_flight == [0, 0] and p.pending_prefill == [0, 0]
+
+
+def test_released_before_the_first_token_returns_its_prefill() -> None:
+    p, _ = _placement()
+    req = _admitted(p)
+    placed = p.place(req, list(req.prefix_keys), set())
+    assert placed is not None and p.pending_prefill[placed.worker] == len(PROMPT)
+    p.released(placed)
+    assert p.pending_prefill == [0, 0] and p.in_flight == [0, 0]
+
+
+@pytest.mark.parametrize("light", [False, True])
+@pytest.mark.parametrize("lent", [False, True])
+@pytest.mark.parametrize("preempts", [False, True])
+def test_engine_request_carries_the_rules_priorities(
+    light: bool, lent: bool, preempts: bool
+) -> None:
+    q = QueuedRequest("r", "t", 300, 16, Priority.BATCH, light=light, lent=lent)
+    q.cached_on, q.cached_estimate = 1, 0
+    req = engine_request(q, "r", list(range(300)), SamplingOptions(), 10, preempts)
+    tiers = 300 if preempts else None
+    assert req.priority == rules.engine_priority(True, light, 10, lent, tiers)
+    lend = rules.lent_slot_priority(True, light, 10 if preempts else None, tiers)
+    assert req.preempt_priority == lend
+    assert req.cached_on is None  # nothing estimated cached: no worker counted on
+
+
+def test_a_light_request_is_lent_a_full_workers_slot_only_where_none_is_free() -> None:
+    p, _ = _placement(1)
+    req = EngineRequest("r", [1, 2, 3], 4, priority=3, light=True, preempt_priority=9)
+    free = p.place(req, [], set())
+    assert free is not None and free.priority == 3
+    p.in_flight[0] = SLOTS
+    full = p.place(req, [], set())
+    assert full is not None and full.priority == 9
