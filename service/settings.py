@@ -192,6 +192,18 @@ class Settings(BaseSettings):
         "(0: least load only).",
         ge=0,
     )
+    sglang_stagger_prefill_tokens: int = _s(
+        0,
+        "Pool, routing=locality: staggered prefill; while a light tenant is active, a "
+        "prompt of at least N tokens never takes the last worker free of long prefill, "
+        "so a light request finds one on short steps (0: off; 1024 measured: docs/benchmarks.md).",
+        ge=0,
+    )
+    sglang_stagger_light_window_s: float = _s(
+        10.0,
+        "Pool, staggered prefill: a light tenant is active this long after its last request.",
+        gt=0,
+    )
     # engine=sglang (in-process, one GPU): the sglang.Engine's server flags that matter.
     sglang_model_path: str = _s(
         "", "engine=sglang (in-process): the model path or Hugging Face id (--model-path)."

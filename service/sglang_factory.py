@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from service.engines.breaker import BreakerPolicy
+from service.engines.placement import Stagger
 from service.engines.pool import WorkerPool
 from service.engines.protocol import Engine
 from service.engines.sglang_http import DEFAULT_VOCAB_SIZE, SglangHttpConfig, SglangHttpEngine
@@ -46,6 +47,10 @@ def build_sglang_http(settings: Settings) -> Engine:
         health_interval_s=settings.sglang_health_interval_s,
         prefix_affinity_tokens=settings.sglang_prefix_affinity_tokens,
         routing="locality" if settings.sglang_routing == "locality" else "least_full",
+        stagger=Stagger(
+            min_tokens=settings.sglang_stagger_prefill_tokens,
+            light_window_s=settings.sglang_stagger_light_window_s,
+        ),
         breaker=BreakerPolicy(
             consecutive_failures=settings.sglang_eject_after_failures,
             base_ejection_s=settings.sglang_ejection_base_s,

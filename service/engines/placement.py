@@ -130,6 +130,20 @@ class LocalityStats:
         return self.unavailable + self.full
 
 
+@dataclass(slots=True)
+class Stagger:
+    """Staggered prefill across engines (`Placement._staggered`): keep one worker
+    on short steps while a light tenant is active. `min_tokens`: an uncached
+    prompt this long is a long prefill (0: off); `light_window_s`: a light
+    tenant is active this long after its last request."""
+
+    min_tokens: int = 0
+    light_window_s: float = 10.0
+    light_seen_s: float = float("-inf")
+    # Long prompts kept off the last worker on short steps.
+    kept_free: int = 0
+
+
 class Placement:
     def __init__(
         self,
@@ -140,8 +154,10 @@ class Placement:
         prefix_affinity_tokens: int = 0,
         affinity_slack: int = 2,
         kv_tokens: Sequence[int] | None = None,
+        stagger: Stagger | None = None,
     ) -> None:
         self.targets = targets
+        self.stagger = stagger or Stagger()
         self.routing: Routing = routing
         self.clock = clock
         self.prefix_affinity_tokens = prefix_affinity_tokens
@@ -202,6 +218,8 @@ class Placement:
         if not candidates:
             return None
         views = self._views(candidates, req.prompt_tokens, req.max_tokens, keys)
+        views = self._staggered(req, views)
+        candidates = [i for i, _ in views]
         preferred, slack = self._affinity(req.prompt_token_ids, candidates)
         j = route(
             [v for _, v in views],
@@ -304,6 +322,41 @@ class Placement:
         held = self.index.match(hint, keys) if there is None else there.matched
         s.missed_tokens += max(0, held - view.matched)
         return i, view
+
+    def _staggered(
+        self, req: EngineRequest, views: list[tuple[int, WorkerView]]
+    ) -> list[tuple[int, WorkerView]]:
+        """Staggered prefill: while a light tenant is active, a long uncached prompt
+        may not take the last worker that is on short steps (no long prefill
+        routed there and not yet streamed), so a light request always has a
+        worker whose next step ends soon (`route(soonest)` finds it). Where every
+        worker is mid-prefill there is nothing to keep: the views stand."""
+        st, now_s = self.stagger, self.clock()
+        if not st.min_tokens:
+            return views
+        if req.prompt_tokens < st.min_tokens:
+            # A short request of a light tenant (a light tenant's long prompt, as every
+            # tenant's first ones, is a long prefill like any other).
+            if req.light:
+                st.light_seen_s = now_s
+            return views
+        if now_s - st.light_seen_s > st.light_window_s:
+            return views
+        free = [i for i, t in enumerate(self.targets) if t.healthy and self._short(i)]
+        if len(free) != 1:
+            return views
+        last = free[0]
+        kept = [
+            (i, v)
+            for i, v in views
+            if i != last or self.pending_prefill[i] + req.prompt_tokens - v.matched < st.min_tokens
+        ]
+        if kept and len(kept) < len(views):
+            st.kept_free += 1
+        return kept or views
+
+    def _short(self, i: int) -> bool:
+        return self.pending_prefill[i] < self.stagger.min_tokens
 
     def _affinity(self, prompt: Sequence[int], candidates: list[int]) -> tuple[int | None, float]:
         """The worker the prompt's first tokens hash to, and how far from the least

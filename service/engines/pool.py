@@ -44,7 +44,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from service.engines.breaker import Breaker, BreakerPolicy
-from service.engines.placement import Placement
+from service.engines.placement import Placement, Stagger
 from service.engines.protocol import (
     EngineCapacity,
     EngineChunk,
@@ -105,6 +105,7 @@ class WorkerPool:
         routing: Routing = "locality",
         breaker: BreakerPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
+        stagger: Stagger | None = None,
     ) -> None:
         if not engines:
             raise ValueError("a worker pool needs at least one worker")
@@ -118,6 +119,7 @@ class WorkerPool:
             clock=clock,
             prefix_affinity_tokens=prefix_affinity_tokens,
             affinity_slack=affinity_slack,
+            stagger=stagger,
         )
         self.served_model_name = ""
         self.moved_requests = 0

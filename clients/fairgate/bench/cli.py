@@ -283,3 +283,22 @@ def bench_telemetry(
 
     levels = [int(x) for x in concurrency.split(",") if x.strip()]
     asyncio.run(bench_main(levels, tokens, duration, rounds))
+
+
+@bench_app.command("stagger")
+def bench_stagger(
+    engines: Annotated[int, typer.Option(min=2, help="simulated engines")] = 4,
+    seeds: Annotated[str, typer.Option(help="comma-separated trace seeds")] = "1,2,3",
+    sizes: Annotated[str, typer.Option(help="comma-separated min_tokens to try")] = "1024,2048",
+    seconds: Annotated[float, typer.Option(min=1, help="simulated seconds per trace")] = 30.0,
+) -> None:
+    """Staggered prefill on the virtual fleet: the light tenant's TTFT beside long
+    cold prompts, off vs each min_tokens, and what it costs in tokens/s."""
+    from fairgate.bench.stagger import main as stagger_main
+
+    stagger_main(
+        engines,
+        [int(s) for s in seeds.split(",") if s.strip()],
+        [int(s) for s in sizes.split(",") if s.strip()],
+        seconds,
+    )

@@ -31,7 +31,7 @@ from scheduler.request import Locality, Priority, QueuedRequest
 from scheduler.rules import Isolation, Verdict, admission_charge, cached_shortfall
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import ManualTimers
-from service.engines.placement import Placed, Placement, engine_request
+from service.engines.placement import Placed, Placement, Stagger, engine_request
 from service.engines.protocol import SamplingOptions
 from service.engines.routing import Routing
 from service.engines.simulator.core import SimConfig, SimCore, SimRequest, StepResult
@@ -161,6 +161,7 @@ class Driver:
         allowance: float = 0.0,
         engines: int = 1,
         routing: Routing | None = None,
+        stagger: Stagger | None = None,
     ) -> None:
         self.clock = clock or FakeClock()
         self.timers = ManualTimers(self.clock)
@@ -173,6 +174,7 @@ class Driver:
                 routing=routing or "locality",
                 clock=self.clock.now_s,
                 kv_tokens=[w.core.capacity for w in self.workers],
+                stagger=stagger,
             )
             if locality is None and self.placement.routing == "locality":
                 locality = self.placement.cached_prefix

@@ -10,7 +10,7 @@ import pytest
 
 from scheduler import rules
 from scheduler.request import Priority, QueuedRequest
-from service.engines.placement import Placement, engine_request
+from service.engines.placement import Placement, Stagger, engine_request
 from service.engines.protocol import EngineRequest, SamplingOptions
 
 SLOTS, KV = 4, 10_000
@@ -159,3 +159,38 @@ def test_a_light_request_is_lent_a_full_workers_slot_only_where_none_is_free() -
     p.in_flight[0] = SLOTS
     full = p.place(req, [], set())
     assert full is not None and full.priority == 9
+
+
+def _request(prompt_tokens: int, *, light: bool) -> EngineRequest:
+    q = QueuedRequest("r", "t", prompt_tokens, 16, light=light)
+    return engine_request(q, "r", list(range(1, prompt_tokens + 1)), SamplingOptions(), None, False)
+
+
+@pytest.mark.parametrize("light_active", [True, False])
+def test_staggered_prefill_keeps_the_last_worker_on_short_steps(light_active: bool) -> None:
+    """While a light tenant is active a long prompt never takes the last worker
+    free of long prefill (the one a light request starts soonest on); with two
+    such workers, without a light tenant, or long after its last request, the
+    rule alone decides."""
+    now = [0.0]
+    p = Placement([_Target(f"w{i}") for i in range(3)], clock=lambda: now[0])
+    p.stagger = Stagger(min_tokens=1024, light_window_s=10.0)
+    if light_active:
+        p.released(p.place(_request(40, light=True), [], set()) or pytest.fail())
+    now[0] = 5.0
+    p.pending_prefill[:] = [0, 0, 5000]  # two workers on short steps
+    two = p.place(_request(3000, light=False), [], set())
+    assert two is not None and two.worker == 0 and p.stagger.kept_free == 0
+    p.released(two)
+    p.pending_prefill[:] = [0, 5000, 5000]  # one left: the rule alone would take it
+    one = p.place(_request(3000, light=False), [], set())
+    assert one is not None
+    assert (one.worker != 0) is light_active and p.stagger.kept_free == int(light_active)
+    if light_active:
+        light = p.place(_request(40, light=True), [], set())
+        assert light is not None and light.worker == 0
+    p.released(one)
+    now[0] = 100.0  # the light tenant is gone
+    p.pending_prefill[:] = [0, 5000, 5000]
+    late = p.place(_request(3000, light=False), [], set())
+    assert late is not None and late.worker == 0
