@@ -26,16 +26,20 @@ async def event_batches(
     """
     buf = b""
     content = resp.content
+    taken_bytes = 0  # of the body, which nothing read before this loop
     while True:
         watchdog.waiting = True
         piece = await content.readany()
         watchdog.waiting = False
         if not piece:
             break
-        # aiohttp hands a waiting reader one HTTP chunk (one SSE event) and parses
-        # the rest of the socket read lazily, as the reader drains its buffer: take
-        # everything already received, so it goes out as one chunk.
-        while more := content.read_nowait():
+        taken_bytes += len(piece)
+        # readany takes the HTTP chunks (one SSE event each) buffered when it ran;
+        # taking them can resume a paused transport, which buffers more at once:
+        # take that too (checked by the byte count: a read_nowait() per read costs
+        # ~1 us), so everything received goes out as one chunk.
+        while content.total_bytes > taken_bytes and (more := content.read_nowait()):
+            taken_bytes += len(more)
             piece += more
         buf = buf + piece if buf else piece
         if b"\r" in buf:
