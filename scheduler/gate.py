@@ -150,7 +150,8 @@ class Ticket:
         """Record `tokens` more streamed output tokens (fair counter, token bucket)."""
         if tokens <= 0:
             return
-        self._move(RequestState.STREAMING)
+        if self._state is not RequestState.STREAMING:  # per chunk: skip the table lookup
+            self._move(RequestState.STREAMING)
         self.output_tokens += tokens
         self._core.on_output_tokens(self.req, tokens)
 

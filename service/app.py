@@ -41,7 +41,8 @@ from service.shared_state import (
     close_tenant_store,
 )
 from service.startup import EXIT_ENVIRONMENT, StartupError
-from service.telemetry import Telemetry, build_telemetry
+from service.telemetry.setup import build_telemetry
+from service.telemetry.telemetry import Telemetry
 from service.tenant_directory import TenantDirectory
 from service.tls import server_credentials
 from service.tokenizer import load_tokenizer

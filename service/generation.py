@@ -9,6 +9,10 @@ around the engine stream, `ticket.charge(n)` per chunk; leaving the block
 settles exactly once and closing the stream aborts the engine request —
 whatever ends it: completion, client cancel/disconnect, deadline, engine error.
 
+Telemetry is not a step of it: observers (service/lifecycle.py) are told the
+request's transitions (admitted, first token, engine end, settled) and a
+failing one is dropped, never failing the request.
+
 Shutdown (service/drain.py) hooks in here too, so both fronts drain alike: the
 admission wait runs inside `drain.queued()` (refused or failed with
 ServerDraining once the drain begins), and an admitted stream is registered
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass
 
@@ -29,7 +33,7 @@ from scheduler.rules import Isolation
 from service.drain import Drain, ServerDraining
 from service.engines.placement import engine_request
 from service.engines.protocol import EngineError, FinishKind
-from service.telemetry import Telemetry
+from service.lifecycle import Lifecycle, ObserverFactory
 from service.validation import GenerateParams
 
 log = logging.getLogger(__name__)
@@ -87,14 +91,14 @@ class Generation:
         deadline_s: float | None,
         max_tokens_set: bool,
         prompt_field: str,
-        telemetry: Telemetry,
+        observers: Sequence[ObserverFactory],
         drain: Drain,
     ) -> None:
         self.params = params
         self.request_id = request_id
         self.received_s = received_s
         self.prompt_field = prompt_field
-        self.telemetry = telemetry
+        self.observers = observers
         self.drain = drain
         if not max_tokens_set:
             # The server's default must not trip the tenant's own output cap.
@@ -121,7 +125,8 @@ class Generation:
         before its first token)."""
         params, queued = self.params, self.queued
         dispatcher = params.model.dispatcher
-        obs = self.telemetry.start_generate(queued, params.model, prompt=params.prompt_text)
+        # Telemetry and any other observer watch; none of them is a step of the path.
+        lifecycle = Lifecycle.start(self.observers, queued, params.model, params.prompt_text)
         sent_tokens = 0
         first_token_s: float | None = None
         prompt_tokens = len(params.prompt_ids)
@@ -149,7 +154,7 @@ class Generation:
                 params.model.isolation is Isolation.PREEMPT,
                 params.prompt_text,
             )
-            obs.admitted(engine_req, dispatcher.budget)
+            lifecycle.admitted(engine_req, dispatcher.budget)
             drain, key = self.drain, id(queued)
             drain.stream_started(key, self.request_id, params.model.engine)
             try:
@@ -167,9 +172,9 @@ class Generation:
                         if chunk.text or chunk.token_ids:
                             if first_token_s is None:
                                 first_token_s = time.monotonic()
-                                obs.first_token()
-                            if obs.capture_content:
-                                obs.output_text(chunk.text)
+                                lifecycle.first_token()
+                            if lifecycle.wants_text:
+                                lifecycle.text(chunk.text)
                             yield Delta(chunk.text, chunk.token_ids, sent_tokens)
                         sent_tokens = max(sent_tokens, chunk.completion_tokens)
                         if chunk.finish is not None:
@@ -191,7 +196,7 @@ class Generation:
                 failure = exc
             finally:
                 drain.stream_ended(key)
-                obs.engine_ended(prompt_tokens, sent_tokens, cached_tokens, retractions)
+                lifecycle.engine_ended(prompt_tokens, sent_tokens, cached_tokens, retractions)
         if finish is None:
             if failure is None:
                 failure = EngineError("the engine ended the stream without a finish reason")
@@ -202,7 +207,7 @@ class Generation:
             )
             finish, message = FinishKind.ERROR, str(failure)
         done_s = time.monotonic()
-        obs.finished(FINISH_NAMES[finish], failure)
+        lifecycle.settled(FINISH_NAMES[finish], failure)
         yield Outcome(
             request_id=self.request_id,
             model=params.model.name,

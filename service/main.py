@@ -19,7 +19,7 @@ from service.startup import StartupError, check_address
 
 if TYPE_CHECKING:
     from service.app import App
-    from service.telemetry import Telemetry
+    from service.telemetry.telemetry import Telemetry
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

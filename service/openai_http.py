@@ -49,8 +49,8 @@ from service.openai_request import PRIORITY_HEADER, param_name, to_generate_requ
 from service.openai_response import ResponseWriter, error_event
 from service.ratelimit_headers import tenant_headers
 from service.settings import Settings
-from service.telemetry import Telemetry
 from service.telemetry.observation import RPC_SCOPE, RpcScope
+from service.telemetry.telemetry import Telemetry
 from service.tls import server_ssl_context
 from service.validation import validate_generate
 
@@ -220,7 +220,7 @@ class OpenAIFront:
                 deadline_s=None,
                 max_tokens_set=converted.request.sampling.HasField("max_tokens"),
                 prompt_field="messages" if chat else "prompt",
-                telemetry=self.telemetry,
+                observers=self.telemetry.observers,
                 drain=self.drain,
             )
         except (errors.ServiceError, SchedulingError) as exc:

@@ -24,7 +24,7 @@ from service.generation import Delta, Generation, Outcome
 from service.models import ModelRegistry
 from service.ratelimit_headers import tenant_headers
 from service.settings import Settings
-from service.telemetry import Telemetry
+from service.telemetry.telemetry import Telemetry
 from service.validation import validate_generate
 
 Context = grpc.aio.ServicerContext[pb.GenerateRequest, pb.GenerateResponse]
@@ -102,7 +102,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 deadline_s=received_s + remaining_s if remaining_s is not None else None,
                 max_tokens_set=request.sampling.HasField("max_tokens"),
                 prompt_field=request.WhichOneof("input") or "text",
-                telemetry=self.telemetry,
+                observers=self.telemetry.observers,
                 drain=self.drain,
             )
         except (errors.ServiceError, SchedulingError) as exc:

@@ -11,7 +11,7 @@ from fairgate import AsyncClient
 
 from service.app import App
 from service.settings import Settings
-from service.telemetry import Telemetry
+from service.telemetry.telemetry import Telemetry
 from tests.redis_server import RedisServer, find_redis_server
 
 StartServer = Callable[..., Awaitable[App]]

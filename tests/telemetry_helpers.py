@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from service.telemetry import Telemetry
+from service.telemetry.telemetry import Telemetry
 
 _CLIENT_SPANS = InMemorySpanExporter()
 _client_provider: TracerProvider | None = None
@@ -51,13 +51,15 @@ class Captured:
         return total
 
 
-def make_captured(*, capture_content: bool = False) -> Captured:
+def make_captured(
+    *, capture_content: bool = False, telemetry_cls: type[Telemetry] = Telemetry
+) -> Captured:
     spans = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
-    telemetry = Telemetry(
+    telemetry = telemetry_cls(
         tracer_provider,
         meter_provider,
         capture_content=capture_content,

@@ -67,10 +67,20 @@ class ChunkDecoder:
                 f"malformed SGLang chunk (text/output_ids/meta_info): {data!r:.200}"
             )
         finish = self._finish(meta.get("finish_reason"))
-        completion = _int(meta, "completion_tokens")
-        prompt = _int(meta, "prompt_tokens")
-        cached = _int(meta, "cached_tokens", 0)
-        retractions = _int(meta, "num_retractions", 0)
+        # Per token: a plain int takes no call; anything else goes through _int's checks.
+        get = meta.get
+        completion = get("completion_tokens")
+        if type(completion) is not int:
+            completion = _int(meta, "completion_tokens")
+        prompt = get("prompt_tokens")
+        if type(prompt) is not int:
+            prompt = _int(meta, "prompt_tokens")
+        cached = get("cached_tokens")
+        if type(cached) is not int:
+            cached = _int(meta, "cached_tokens", 0)
+        retractions = get("num_retractions")
+        if type(retractions) is not int:
+            retractions = _int(meta, "num_retractions", 0)
         if self.incremental:
             self.upstream_text += text
             new_ids = ids  # parsed for this chunk alone: no copy needed

@@ -47,11 +47,11 @@ from service.engines.sglang_chunks import (
     priority_options,
     sampling_params,
 )
+from service.engines.sglang_sse import event_batches, superseded
 
 log = logging.getLogger(__name__)
 
 DEFAULT_VOCAB_SIZE = 32000
-MAX_EVENT_BYTES = 64 << 20
 
 
 class WorkerDown(EngineError):
@@ -263,7 +263,7 @@ class SglangHttpEngine:
             # The read timeout, watched without a timer per read (read_watchdog.py).
             watchdog = ReadWatchdog(resp.content, self.config.read_timeout_s)
             coalesce, window_s = self.config.coalesce, self.config.coalesce_window_s
-            async for payloads in _event_batches(resp, self.url, watchdog):
+            async for payloads in event_batches(resp, self.url, watchdog):
                 # Coalescing: everything that arrived in one read goes out as one chunk.
                 for group in [payloads] if coalesce else [[p] for p in payloads]:
                     chunk, ended, error = self._decode_batch(decoder, group)
@@ -326,7 +326,7 @@ class SglangHttpEngine:
         merged: EngineChunk | None = None
         last = len(parsed) - 1
         for i, data in enumerate(parsed):
-            if i < last and not decoder.incremental and _superseded(data):
+            if i < last and not decoder.incremental and superseded(data):
                 continue  # cumulative: the last chunk of the batch carries it all
             try:
                 chunk = decoder.decode(data)
@@ -390,57 +390,6 @@ async def _gather_window(resp: aiohttp.ClientResponse, window_s: float) -> None:
         await asyncio.sleep(window_s)
     finally:
         protocol.resume_reading()
-
-
-async def _event_batches(
-    resp: aiohttp.ClientResponse, url: str, watchdog: ReadWatchdog
-) -> AsyncGenerator[list[bytes], None]:
-    """SSE `data:` payloads, all those complete in one read at a time.
-
-    Splits on blank lines, tolerates CRLF and comments; the common event (one
-    `data: ` line) takes a fast path. Marks its waits for the read watchdog.
-    """
-    buf = b""
-    content = resp.content
-    while True:
-        watchdog.waiting = True
-        piece = await content.readany()
-        watchdog.waiting = False
-        if not piece:
-            break
-        # aiohttp hands a waiting reader one HTTP chunk (one SSE event) and parses
-        # the rest of the socket read lazily, as the reader drains its buffer: take
-        # everything already received, so it goes out as one chunk.
-        while more := content.read_nowait():
-            piece += more
-        buf = buf + piece if buf else piece
-        if b"\r" in buf:
-            buf = buf.replace(b"\r\n", b"\n")
-        blocks = buf.split(b"\n\n")
-        buf = blocks.pop()
-        payloads: list[bytes] = []
-        for block in blocks:
-            if block.startswith(b"data: ") and b"\n" not in block:
-                payloads.append(block[6:])
-                continue
-            data = [
-                line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")
-            ]
-            if data:
-                payloads.append(b"\n".join(data))
-        if payloads:
-            yield payloads
-        if len(buf) > MAX_EVENT_BYTES:
-            raise UpstreamError(f"{url}: an SSE event exceeded {MAX_EVENT_BYTES} bytes")
-
-
-def _superseded(data: Any) -> bool:
-    """A cumulative chunk that a later one in the same batch replaces: no error,
-    no finish (those are decoded, and malformed ones refused, in any position)."""
-    if not isinstance(data, dict) or "error" in data:
-        return False
-    meta = data.get("meta_info")
-    return isinstance(meta, dict) and meta.get("finish_reason") is None
 
 
 def capacity_from_server_info(info: dict[str, Any], model_info: dict[str, Any]) -> EngineCapacity:

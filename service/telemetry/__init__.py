@@ -1,17 +1,8 @@
 """OpenTelemetry traces and metrics, the Prometheus endpoint and structured logs.
 
-`build_telemetry(settings)` reads the OTEL_* environment; `Telemetry` hands
-the server its interceptor and the servicer its per-request observations.
+`setup.build_telemetry(settings)` reads the OTEL_* environment;
+`telemetry.Telemetry` hands the server its interceptor and the generations
+their lifecycle observer. Import the modules themselves: this package
+re-exports nothing, so that no module of it imports its own package (one
+direction only: instruments ← observation ← interceptor ← telemetry ← setup).
 """
-
-from service.telemetry.observation import RPC_SCOPE, GenerateObservation, NoopObservation
-from service.telemetry.setup import build_telemetry
-from service.telemetry.telemetry import Telemetry
-
-__all__ = [
-    "RPC_SCOPE",
-    "GenerateObservation",
-    "NoopObservation",
-    "Telemetry",
-    "build_telemetry",
-]

@@ -22,7 +22,7 @@ from service.telemetry import names as n
 from service.telemetry.observation import RPC_SCOPE, RpcScope
 
 if TYPE_CHECKING:
-    from service.telemetry.telemetry import Telemetry
+    from service.telemetry.instruments import Instruments
 
 UNTRACED_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
 GENERATE_METHOD = "/fairgate.v1.InferenceService/Generate"
@@ -47,7 +47,7 @@ def _code_of(exc: BaseException | None) -> grpc.StatusCode:
 
 
 class TelemetryInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, telemetry: Telemetry) -> None:
+    def __init__(self, telemetry: Instruments) -> None:
         self.telemetry = telemetry
 
     async def intercept_service(

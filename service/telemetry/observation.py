@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from scheduler.request import QueuedRequest
     from service.engines.protocol import EngineRequest
     from service.models import ServedModel
-    from service.telemetry.telemetry import Telemetry
+    from service.telemetry.instruments import Instruments
 
 # Codes the caller caused (or a quota): not a server error on the span.
 CLIENT_CODES = frozenset(
@@ -71,7 +71,7 @@ class RpcScope:
         "telemetry",
     )
 
-    def __init__(self, telemetry: Telemetry, span: trace.Span, *, is_generate: bool) -> None:
+    def __init__(self, telemetry: Instruments, span: trace.Span, *, is_generate: bool) -> None:
         self.telemetry = telemetry
         self.is_generate = is_generate
         self.span = span
@@ -141,34 +141,9 @@ def _outcome(code: grpc.StatusCode, otherwise: str) -> str:
 RPC_SCOPE: ContextVar[RpcScope | None] = ContextVar("fairgate_rpc_scope", default=None)
 
 
-class NoopObservation:
-    """What the servicer calls when telemetry is off: nothing happens."""
+class GenerateObservation:
+    """One Generate call's spans and metrics: a lifecycle observer (service/lifecycle.py)."""
 
-    __slots__ = ()
-    capture_content = False
-
-    def admitted(self, engine_req: EngineRequest, budget: AdmissionBudget) -> None:
-        pass
-
-    def first_token(self) -> None:
-        pass
-
-    def output_text(self, text: str) -> None:
-        pass
-
-    def engine_ended(
-        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int, retractions: int = 0
-    ) -> None:
-        pass
-
-    def finished(self, finish_reason: str, failure: Exception | None) -> None:
-        pass
-
-
-NOOP_OBSERVATION = NoopObservation()
-
-
-class GenerateObservation(NoopObservation):
     __slots__ = (
         "_completion",
         "_engine_attrs",
@@ -183,12 +158,12 @@ class GenerateObservation(NoopObservation):
         "_req",
         "_scope",
         "_tel",
-        "capture_content",
+        "wants_text",
     )
 
     def __init__(
         self,
-        tel: Telemetry,
+        tel: Instruments,
         scope: RpcScope,
         req: QueuedRequest,
         model: ServedModel,
@@ -199,7 +174,7 @@ class GenerateObservation(NoopObservation):
         scope.generate = self
         self._req = req
         self._model = model
-        self.capture_content = tel.capture_content
+        self.wants_text = tel.capture_content
         self._completion: list[str] = []
         self._engine_span: trace.Span | None = None
         self._engine_attrs: dict[str, AttributeValue] = {}
@@ -286,12 +261,11 @@ class GenerateObservation(NoopObservation):
         self._scope.attrs[n.TTFT_S] = ttft_s
         self._scope.span.add_event("gen_ai.first_token")
 
-    def output_text(self, text: str) -> None:
-        if self.capture_content:
-            self._completion.append(text)
+    def text(self, text: str) -> None:
+        self._completion.append(text)  # called only with content capture on (wants_text)
 
     def engine_ended(
-        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int, retractions: int = 0
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int, retractions: int
     ) -> None:
         """The engine stream is over (finished, failed or cancelled): usage is final."""
         self._output_tokens = completion_tokens
@@ -311,7 +285,7 @@ class GenerateObservation(NoopObservation):
         record(prompt_tokens, self._metric.input)
         record(completion_tokens, self._metric.output)
 
-    def finished(self, finish_reason: str, failure: Exception | None) -> None:
+    def settled(self, finish_reason: str, failure: Exception | None) -> None:
         """The final result is about to be sent (`failure`: the engine failed mid-stream)."""
         now_s = time.monotonic()
         reasons = (finish_reason,)
@@ -344,41 +318,3 @@ class GenerateObservation(NoopObservation):
         self._scope.attrs[n.OUTCOME] = outcome
         attrs = self._metric.outcome(outcome, code)
         self._tel.duration.record(time.monotonic() - self._scope.start_s, attrs)
-
-
-class MetricAttrs:
-    """Metric attribute sets of one (tenant, model), built once and shared
-    (`Telemetry.metric_attrs`); the SDK copies what it keeps.
-
-    Every point of a metric carries the same keys, none empty (the Prometheus
-    exposition fills a key missing from one point with "" in every other
-    series). `tenant` is the id; `label`, its bounded metric label."""
-
-    __slots__ = ("_by_class", "_outcomes", "base", "input", "label", "output", "tenant")
-
-    def __init__(self, tenant: str, label: str, model: str) -> None:
-        self.tenant = tenant
-        self.label = label
-        self.base: dict[str, AttributeValue] = {
-            n.TENANT: label,
-            n.GEN_AI_OPERATION: n.OPERATION_TEXT_COMPLETION,
-            n.GEN_AI_PROVIDER: n.PROVIDER_FAIRGATE,
-            n.GEN_AI_REQUEST_MODEL: model,
-        }
-        self.input = {**self.base, n.GEN_AI_TOKEN_TYPE: "input"}
-        self.output = {**self.base, n.GEN_AI_TOKEN_TYPE: "output"}
-        self._by_class: dict[str, dict[str, AttributeValue]] = {}
-        self._outcomes: dict[tuple[str, grpc.StatusCode], dict[str, AttributeValue]] = {}
-
-    def by_class(self, priority: str) -> dict[str, AttributeValue]:
-        attrs = self._by_class.get(priority)
-        if attrs is None:
-            attrs = self._by_class[priority] = {n.TENANT: self.label, n.PRIORITY: priority}
-        return attrs
-
-    def outcome(self, outcome: str, code: grpc.StatusCode) -> dict[str, AttributeValue]:
-        attrs = self._outcomes.get((outcome, code))
-        if attrs is None:
-            attrs = {**self.base, n.OUTCOME: outcome, n.RPC_RESPONSE_STATUS_CODE: code.name}
-            self._outcomes[(outcome, code)] = attrs
-        return attrs

@@ -1,8 +1,12 @@
-"""The service's telemetry: a tracer, the metric instruments, and gauges over live state.
+"""The service's telemetry: instruments, gauges over live state, and the wiring.
 
 `Telemetry` is built once (`service/telemetry/setup.py` from the OTEL_*
-environment, or by tests with in-memory providers) and handed to the server.
-`Telemetry.disabled()` installs nothing: no interceptor, no per-request work.
+environment, or by tests with in-memory providers) and handed to the server:
+its interceptor opens each RPC's server span, `observers` watch each
+generation's lifecycle (service/lifecycle.py), and its gauges read the
+dispatchers' `stats()` on the metric reader's thread.
+`Telemetry.disabled()` installs nothing: no interceptor, no observer, no
+per-request work.
 """
 
 from __future__ import annotations
@@ -17,24 +21,21 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from service.telemetry import names as n
-from service.telemetry.observation import MetricAttrs
-from service.telemetry.tenant_labels import TenantLabels
+from service.telemetry.instruments import Instruments
+from service.telemetry.interceptor import TelemetryInterceptor
+from service.telemetry.observation import RPC_SCOPE, GenerateObservation
 
 if TYPE_CHECKING:
     import grpc
 
     from scheduler.request import QueuedRequest
     from scheduler.tenancy.tenants import TenantRegistry
+    from service.lifecycle import ObserverFactory
     from service.models import ServedModel
-    from service.telemetry.observation import GenerateObservation, NoopObservation
     from service.telemetry.prometheus import MetricsEndpoint
 
-INSTRUMENTATION_NAME = "fairgate.service"
-# Cached metric attribute sets (tenants x models); past this, start over.
-_MAX_ATTR_SETS = 10_000
 
-
-class Telemetry:
+class Telemetry(Instruments):
     def __init__(
         self,
         tracer_provider: trace.TracerProvider | None = None,
@@ -44,74 +45,18 @@ class Telemetry:
         shutdown: Sequence[Callable[[], None]] = (),
         metrics_endpoint: MetricsEndpoint | None = None,
     ) -> None:
-        self.enabled = tracer_provider is not None or meter_provider is not None
-        self.capture_content = capture_content
+        super().__init__(tracer_provider, meter_provider, capture_content=capture_content)
         self._shutdown = list(shutdown)
         self._models: list[ServedModel] = []
-        # Admissions by (tenant, priority): counted here, read by the
-        # observable counter on the metric reader's thread (an SDK record per
-        # request costs ~10 µs; this costs a dict update).
-        self._admissions: dict[tuple[str, str], int] = {}
-        self._metric_attrs: dict[tuple[str, str], MetricAttrs] = {}
-        self._caller_attrs: dict[str, MetricAttrs] = {}
-        self.tenant_labels = TenantLabels()
-        self._store_mode: Callable[[], str] | None = None
         self.metrics_endpoint = metrics_endpoint
-        self.tracer = (tracer_provider or trace.NoOpTracerProvider()).get_tracer(
-            INSTRUMENTATION_NAME
-        )
-        self.meter = (meter_provider or metrics.NoOpMeterProvider()).get_meter(INSTRUMENTATION_NAME)
-        self._create_instruments()
+        self._create_gauges()
 
     @classmethod
     def disabled(cls) -> Telemetry:
         return cls()
 
-    # -- instruments ----------------------------------------------------------
-    def _create_instruments(self) -> None:
+    def _create_gauges(self) -> None:
         m = self.meter
-        m.create_observable_counter(
-            "fairgate.admissions",
-            [self._admissions_counter],
-            "{request}",
-            "Requests admitted to the engine",
-        )
-        self.rejections = m.create_counter(
-            "fairgate.rejections", "{request}", "Requests refused before streaming, by reason"
-        )
-        self.queue_wait = m.create_histogram(
-            "fairgate.queue.wait",
-            "s",
-            "Time from arrival to admission into the engine",
-            explicit_bucket_boundaries_advisory=n.QUEUE_WAIT_BUCKETS_S,
-        )
-        self.ttft = m.create_histogram(
-            "gen_ai.server.time_to_first_token",
-            "s",
-            "Time from arrival to the first output token",
-            explicit_bucket_boundaries_advisory=n.TTFT_BUCKETS_S,
-        )
-        self.tpot = m.create_histogram(
-            "gen_ai.server.time_per_output_token",
-            "s",
-            "Time per output token after the first",
-            explicit_bucket_boundaries_advisory=n.TPOT_BUCKETS_S,
-        )
-        self.duration = m.create_histogram(
-            "gen_ai.server.request.duration",
-            "s",
-            "Generate call duration, by tenant and outcome (ok, rejected, error, cancelled)",
-            explicit_bucket_boundaries_advisory=n.DURATION_BUCKETS_S,
-        )
-        # The GenAI conventions name only a client-side token histogram
-        # (gen_ai.client.token.usage); this is the server's, under the
-        # server namespace, with the same attributes.
-        self.token_usage = m.create_histogram(
-            "gen_ai.server.token.usage",
-            "{token}",
-            "Tokens per request by tenant and type (input, output); _sum: tokens per tenant",
-            explicit_bucket_boundaries_advisory=n.TOKEN_BUCKETS,
-        )
         m.create_observable_gauge(
             "fairgate.queue.depth", [self._queue_depth], "{request}", "Queued requests per tenant"
         )
@@ -127,13 +72,6 @@ class Telemetry:
             "{request}",
             "Requests admitted to the engine (and the admission limit)",
         )
-        self.retractions = m.create_counter(
-            "fairgate.engine.retractions",
-            "{retraction}",
-            "Times the engine retracted a running request to make room for one of higher "
-            "priority (a lent admission, fair_isolation=preempt): its KV freed, its prompt "
-            "and output so far prefilled again; by the retracted request's tenant",
-        )
         m.create_observable_counter(
             "fairgate.engine.lent_admissions",
             [self._lent_admissions],
@@ -147,71 +85,31 @@ class Telemetry:
             "{token}",
             "KV tokens reserved in the engine (prompt + max output), the limit and capacity",
         )
-        m.create_observable_gauge(
-            "fairgate.store.mode",
-            [self._store_mode_gauge],
-            "1",
-            "1 for the state store's current failure mode (normal, fail-open, fail-closed)",
-        )
-
-    # -- per-request helpers (GenerateObservation) ------------------------------
-    def admitted(self, attrs: MetricAttrs, priority: str) -> None:
-        key = (attrs.label, priority)
-        self._admissions[key] = self._admissions.get(key, 0) + 1
-
-    def metric_attrs(self, tenant: str, model: str) -> MetricAttrs:
-        """The metric attribute sets of (tenant, model), built once; the
-        tenant's label is bounded (`TenantLabels`)."""
-        if self.tenant_labels.changed():  # a tenant created or deleted: judge again
-            self._metric_attrs.clear()
-        attrs = self._metric_attrs.get((tenant, model))
-        if attrs is None:
-            if len(self._metric_attrs) >= _MAX_ATTR_SETS:
-                self._metric_attrs.clear()
-            label = self.tenant_labels.of(tenant)
-            attrs = self._metric_attrs[(tenant, model)] = MetricAttrs(tenant, label, model)
-        return attrs
 
     # -- wiring -----------------------------------------------------------------
     def watch_model(self, model: ServedModel) -> None:
         """Report this model's dispatcher and engine in the gauges."""
         self._models.append(model)
 
-    def caller_attrs(self, label: str) -> MetricAttrs:
-        """Attribute sets of a call refused before it named a model (`label`: bounded)."""
-        attrs = self._caller_attrs.get(label)
-        if attrs is None:
-            attrs = self._caller_attrs[label] = MetricAttrs(label, label, n.NO_MODEL)
-        return attrs
-
     def watch_tenants(self, registry: Callable[[], TenantRegistry]) -> None:
         """Tenant labels are judged against `registry()` (the live registry)."""
         self.tenant_labels.watch(registry)
 
-    def watch_store(self, mode: Callable[[], str]) -> None:
-        """Hook for the state store: `mode()` names its current failure mode."""
-        self._store_mode = mode
-
     def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
-        if not self.enabled:
-            return []
-        from service.telemetry.interceptor import TelemetryInterceptor
+        return [TelemetryInterceptor(self)] if self.enabled else []
 
-        return [TelemetryInterceptor(self)]
+    @property
+    def observers(self) -> tuple[ObserverFactory, ...]:
+        """What watches each generation (none when disabled)."""
+        return (self.observe_generate,) if self.enabled else ()
 
-    def start_generate(
-        self, req: QueuedRequest, model: ServedModel, *, prompt: str | None = None
-    ) -> GenerateObservation | NoopObservation:
-        """Observe one Generate call from queueing to the end (no-op when disabled)."""
-        from service.telemetry.observation import (
-            NOOP_OBSERVATION,
-            RPC_SCOPE,
-            GenerateObservation,
-        )
-
+    def observe_generate(
+        self, req: QueuedRequest, model: ServedModel, prompt: str | None
+    ) -> GenerateObservation | None:
+        """The observer of one Generate call, inside its RPC's scope (None outside one)."""
         scope = RPC_SCOPE.get()
-        if scope is None:  # telemetry off, or called outside the interceptor
-            return NOOP_OBSERVATION
+        if scope is None:  # called outside the interceptor (or the HTTP front's scope)
+            return None
         return GenerateObservation(self, scope, req, model, prompt)
 
     async def start(self) -> None:
@@ -253,10 +151,6 @@ class Telemetry:
             hook()
 
     # -- gauge callbacks (run on the metric reader's thread) ---------------------
-    def _admissions_counter(self, _: CallbackOptions) -> Iterable[Observation]:
-        for (tenant, priority), count in self._admissions.copy().items():
-            yield Observation(count, {n.TENANT: tenant, n.PRIORITY: priority})
-
     def _per_tenant(self, field: str) -> Iterable[Observation]:
         # Bounded labels: tenants that share one ("_other") are summed under it.
         totals: dict[str, int] = {}
@@ -293,10 +187,3 @@ class Telemetry:
             yield Observation(stats.limits.max_kv_tokens, {**attrs, "fairgate.kind": "limit"})
             capacity = model.engine.capacity().max_total_tokens
             yield Observation(capacity, {**attrs, "fairgate.kind": "capacity"})
-
-    def _store_mode_gauge(self, _: CallbackOptions) -> Iterable[Observation]:
-        if self._store_mode is None:
-            return
-        current = self._store_mode()
-        for mode in ("normal", "fail-open", "fail-closed"):
-            yield Observation(1 if mode == current else 0, {"fairgate.store.mode": mode})

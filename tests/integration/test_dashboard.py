@@ -17,7 +17,7 @@ import pytest
 from fairgate import AsyncClient, FairgateError
 
 from service.settings import Settings
-from service.telemetry import build_telemetry
+from service.telemetry.setup import build_telemetry
 from tests.conftest import StartServer
 
 DASHBOARD = (

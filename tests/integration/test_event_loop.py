@@ -14,7 +14,7 @@ from fairgate.bench.common import child_server
 from service import event_loop
 from service.app import App
 from service.settings import Settings
-from service.telemetry import Telemetry
+from service.telemetry.telemetry import Telemetry
 
 uvloop = pytest.importorskip("uvloop")
 

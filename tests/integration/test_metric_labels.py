@@ -17,7 +17,8 @@ from fairgate.v1 import inference_pb2_grpc as pb_grpc
 
 from service.app import App
 from service.settings import Settings
-from service.telemetry import Telemetry, build_telemetry
+from service.telemetry.setup import build_telemetry
+from service.telemetry.telemetry import Telemetry
 from tests.conftest import StartServer
 
 SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{.*\})?) ")

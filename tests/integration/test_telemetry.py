@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from service.settings import Settings
-from service.telemetry import build_telemetry
+from service.telemetry.setup import build_telemetry
 from tests.conftest import StartServer
 from tests.helpers import assert_no_leaks, eventually
 from tests.sglang_helpers import StartSim, assert_no_sglang_leaks, sglang_settings, start_sim

@@ -20,7 +20,7 @@ from scheduler.gate import Admission
 from scheduler.request import QueuedRequest
 from service.app import App
 from service.settings import Settings
-from service.telemetry import Telemetry
+from service.telemetry.telemetry import Telemetry
 from tests.conftest import StartServer
 from tests.helpers import eventually
 from tests.telemetry_helpers import Captured, captured

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from service.settings import Settings
-from service.telemetry import Telemetry, build_telemetry
+from service.telemetry.setup import build_telemetry
+from service.telemetry.telemetry import Telemetry
 
 
 def bench_telemetry(mode: str, settings: Settings) -> tuple[Telemetry | None, Callable[[], None]]:

@@ -9,8 +9,8 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from service.settings import Settings
-from service.telemetry import build_telemetry
 from service.telemetry.logs import JsonFormatter
+from service.telemetry.setup import build_telemetry
 
 
 def test_nothing_configured_means_nothing_installed() -> None:
