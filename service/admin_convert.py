@@ -21,6 +21,7 @@ from scheduler.tenancy.tenants import (
 )
 from service.api_keys import hint
 from service.errors import FieldViolation, InvalidRequest
+from service.usage_log import UsageRecord
 
 MAX_DISPLAY_NAME_CHARS = 64
 QUOTA_FIELDS = tuple(QUOTA_RANGES)
@@ -220,3 +221,18 @@ def key_to_proto(rec: ApiKeyRecord, now_s: float) -> apb.ApiKey:
     if rec.expires_at_s is not None:
         k.expire_time.CopyFrom(timestamp(rec.expires_at_s))
     return k
+
+
+def usage_record(r: UsageRecord) -> apb.UsageRecord:
+    """One usage-log record (service/usage_log.py) for ExportUsage."""
+    return apb.UsageRecord(
+        cursor=r.cursor,
+        request_id=r.request_id,
+        tenant_id=r.tenant_id,
+        model=r.model,
+        prompt_tokens=r.prompt_tokens,
+        cached_tokens=r.cached_tokens,
+        completion_tokens=r.completion_tokens,
+        finish_reason=r.finish_reason,
+        finished_at=timestamp(r.finished_at_s),
+    )

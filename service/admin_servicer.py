@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -46,25 +47,36 @@ from service.admin_convert import (
     require_tenant_id,
     tenant_from_proto,
     tenant_violations,
+    usage_record,
 )
 from service.api_keys import generate_key
 from service.errors import FieldViolation, InvalidRequest
 from service.models import ModelRegistry
 from service.tenant_directory import TenantDirectory
+from service.usage_log import MAX_EXPORT, MemoryUsageLog, UsageLog
 
 T = TypeVar("T")
 Ctx = grpc.aio.ServicerContext[Any, Any]
 MAX_GRACE_PERIOD_S = 7 * 24 * 3600.0
 _UPDATE_RETRIES = 3
+# A usage-log cursor: a sequence number (memory) or a Redis stream id.
+_CURSOR = re.compile(r"\d{1,20}(-\d{1,20})?")
 log = logging.getLogger(__name__)
 
 
 class AdminServicer(apb_grpc.AdminServiceServicer):
-    def __init__(self, directory: TenantDirectory, models: ModelRegistry, policy: str) -> None:
+    def __init__(
+        self,
+        directory: TenantDirectory,
+        models: ModelRegistry,
+        policy: str,
+        usage: UsageLog | None = None,
+    ) -> None:
         self.directory = directory
         self.store = directory.store
         self.models = models
         self.policy = policy
+        self.usage: UsageLog = usage or MemoryUsageLog()
 
     async def _run(self, context: Ctx, work: Awaitable[T]) -> T:
         try:
@@ -355,6 +367,24 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                         raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
                     resp.usage.append(_usage(found, model.name))
             return resp
+
+        return await self._run(context, work())
+
+    async def ExportUsage(
+        self, request: apb.ExportUsageRequest, context: Ctx
+    ) -> apb.ExportUsageResponse:
+        async def work() -> apb.ExportUsageResponse:
+            if not 0 <= request.limit <= MAX_EXPORT:
+                bad = FieldViolation("limit", f"0 (1000) to {MAX_EXPORT}")
+                raise InvalidRequest([bad])
+            if request.cursor and not _CURSOR.fullmatch(request.cursor):
+                raise InvalidRequest([FieldViolation("cursor", "a next_cursor from this API")])
+            records, cursor = await self.usage.read(request.cursor, request.limit or 1000)
+            return apb.ExportUsageResponse(
+                records=[usage_record(r) for r in records],
+                next_cursor=cursor,
+                durable=self.usage.durable,
+            )
 
         return await self._run(context, work())
 

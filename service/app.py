@@ -38,6 +38,7 @@ from service.shared_state import (
     build_dispatcher,
     build_prefix_share,
     build_tenant_store,
+    build_usage_log,
     close_tenant_store,
 )
 from service.startup import EXIT_ENVIRONMENT, StartupError
@@ -46,6 +47,7 @@ from service.telemetry.telemetry import Telemetry
 from service.tenant_directory import TenantDirectory
 from service.tls import server_credentials
 from service.tokenizer import load_tokenizer
+from service.usage_log import UsageLog, observer_factory
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,7 @@ class App:
         self._refresh: asyncio.Task[None] | None = None
         # The OpenAI-compatible HTTP front (settings.http_listen), when on.
         self.http: OpenAIFront | None = None
+        self.usage: UsageLog | None = None
 
     @property
     def address(self) -> str:
@@ -247,11 +250,14 @@ class App:
             ],
         )
         drain = Drain()
+        usage = build_usage_log(settings)
+        undo.push_async_callback(usage.aclose)
+        observers = (*telemetry.observers, observer_factory(usage))
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(
-            InferenceServicer(settings, models, telemetry, drain), server
+            InferenceServicer(settings, models, telemetry, drain, observers), server
         )
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(directory, models, settings.policy), server
+            AdminServicer(directory, models, settings.policy, usage), server
         )
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -288,8 +294,9 @@ class App:
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         app = cls(settings, server, engine, models, health, port, directory, telemetry, drain)
+        app.usage = usage
         if settings.http_listen:
-            app.http = OpenAIFront(settings, models, auth, telemetry, drain)
+            app.http = OpenAIFront(settings, models, auth, telemetry, drain, observers)
             undo.push_async_callback(app.http.stop)
             try:
                 await app.http.start()
@@ -355,6 +362,8 @@ class App:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.usage is not None:
+            await self.usage.aclose()  # the last records, written before the store closes
         for model in self.models:
             await model.dispatcher.aclose()  # a shared one hands Redis the last settlements
         if self.directory is not None:

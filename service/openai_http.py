@@ -43,6 +43,7 @@ from service.auth import Authenticator
 from service.drain import CUT_WAIT_S, Drain
 from service.engines.protocol import EngineError
 from service.generation import Delta, Generation, Outcome
+from service.lifecycle import ObserverFactory
 from service.models import ModelRegistry
 from service.openai_errors import http_error
 from service.openai_request import PRIORITY_HEADER, param_name, to_generate_request
@@ -98,6 +99,7 @@ class OpenAIFront:
         auth: Authenticator,
         telemetry: Telemetry,
         drain: Drain,
+        observers: Sequence[ObserverFactory] | None = None,
     ) -> None:
         host, _, port = settings.http_listen.rpartition(":")
         self.host = host.strip("[]") or "0.0.0.0"
@@ -107,6 +109,7 @@ class OpenAIFront:
         self.auth = auth
         self.telemetry = telemetry
         self.drain = drain
+        self.observers = telemetry.observers if observers is None else tuple(observers)
         self._runner: web.AppRunner | None = None
         self._ssl = server_ssl_context(settings)
 
@@ -220,7 +223,7 @@ class OpenAIFront:
                 deadline_s=None,
                 max_tokens_set=converted.request.sampling.HasField("max_tokens"),
                 prompt_field="messages" if chat else "prompt",
-                observers=self.telemetry.observers,
+                observers=self.observers,
                 drain=self.drain,
             )
         except (errors.ServiceError, SchedulingError) as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -21,6 +21,7 @@ from service.auth import current_identity
 from service.drain import Drain
 from service.engines.protocol import EngineError, FinishKind
 from service.generation import Delta, Generation, Outcome
+from service.lifecycle import ObserverFactory
 from service.models import ModelRegistry
 from service.ratelimit_headers import tenant_headers
 from service.settings import Settings
@@ -71,10 +72,13 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         models: ModelRegistry,
         telemetry: Telemetry | None = None,
         drain: Drain | None = None,
+        observers: Sequence[ObserverFactory] | None = None,
     ) -> None:
         self.settings = settings
         self.models = models
         self.telemetry = telemetry or Telemetry.disabled()
+        # What watches each generation: telemetry's, and the usage log's (app.py).
+        self.observers = self.telemetry.observers if observers is None else tuple(observers)
         # Shutdown (service/drain.py, applied in service/generation.py): fails
         # queued requests, cuts streams.
         self.drain = drain or Drain()
@@ -102,7 +106,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 deadline_s=received_s + remaining_s if remaining_s is not None else None,
                 max_tokens_set=request.sampling.HasField("max_tokens"),
                 prompt_field=request.WhichOneof("input") or "text",
-                observers=self.telemetry.observers,
+                observers=self.observers,
                 drain=self.drain,
             )
         except (errors.ServiceError, SchedulingError) as exc:

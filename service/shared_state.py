@@ -25,6 +25,7 @@ from scheduler.tenancy.tenants import TenantRegistry
 from service.engines.placement import Placement
 from service.engines.prefix_share import PrefixShare
 from service.settings import Settings
+from service.usage_log import MemoryUsageLog, RedisUsageLog, UsageLog
 
 log = logging.getLogger(__name__)
 
@@ -128,3 +129,15 @@ def build_prefix_share(settings: Settings, model_name: str, placement: Placement
     share = PrefixShare(client, stream, replica_id(), placement.learn)
     placement.on_routed = share.publish
     return share
+
+
+def build_usage_log(settings: Settings) -> UsageLog:
+    """The usage log billing reads (service/usage_log.py): a Redis stream every
+    replica writes with store=redis, else this process's memory."""
+    if settings.store != "redis":
+        return MemoryUsageLog()
+    usage = RedisUsageLog(
+        connect(settings.redis_url, timeout_s=settings.redis_timeout_s), settings.redis_prefix
+    )
+    usage.start()
+    return usage

@@ -103,3 +103,9 @@ class AdminClient:
     # -- usage ----------------------------------------------------------------
     def usage(self, tenant_ids: Sequence[str] = ()) -> apb.GetUsageResponse:
         return self._call(self._stub.GetUsage, apb.GetUsageRequest(tenant_ids=list(tenant_ids)))
+
+    def export_usage(self, cursor: str = "", limit: int = 0) -> apb.ExportUsageResponse:
+        """Usage-log records after `cursor` (billing); resume from `next_cursor`."""
+        return self._call(
+            self._stub.ExportUsage, apb.ExportUsageRequest(cursor=cursor, limit=limit)
+        )

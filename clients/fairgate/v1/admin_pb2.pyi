@@ -999,3 +999,106 @@ class GetUsageResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetUsageResponse: _TypeAlias = GetUsageResponse  # noqa: Y015
+
+@_typing.final
+class ExportUsageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CURSOR_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    cursor: _builtins.str
+    """Where the previous export ended (its `next_cursor`); empty: the log's start."""
+    limit: _builtins.int
+    """At most this many records (1-10000; 0: 1000)."""
+    def __init__(
+        self,
+        *,
+        cursor: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportUsageRequest: _TypeAlias = ExportUsageRequest  # noqa: Y015
+
+@_typing.final
+class UsageRecord(_message.Message):
+    """UsageRecord is one finished request as it was charged."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CURSOR_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    FINISH_REASON_FIELD_NUMBER: _builtins.int
+    FINISHED_AT_FIELD_NUMBER: _builtins.int
+    cursor: _builtins.str
+    """This record's position in the log (a Redis stream id with store=redis)."""
+    request_id: _builtins.str
+    tenant_id: _builtins.str
+    model: _builtins.str
+    prompt_tokens: _builtins.int
+    cached_tokens: _builtins.int
+    """Of the prompt tokens, those the engine had cached."""
+    completion_tokens: _builtins.int
+    finish_reason: _builtins.str
+    """stop, length, cancelled, error, ..."""
+    @_builtins.property
+    def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        cursor: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+        tenant_id: _builtins.str = ...,
+        model: _builtins.str = ...,
+        prompt_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
+        completion_tokens: _builtins.int = ...,
+        finish_reason: _builtins.str = ...,
+        finished_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "completion_tokens", b"completion_tokens", "cursor", b"cursor", "finish_reason", b"finish_reason", "finished_at", b"finished_at", "model", b"model", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UsageRecord: _TypeAlias = UsageRecord  # noqa: Y015
+
+@_typing.final
+class ExportUsageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDS_FIELD_NUMBER: _builtins.int
+    NEXT_CURSOR_FIELD_NUMBER: _builtins.int
+    DURABLE_FIELD_NUMBER: _builtins.int
+    next_cursor: _builtins.str
+    """Pass it as the next call's `cursor` (the same cursor when nothing is new)."""
+    durable: _builtins.bool
+    """False: the log lives in this server's memory only (store=memory), and is
+    lost when it stops.
+    """
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___UsageRecord]: ...
+    def __init__(
+        self,
+        *,
+        records: _abc.Iterable[Global___UsageRecord] | None = ...,
+        next_cursor: _builtins.str = ...,
+        durable: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["durable", b"durable", "next_cursor", b"next_cursor", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportUsageResponse: _TypeAlias = ExportUsageResponse  # noqa: Y015

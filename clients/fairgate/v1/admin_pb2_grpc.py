@@ -95,6 +95,11 @@ class AdminServiceStub:
                 request_serializer=fairgate_dot_v1_dot_admin__pb2.GetUsageRequest.SerializeToString,
                 response_deserializer=fairgate_dot_v1_dot_admin__pb2.GetUsageResponse.FromString,
                 _registered_method=True)
+        self.ExportUsage = channel.unary_unary(
+                '/fairgate.v1.AdminService/ExportUsage',
+                request_serializer=fairgate_dot_v1_dot_admin__pb2.ExportUsageRequest.SerializeToString,
+                response_deserializer=fairgate_dot_v1_dot_admin__pb2.ExportUsageResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -187,6 +192,16 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportUsage(self, request, context):
+        """ExportUsage reads the usage log: one record per finished request, oldest
+        first, from a cursor, for billing. With store=redis the log is a Redis
+        stream every replica writes to, so it outlives restarts and a consumer that
+        resumes from the last `next_cursor` sees each request exactly once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -249,6 +264,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetUsage,
                     request_deserializer=fairgate_dot_v1_dot_admin__pb2.GetUsageRequest.FromString,
                     response_serializer=fairgate_dot_v1_dot_admin__pb2.GetUsageResponse.SerializeToString,
+            ),
+            'ExportUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportUsage,
+                    request_deserializer=fairgate_dot_v1_dot_admin__pb2.ExportUsageRequest.FromString,
+                    response_serializer=fairgate_dot_v1_dot_admin__pb2.ExportUsageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -576,6 +596,33 @@ class AdminService:
             '/fairgate.v1.AdminService/GetUsage',
             fairgate_dot_v1_dot_admin__pb2.GetUsageRequest.SerializeToString,
             fairgate_dot_v1_dot_admin__pb2.GetUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairgate.v1.AdminService/ExportUsage',
+            fairgate_dot_v1_dot_admin__pb2.ExportUsageRequest.SerializeToString,
+            fairgate_dot_v1_dot_admin__pb2.ExportUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -68,6 +68,12 @@ class AdminServiceStub:
     """ListApiKeys lists keys (never their secrets)."""
     GetUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetUsageRequest, _admin_pb2.GetUsageResponse]
     """GetUsage reads live usage on this replica."""
+    ExportUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ExportUsageRequest, _admin_pb2.ExportUsageResponse]
+    """ExportUsage reads the usage log: one record per finished request, oldest
+    first, from a cursor, for billing. With store=redis the log is a Redis
+    stream every replica writes to, so it outlives restarts and a consumer that
+    resumes from the last `next_cursor` sees each request exactly once.
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -102,6 +108,12 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """ListApiKeys lists keys (never their secrets)."""
     GetUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetUsageRequest, _admin_pb2.GetUsageResponse]  # type: ignore[assignment]
     """GetUsage reads live usage on this replica."""
+    ExportUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.ExportUsageRequest, _admin_pb2.ExportUsageResponse]  # type: ignore[assignment]
+    """ExportUsage reads the usage log: one record per finished request, oldest
+    first, from a cursor, for billing. With store=redis the log is a Redis
+    stream every replica writes to, so it outlives restarts and a consumer that
+    resumes from the last `next_cursor` sees each request exactly once.
+    """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """AdminService manages tenants and their API keys, and reads live usage."""
@@ -205,5 +217,17 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.GetUsageResponse, _abc.Awaitable[_admin_pb2.GetUsageResponse]]:
         """GetUsage reads live usage on this replica."""
+
+    @_abc_1.abstractmethod
+    def ExportUsage(
+        self,
+        request: _admin_pb2.ExportUsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ExportUsageResponse, _abc.Awaitable[_admin_pb2.ExportUsageResponse]]:
+        """ExportUsage reads the usage log: one record per finished request, oldest
+        first, from a cursor, for billing. With store=redis the log is a Redis
+        stream every replica writes to, so it outlives restarts and a consumer that
+        resumes from the last `next_cursor` sees each request exactly once.
+        """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

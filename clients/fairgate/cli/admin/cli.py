@@ -29,6 +29,7 @@ from fairgate.cli.admin.conn import (
     shared,
 )
 from fairgate.cli.admin.tenant_args import FlagErrors, tenant_from_flags
+from fairgate.cli.admin.usage_export import usage_export
 
 admin_app = typer.Typer(
     no_args_is_help=True,
@@ -335,6 +336,9 @@ def _watch(conn: Conn, client: AdminClient, ids: list[str], interval: float, n: 
                 done += 1
     except KeyboardInterrupt:
         return
+
+
+admin_app.command("usage-export")(usage_export)
 
 
 # -- apply --------------------------------------------------------------------

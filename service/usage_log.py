@@ -1,0 +1,272 @@
+"""The usage log: one record per request that reached the engine, for billing.
+
+A lifecycle observer (service/lifecycle.py) takes each request's final usage
+when its engine stream ends (finished, failed or cancelled: what the engine
+served is what is billed) and appends a `UsageRecord` to the log; the admin API
+(`ExportUsage`) reads it from a cursor, oldest first. Never a step of the
+request: appending is a list append, the writes happen in the background.
+
+- `MemoryUsageLog` (store=memory): in this process, the last `max_records`;
+  lost when it stops (`durable` is False, and the export says so).
+- `RedisUsageLog` (store=redis): every replica appends to one Redis stream
+  (`<prefix>:{usage}:log`), batched every `flush_s`. Each record is written
+  once per request id (a `SET NX` marker beside it, kept `dedupe_ttl_s`, in the
+  same Lua call), so a batch retried after a lost reply is not counted twice.
+  While Redis is unreachable records wait in a bounded buffer and go when it is
+  back; what the buffer drops past `max_buffered` is counted and logged. The
+  stream survives restarts of fairgate; it survives a Redis restart as far as
+  Redis persists it (AOF `appendfsync everysec` loses at most a second of
+  records, docs/operations.md). A consumer that resumes from the last
+  `next_cursor` it stored sees each record exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from scheduler.redis_io import UNAVAILABLE, text
+
+if TYPE_CHECKING:
+    from scheduler.budget import AdmissionBudget
+    from scheduler.request import QueuedRequest
+    from service.engines.protocol import EngineRequest
+    from service.models import ServedModel
+
+log = logging.getLogger(__name__)
+
+MAX_EXPORT = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    request_id: str
+    tenant_id: str
+    model: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    # stop, length, cancelled, error; "incomplete": the stream ended without a
+    # result (the client left, or the engine failed before any output).
+    finish_reason: str
+    finished_at_s: float  # Unix time
+    cursor: str = ""  # its position in the log, once read back
+
+
+class UsageLog(Protocol):
+    durable: bool
+
+    def append(self, record: UsageRecord) -> None: ...
+
+    async def read(self, cursor: str, limit: int) -> tuple[list[UsageRecord], str]:
+        """Records after `cursor` ("" = from the start), oldest first, at most
+        `limit`; and the cursor to resume from."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class _Observer:
+    """One request's usage: taken when its engine stream ends, appended once the
+    code that ended it has run (its result's finish reason, if it has one)."""
+
+    wants_text = False
+
+    def __init__(self, usage: UsageLog, req: QueuedRequest, model: str) -> None:
+        self._usage, self._req, self._model = usage, req, model
+        self._counts = (0, 0, 0)
+        self._finish = "incomplete"
+
+    def admitted(self, engine_req: EngineRequest, budget: AdmissionBudget) -> None:
+        pass
+
+    def first_token(self) -> None:
+        pass
+
+    def text(self, text: str) -> None:
+        pass
+
+    def engine_ended(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int, retractions: int
+    ) -> None:
+        self._counts = (prompt_tokens, cached_tokens, completion_tokens)
+        # `settled` follows in the same step when the request gets a result; a
+        # request cancelled or failed before any output gets none.
+        asyncio.get_running_loop().call_soon(self._append)
+
+    def settled(self, finish_reason: str, failure: Exception | None) -> None:
+        self._finish = finish_reason
+
+    def _append(self) -> None:
+        prompt, cached, completion = self._counts
+        self._usage.append(
+            UsageRecord(
+                self._req.request_id,
+                self._req.tenant_id,
+                self._model,
+                prompt,
+                cached,
+                completion,
+                self._finish,
+                time.time(),
+            )
+        )
+
+
+def observer_factory(usage: UsageLog) -> Any:
+    """The lifecycle `ObserverFactory` that feeds `usage`."""
+
+    def observe(req: QueuedRequest, model: ServedModel, prompt: str | None) -> _Observer:
+        return _Observer(usage, req, model.name)
+
+    return observe
+
+
+class MemoryUsageLog:
+    """The last `max_records` records, in this process (cursor: a sequence number)."""
+
+    durable = False
+
+    def __init__(self, max_records: int = 100_000) -> None:
+        self._records: collections.deque[UsageRecord] = collections.deque(maxlen=max_records)
+        self._next = 1
+
+    def append(self, record: UsageRecord) -> None:
+        self._records.append(dataclasses.replace(record, cursor=str(self._next)))
+        self._next += 1
+
+    async def read(self, cursor: str, limit: int) -> tuple[list[UsageRecord], str]:
+        after = int(cursor or 0)
+        out = [r for r in self._records if int(r.cursor) > after][:limit]
+        return out, out[-1].cursor if out else cursor
+
+    async def aclose(self) -> None:
+        pass
+
+
+# KEYS[1]: the stream; ARGV[1]: the marker keys' prefix, ARGV[2]: their TTL (s);
+# then 8 values per record. Markers share the stream's {usage} hash tag (one slot).
+_APPEND = """
+local n = 0
+for i = 3, #ARGV, 8 do
+  if redis.call('SET', ARGV[1] .. ARGV[i], '1', 'NX', 'EX', ARGV[2]) then
+    redis.call('XADD', KEYS[1], '*', 'rid', ARGV[i], 'tenant', ARGV[i + 1],
+      'model', ARGV[i + 2], 'prompt', ARGV[i + 3], 'cached', ARGV[i + 4],
+      'completion', ARGV[i + 5], 'finish', ARGV[i + 6], 'at', ARGV[i + 7])
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+class RedisUsageLog:
+    """One Redis stream for the whole fleet (see the module's docstring)."""
+
+    durable = True
+
+    def __init__(
+        self,
+        client: Any,
+        prefix: str,
+        *,
+        flush_s: float = 0.05,
+        max_buffered: int = 100_000,
+        dedupe_ttl_s: int = 7 * 86_400,
+    ) -> None:
+        self.client = client
+        self.stream = f"{prefix}:{{usage}}:log"
+        self._marker = f"{prefix}:{{usage}}:rid:"
+        self.flush_s, self.max_buffered, self.dedupe_ttl_s = flush_s, max_buffered, dedupe_ttl_s
+        self._buffer: collections.deque[UsageRecord] = collections.deque()
+        self.dropped = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._warned = False
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="usage-log")
+
+    def append(self, record: UsageRecord) -> None:
+        if len(self._buffer) >= self.max_buffered:
+            self._buffer.popleft()
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                log.error("usage log: Redis unreachable, %d records dropped", self.dropped)
+        self._buffer.append(record)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not await self.flush():
+                await asyncio.sleep(1.0)  # Redis is down: try again, the buffer waits
+                self._wake.set()
+            await asyncio.sleep(self.flush_s)
+
+    async def flush(self) -> bool:
+        """Write what is buffered; False when Redis refused (nothing is lost)."""
+        while self._buffer:
+            batch = list(self._buffer)[:500]
+            args: list[Any] = [self._marker, self.dedupe_ttl_s]
+            for r in batch:
+                args += [r.request_id, r.tenant_id, r.model, r.prompt_tokens]
+                args += [r.cached_tokens, r.completion_tokens, r.finish_reason]
+                args.append(f"{r.finished_at_s:.3f}")
+            try:
+                await self.client.eval(_APPEND, 1, self.stream, *args)
+            except UNAVAILABLE as exc:
+                if not self._warned:
+                    log.warning("usage log: Redis unreachable, records wait: %s", exc)
+                    self._warned = True
+                return False
+            self._warned = False
+            for r in batch:  # the buffer may have dropped some meanwhile (max_buffered)
+                if self._buffer and self._buffer[0] is r:
+                    self._buffer.popleft()
+        return True
+
+    async def read(self, cursor: str, limit: int) -> tuple[list[UsageRecord], str]:
+        start = f"({cursor}" if cursor else "-"
+        rows = await self.client.xrange(self.stream, start, "+", count=limit)
+        out = []
+        for rid, fields in rows:
+            f = {text(k): text(v) for k, v in fields.items()}
+            out.append(
+                UsageRecord(
+                    f["rid"],
+                    f["tenant"],
+                    f["model"],
+                    int(f["prompt"]),
+                    int(f["cached"]),
+                    int(f["completion"]),
+                    f["finish"],
+                    float(f["at"]),
+                    text(rid),
+                )
+            )
+        return out, out[-1].cursor if out else cursor
+
+    async def aclose(self) -> None:
+        """Write what is left (a few seconds at most), stop, close the client."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(3.0):
+                for _ in range(15):  # Redis may be back within the 3 s
+                    if await self.flush():
+                        break
+                    await asyncio.sleep(0.2)
+        if self._buffer:
+            log.error("usage log: %d records not written at shutdown", len(self._buffer))
+        await self.client.aclose()
