@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from service.engines.breaker import BreakerPolicy
+from service.engines.factory import staged_prefill
 from service.engines.pool import WorkerPool
 from service.engines.protocol import Engine
 from service.engines.sglang_http import DEFAULT_VOCAB_SIZE, SglangHttpConfig, SglangHttpEngine
@@ -24,6 +25,7 @@ def build_sglang_http(settings: Settings) -> Engine:
             DEFAULT_VOCAB_SIZE,
         )
     pooled = len(urls) > 1
+    staged = staged_prefill(settings)  # per worker: a pool keeps the stages on one
 
     def one(url: str) -> SglangHttpEngine:
         return SglangHttpEngine(
@@ -36,6 +38,7 @@ def build_sglang_http(settings: Settings) -> Engine:
                 incremental_output=settings.sglang_incremental_output,
                 coalesce=settings.stream_coalesce,
                 coalesce_window_s=settings.stream_coalesce_window_ms / 1000,
+                staged_prefill=staged,
             )
         )
 

@@ -1,0 +1,148 @@
+"""Staged prefill: a long uncached prompt enters one engine as prefix stages.
+
+SGLang never preempts a chunked prefill under way, so on one engine a short
+request waits for every remaining chunk of a long prompt ahead of it. SGLang
+takes `max_new_tokens: 0` as prefill only and keeps the prompt in its radix
+cache (all of it: tests/sglang/test_staged_prefill.py), so a prompt of P tokens
+can go in as stages: the first S tokens, then the first 2S, ..., each
+prefill-only, and last the request itself, which finds the stages cached and
+prefills only the rest. Between two stages the engine's queue moves: a request
+that arrived meanwhile (a light tenant's) starts before the next stage.
+
+Stages go one after another through the same engine (`send`: one worker's
+single-request stream, so a pool keeps them all on the worker it picked), each
+under the request's id (an abort of the request reaches the stage under way)
+and, over HTTP, a fresh rid. A stage that finds less of the prompt cached than
+the stages before it put there (evicted in between) ends the staging: the rest
+goes in one request, as without staging. So does a stage the engine refuses;
+a worker that fails (retryable) fails the request as an unstaged one would, and
+an aborted stage ends the request with that abort.
+
+What is charged: the final request's `cached_tokens` include the stages', which
+are the tenant's own prefill work; `EngineChunk.staged_tokens` says how many, so
+that the fair counter charges them as prompt tokens (generation.py), never at
+the cheap cached rate: staging never makes a long prompt cheaper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from service.engines.protocol import (
+    EngineChunk,
+    EngineError,
+    EngineRequest,
+    FinishKind,
+    SamplingOptions,
+)
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[EngineRequest], AsyncGenerator[EngineChunk, None]]
+
+
+@dataclass(frozen=True, slots=True)
+class StagedPrefill:
+    """From which prompt length to stage, and each stage's size, in tokens."""
+
+    min_tokens: int = 0  # 0: off
+    stage_tokens: int = 2048
+    # fairgate's token ids are the engine's (an exact tokenizer, or token-id
+    # prompts only): a text prompt's stages are sent as ids, which must be a
+    # prefix of what the engine makes of the text.
+    exact_ids: bool = True
+
+    def __post_init__(self) -> None:
+        if self.min_tokens < 0 or self.stage_tokens < 1:
+            raise ValueError("staged prefill: min_tokens >= 0 and stage_tokens >= 1")
+
+    @property
+    def enabled(self) -> bool:
+        return self.min_tokens > 0
+
+    def stage_ends(self, req: EngineRequest) -> list[int]:
+        """The stages' lengths for `req` ([]: send it as it is)."""
+        n = req.prompt_tokens
+        if not self.enabled or n < self.min_tokens or req.max_tokens == 0:
+            return []
+        if req.prompt_text is not None and not self.exact_ids:
+            return []
+        return list(range(self.stage_tokens, n, self.stage_tokens))
+
+
+@dataclass(slots=True)
+class StagingStats:
+    """Counters an engine keeps over its staged requests."""
+
+    staged_requests: int = 0
+    stages: int = 0
+    # Stagings ended early: a stage found its predecessors evicted, or was refused.
+    evicted: int = 0
+    refused: int = 0
+
+
+async def staged(
+    send: Send,
+    req: EngineRequest,
+    ends: list[int],
+    stats: StagingStats,
+    page_tokens: int = 1,
+) -> AsyncGenerator[EngineChunk, None]:
+    """`req` through `send` in prefix stages ending at `ends`, then whole.
+
+    `page_tokens`: the engine's cache granularity (SGLang's page size): a stage
+    of k tokens is found again as k rounded down to it."""
+    stats.staged_requests += 1
+    ids = req.prompt_token_ids
+    held = 0  # prompt tokens the stages left in the engine's cache
+    computed = 0  # prompt tokens the stages prefilled
+    for end in ends:
+        stage = dataclasses.replace(
+            req,
+            prompt_token_ids=ids[:end],
+            prompt_text=None,
+            max_tokens=0,
+            sampling=SamplingOptions(),
+            prefix_keys=(),
+        )
+        try:
+            last = await _run(send, stage)
+        except EngineError as exc:
+            if exc.retryable:
+                raise  # the worker failed: as an unstaged request would
+            stats.refused += 1
+            log.info("staged prefill of %s: stage refused, sent whole: %s", req.request_id, exc)
+            break
+        stats.stages += 1
+        if last.finish is FinishKind.ABORT:
+            # Aborted (by fairgate's abort of the request, or by the engine): so is it.
+            last.prompt_tokens = req.prompt_tokens
+            yield last
+            return
+        computed += end - last.cached_tokens
+        evicted = last.cached_tokens < held - held % page_tokens
+        held = end
+        if evicted:
+            stats.evicted += 1
+            log.info("staged prefill of %s: stages evicted, the rest sent whole", req.request_id)
+            break
+    whole = dataclasses.replace(req, prompt_text=None) if held else req
+    async with aclosing(send(whole)) as stream:
+        async for chunk in stream:
+            chunk.staged_tokens = min(computed, chunk.cached_tokens)
+            yield chunk
+
+
+async def _run(send: Send, stage: EngineRequest) -> EngineChunk:
+    """One prefill-only stage to its end: its last chunk."""
+    last: EngineChunk | None = None
+    async with aclosing(send(stage)) as stream:
+        async for chunk in stream:
+            last = chunk
+    if last is None or last.finish is None:
+        raise EngineError("a prefill stage ended without a finish reason")
+    return last
