@@ -66,12 +66,52 @@ class StagedPrefill:
 
     def stage_ends(self, req: EngineRequest) -> list[int]:
         """The stages' lengths for `req` ([]: send it as it is)."""
-        n = req.prompt_tokens
-        if not self.enabled or n < self.min_tokens or req.max_tokens == 0:
-            return []
         if req.prompt_text is not None and not self.exact_ids:
             return []
-        return list(range(self.stage_tokens, n, self.stage_tokens))
+        return self.ends(req.prompt_tokens, req.max_tokens)
+
+    def ends(self, prompt_tokens: int, max_tokens: int) -> list[int]:
+        """The stages' lengths for a token-id prompt of `prompt_tokens`."""
+        if not self.enabled or prompt_tokens < self.min_tokens or max_tokens == 0:
+            return []
+        return list(range(self.stage_tokens, prompt_tokens, self.stage_tokens))
+
+
+class Staging:
+    """One request's staging as it goes: the next stage, and what each stage found.
+
+    `page_tokens`: the engine's cache granularity (SGLang's page size): a stage
+    of k tokens is found again as k rounded down to it."""
+
+    __slots__ = ("computed", "ends", "held", "page_tokens")
+
+    def __init__(self, ends: list[int], page_tokens: int = 1) -> None:
+        self.ends = list(reversed(ends))
+        self.page_tokens = page_tokens
+        self.held = 0  # prompt tokens the stages left in the engine's cache
+        self.computed = 0  # prompt tokens the stages prefilled
+
+    def next_end(self) -> int | None:
+        """The next stage's length; None: send the request whole."""
+        return self.ends[-1] if self.ends else None
+
+    def stage_done(self, cached_tokens: int) -> bool:
+        """The next stage found `cached_tokens` of its prefix cached; False when that
+        is less than the stages before it left (evicted): no more stages."""
+        end = self.ends.pop()
+        self.computed += end - cached_tokens
+        evicted = cached_tokens < self.held - self.held % self.page_tokens
+        self.held = end
+        if evicted:
+            self.ends.clear()
+        return not evicted
+
+    def stop(self) -> None:
+        self.ends.clear()
+
+    def staged_tokens(self, cached_tokens: int) -> int:
+        """Of the whole request's `cached_tokens`, those its stages prefilled."""
+        return min(self.computed, cached_tokens)
 
 
 @dataclass(slots=True)
@@ -92,18 +132,13 @@ async def staged(
     stats: StagingStats,
     page_tokens: int = 1,
 ) -> AsyncGenerator[EngineChunk, None]:
-    """`req` through `send` in prefix stages ending at `ends`, then whole.
-
-    `page_tokens`: the engine's cache granularity (SGLang's page size): a stage
-    of k tokens is found again as k rounded down to it."""
+    """`req` through `send` in prefix stages ending at `ends`, then whole."""
     stats.staged_requests += 1
-    ids = req.prompt_token_ids
-    held = 0  # prompt tokens the stages left in the engine's cache
-    computed = 0  # prompt tokens the stages prefilled
-    for end in ends:
+    staging = Staging(ends, page_tokens)
+    while (end := staging.next_end()) is not None:
         stage = dataclasses.replace(
             req,
-            prompt_token_ids=ids[:end],
+            prompt_token_ids=req.prompt_token_ids[:end],
             prompt_text=None,
             max_tokens=0,
             sampling=SamplingOptions(),
@@ -115,6 +150,7 @@ async def staged(
             if exc.retryable:
                 raise  # the worker failed: as an unstaged request would
             stats.refused += 1
+            staging.stop()
             log.info("staged prefill of %s: stage refused, sent whole: %s", req.request_id, exc)
             break
         stats.stages += 1
@@ -123,17 +159,13 @@ async def staged(
             last.prompt_tokens = req.prompt_tokens
             yield last
             return
-        computed += end - last.cached_tokens
-        evicted = last.cached_tokens < held - held % page_tokens
-        held = end
-        if evicted:
+        if not staging.stage_done(last.cached_tokens):
             stats.evicted += 1
             log.info("staged prefill of %s: stages evicted, the rest sent whole", req.request_id)
-            break
-    whole = dataclasses.replace(req, prompt_text=None) if held else req
+    whole = dataclasses.replace(req, prompt_text=None) if staging.held else req
     async with aclosing(send(whole)) as stream:
         async for chunk in stream:
-            chunk.staged_tokens = min(computed, chunk.cached_tokens)
+            chunk.staged_tokens = staging.staged_tokens(chunk.cached_tokens)
             yield chunk
 
 

@@ -41,7 +41,14 @@ from scheduler.timers import ManualTimers
 from service.engines.protocol import SamplingOptions
 from service.engines.router import Router
 from service.engines.routing import Routing, fullness
-from service.engines.simulator.core import SimConfig, SimCore, SimRequest, StepResult
+from service.engines.simulator.core import (
+    Emission,
+    SimConfig,
+    SimCore,
+    SimRequest,
+    StepResult,
+)
+from service.engines.staged_prefill import StagedPrefill, Staging
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +92,11 @@ class _Call:
     cached_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
     sim_req: SimRequest | None = None
+    # Staged prefill (as the engine adapters do it): its progress, the engine
+    # priority its stages and itself go with, and the stage under way.
+    staging: Staging | None = None
+    engine_priority: int = 0
+    stage_req: SimRequest | None = None
 
     def wanted(self) -> bool:
         return not self.gone
@@ -172,6 +184,7 @@ class Driver:
         allowance: float = 0.0,
         engines: int = 1,
         routing: Routing | None = None,
+        staged_prefill: StagedPrefill | None = None,
     ) -> None:
         self.clock = clock or FakeClock()
         self.timers = ManualTimers(self.clock)
@@ -218,6 +231,8 @@ class Driver:
         self.batch_streak: dict[str, int] = defaultdict(int)
         self.max_batch_streak = 0
         self.steps = 0
+        self.staged_prefill = staged_prefill or StagedPrefill()
+        self._stages: dict[str, _Call] = {}  # stage rid -> its request
 
     @property
     def core(self) -> SimCore:
@@ -358,7 +373,6 @@ class Driver:
             call = self._to_start.pop()
             if call.state != "running":
                 continue
-            sampling = SamplingOptions(ignore_eos=False)
             batch = call.req.priority is Priority.BATCH
             tiers_of = call.req.prompt_tokens if self._tiered else None
             priority = engine_priority(
@@ -388,31 +402,74 @@ class Driver:
             w = self.workers[call.worker]
             w.in_flight += 1
             w.kv_in_flight += call.req.kv_tokens
-            sim_req = w.core.make_request(
-                call.req.request_id, call.prompt_ids, call.req.max_tokens, sampling, priority
-            )
-            w.core.add(sim_req)
-            call.sim_req = sim_req
+            call.engine_priority = priority
             self._running[call.req.request_id] = call
+            ends = self.staged_prefill.ends(call.req.prompt_tokens, call.req.max_tokens)
+            if ends:
+                call.staging = Staging(ends)
+                self._send_stage(call)
+            else:
+                self._send_whole(call)
+
+    def _send_whole(self, call: _Call) -> None:
+        core = self.workers[call.worker].core
+        sampling = SamplingOptions(ignore_eos=False)
+        sim_req = core.make_request(
+            call.req.request_id,
+            call.prompt_ids,
+            call.req.max_tokens,
+            sampling,
+            call.engine_priority,
+        )
+        core.add(sim_req)
+        call.sim_req = sim_req
+
+    def _send_stage(self, call: _Call) -> None:
+        """The next prefill-only stage, or the request whole (staged_prefill.py)."""
+        assert call.staging is not None
+        end = call.staging.next_end()
+        if end is None:
+            call.stage_req = None
+            self._send_whole(call)
+            return
+        core = self.workers[call.worker].core
+        rid = f"{call.req.request_id}/stage-{end}"
+        call.stage_req = core.make_request(
+            rid, call.prompt_ids[:end], 0, SamplingOptions(), call.engine_priority
+        )
+        core.add(call.stage_req)
+        self._stages[rid] = call
+
+    def _stage_ended(self, call: _Call, em: Emission) -> None:
+        assert call.staging is not None and call.stage_req is not None
+        del self._stages[em.rid]
+        call.staging.stage_done(call.stage_req.cached_tokens)
+        self._send_stage(call)
 
     def _first_token(self, call: _Call) -> None:
         """Its prefill is done: the engine says what it had cached."""
         assert call.sim_req is not None
         cached = call.cached_tokens = call.sim_req.cached_tokens
+        # Its own stages' prefill is charged as prompt tokens (generation.py does the same).
+        charged_cached = cached - (call.staging.staged_tokens(cached) if call.staging else 0)
         if self.router is not None:
             self.router.streamed(
                 call.worker, call.pending, call.matched, call.req.prompt_tokens, cached
             )
             call.pending = 0
         est = call.req.cached_estimate
-        short = cached_shortfall(self.w_in, self.w_cached, est, cached, 1.0)
+        short = cached_shortfall(self.w_in, self.w_cached, est, charged_cached, 1.0)
         self.monitor.service[call.req.tenant_id] += short
-        self.dispatcher.on_cached_tokens(call.req, cached)
+        self.dispatcher.on_cached_tokens(call.req, charged_cached)
 
     def _end(self, call: _Call) -> None:
         """The request leaves the engine: done, cancelled or failed."""
         w = self.workers[call.worker]
         w.core.abort(call.req.request_id)
+        if call.stage_req is not None:  # ended during a stage: that is aborted too
+            w.core.abort(call.stage_req.rid)
+            self._stages.pop(call.stage_req.rid, None)
+            call.stage_req = None
         w.in_flight -= 1
         w.kv_in_flight -= call.req.kv_tokens
         if self.router is not None:
@@ -452,6 +509,10 @@ class Driver:
             result, w.step = w.step, None
             assert result is not None
             for em in result.emissions:
+                staged = self._stages.get(em.rid)
+                if staged is not None:
+                    self._stage_ended(staged, em)
+                    continue
                 call = self._running.get(em.rid)
                 if call is None:
                     continue  # cancelled during the step
