@@ -240,6 +240,11 @@ class Settings(BaseSettings):
         "Staged prefill: tokens added by each stage (the engine's prefill chunk or less).",
         ge=1,
     )
+    staged_prefill_one_at_a_time: bool = _s(
+        True,
+        "Staged prefill: one staged prompt at a time per engine, from its first stage to its "
+        "first token (a prefill step then carries one stage, not one from each long prompt).",
+    )
     # -- admission and fairness -----------------------------------------------------
     kv_target_fraction: float = _s(
         0.9,

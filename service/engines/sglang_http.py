@@ -47,7 +47,7 @@ from service.engines.sglang_chunks import (
     priority_options,
     sampling_params,
 )
-from service.engines.staged_prefill import StagedPrefill, StagingStats, staged
+from service.engines.staged_prefill import StagedPrefill, StageLane, StagingStats, staged
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,7 @@ class SglangHttpEngine:
         self._rids: dict[str, str] = {}  # request id -> SGLang rid of its live attempt
         self.in_flight = 0
         self.staging = StagingStats()
+        self.stage_lane = StageLane()
         # The radix cache's granularity (SGLang's page_size), for staged prefill.
         self.page_tokens = 1
         # /generate streams: no sock_read (a timer re-created per read); ReadWatchdog instead.
@@ -199,7 +200,8 @@ class SglangHttpEngine:
     def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
         ends = self.config.staged_prefill.stage_ends(req)
         if ends:
-            return staged(self._generate_one, req, ends, self.staging, self.page_tokens)
+            lane = self.stage_lane if self.config.staged_prefill.one_at_a_time else None
+            return staged(self._generate_one, req, ends, self.staging, self.page_tokens, lane)
         return self._generate_one(req)
 
     async def _generate_one(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:

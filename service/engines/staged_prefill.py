@@ -26,6 +26,7 @@ the cheap cached rate: staging never makes a long prompt cheaper.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncGenerator, Callable
@@ -55,6 +56,10 @@ class StagedPrefill:
     # prompts only): a text prompt's stages are sent as ids, which must be a
     # prefix of what the engine makes of the text.
     exact_ids: bool = True
+    # One staged request at a time per engine (from its first stage to its first
+    # token): the engine's prefill steps then carry at most one stage of long
+    # prompts, not a chunk filled from every long prompt queued there.
+    one_at_a_time: bool = True
 
     def __post_init__(self) -> None:
         if self.min_tokens < 0 or self.stage_tokens < 1:
@@ -125,48 +130,79 @@ class StagingStats:
     refused: int = 0
 
 
+class StageLane:
+    """An engine's lane for staged requests (`StagedPrefill.one_at_a_time`): held
+    by one staged request from its first stage to its first token, FIFO."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()  # FIFO among waiters
+
+    async def acquire(self) -> None:
+        await self._lock.acquire()
+
+    def release(self) -> None:
+        self._lock.release()
+
+
 async def staged(
     send: Send,
     req: EngineRequest,
     ends: list[int],
     stats: StagingStats,
     page_tokens: int = 1,
+    lane: StageLane | None = None,
 ) -> AsyncGenerator[EngineChunk, None]:
-    """`req` through `send` in prefix stages ending at `ends`, then whole."""
+    """`req` through `send` in prefix stages ending at `ends`, then whole; with a
+    `lane`, only once it holds it, until its first token."""
     stats.staged_requests += 1
     staging = Staging(ends, page_tokens)
-    while (end := staging.next_end()) is not None:
-        stage = dataclasses.replace(
-            req,
-            prompt_token_ids=req.prompt_token_ids[:end],
-            prompt_text=None,
-            max_tokens=0,
-            sampling=SamplingOptions(),
-            prefix_keys=(),
-        )
-        try:
-            last = await _run(send, stage)
-        except EngineError as exc:
-            if exc.retryable:
-                raise  # the worker failed: as an unstaged request would
-            stats.refused += 1
-            staging.stop()
-            log.info("staged prefill of %s: stage refused, sent whole: %s", req.request_id, exc)
-            break
-        stats.stages += 1
-        if last.finish is FinishKind.ABORT:
-            # Aborted (by fairgate's abort of the request, or by the engine): so is it.
-            last.prompt_tokens = req.prompt_tokens
-            yield last
-            return
-        if not staging.stage_done(last.cached_tokens):
-            stats.evicted += 1
-            log.info("staged prefill of %s: stages evicted, the rest sent whole", req.request_id)
-    whole = dataclasses.replace(req, prompt_text=None) if staging.held else req
-    async with aclosing(send(whole)) as stream:
-        async for chunk in stream:
-            chunk.staged_tokens = staging.staged_tokens(chunk.cached_tokens)
-            yield chunk
+    held = False
+    try:
+        if lane is not None:
+            await lane.acquire()
+            held = True
+        while (end := staging.next_end()) is not None:
+            stage = dataclasses.replace(
+                req,
+                prompt_token_ids=req.prompt_token_ids[:end],
+                prompt_text=None,
+                max_tokens=0,
+                sampling=SamplingOptions(),
+                prefix_keys=(),
+            )
+            try:
+                last = await _run(send, stage)
+            except EngineError as exc:
+                if exc.retryable:
+                    raise  # the worker failed: as an unstaged request would
+                stats.refused += 1
+                staging.stop()
+                log.info("staged prefill of %s: stage refused, sent whole: %s", req.request_id, exc)
+                break
+            stats.stages += 1
+            if last.finish is FinishKind.ABORT:
+                # Aborted (by fairgate's abort of the request, or by the engine): so is it.
+                last.prompt_tokens = req.prompt_tokens
+                yield last
+                return
+            if not staging.stage_done(last.cached_tokens):
+                stats.evicted += 1
+                log.info(
+                    "staged prefill of %s: stages evicted, the rest sent whole", req.request_id
+                )
+        whole = dataclasses.replace(req, prompt_text=None) if staging.held else req
+        async with aclosing(send(whole)) as stream:
+            async for chunk in stream:
+                if held and lane is not None:  # its prefill is done: the next one's turn
+                    held = False
+                    lane.release()
+                chunk.staged_tokens = staging.staged_tokens(chunk.cached_tokens)
+                yield chunk
+    finally:
+        if held and lane is not None:
+            lane.release()
 
 
 async def _run(send: Send, stage: EngineRequest) -> EngineChunk:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from fairgate.bench.workload import distinct_prompt_ids
@@ -150,6 +150,10 @@ class _Worker:
     # The step under way and when it ends (None: not stepping).
     step: StepResult | None = None
     end_s: float = 0.0
+    # Staged prefill's lane: the staged request whose stages go in now, and those
+    # waiting for it (staged_prefill.StageLane).
+    lane: _Call | None = None
+    lane_queue: deque[_Call] = field(default_factory=deque)
 
     def load(self, now_s: float, kv_tokens: int = 0, requests: int = 0) -> float:
         cfg = self.core.config
@@ -407,7 +411,11 @@ class Driver:
             ends = self.staged_prefill.ends(call.req.prompt_tokens, call.req.max_tokens)
             if ends:
                 call.staging = Staging(ends)
-                self._send_stage(call)
+                if w.lane is None or not self.staged_prefill.one_at_a_time:
+                    w.lane = call
+                    self._send_stage(call)
+                else:
+                    w.lane_queue.append(call)
             else:
                 self._send_whole(call)
 
@@ -440,6 +448,17 @@ class Driver:
         core.add(call.stage_req)
         self._stages[rid] = call
 
+    def _lane_free(self, call: _Call) -> None:
+        """`call` no longer holds its worker's lane (its first token, or it ended)."""
+        w = self.workers[call.worker]
+        if call in w.lane_queue:
+            w.lane_queue.remove(call)
+        if w.lane is not call:
+            return
+        w.lane = w.lane_queue.popleft() if w.lane_queue else None
+        if w.lane is not None:
+            self._send_stage(w.lane)
+
     def _stage_ended(self, call: _Call, em: Emission) -> None:
         assert call.staging is not None and call.stage_req is not None
         del self._stages[em.rid]
@@ -450,6 +469,8 @@ class Driver:
         """Its prefill is done: the engine says what it had cached."""
         assert call.sim_req is not None
         cached = call.cached_tokens = call.sim_req.cached_tokens
+        if call.staging is not None:
+            self._lane_free(call)
         # Its own stages' prefill is charged as prompt tokens (generation.py does the same).
         charged_cached = cached - (call.staging.staged_tokens(cached) if call.staging else 0)
         if self.router is not None:
@@ -470,6 +491,8 @@ class Driver:
             w.core.abort(call.stage_req.rid)
             self._stages.pop(call.stage_req.rid, None)
             call.stage_req = None
+        if call.staging is not None:
+            self._lane_free(call)
         w.in_flight -= 1
         w.kv_in_flight -= call.req.kv_tokens
         if self.router is not None:

@@ -72,8 +72,10 @@ class Policy:
     name: str
     reserve_fraction: float | None = None
     isolation: str | None = None
-    # Staged prefill with stages of this many tokens (None: off).
+    # Staged prefill with stages of this many tokens (None: off), one staged
+    # prompt at a time per engine unless `stages_free`.
     stage_tokens: int | None = None
+    stages_free: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> Policy:
@@ -93,23 +95,29 @@ class Policy:
             raise ValueError(f"{spec!r}: the reserve fraction must be in [0, 1)")
         return cls(name, fraction, isolation or None)
 
-    def staged(self, stage_tokens: int) -> Policy:
-        """The same policy with staged prefill: prompts longer than one stage go in
-        stages of `stage_tokens`."""
-        return dataclasses.replace(self, stage_tokens=stage_tokens)
+    def staged(self, spec: str) -> Policy:
+        """The same policy with staged prefill: `N` (prompts longer than one stage go
+        in stages of N tokens, one such prompt at a time) or `N:free` (all at once)."""
+        size, _, mode = spec.strip().partition(":")
+        if not size.isdigit() or int(size) < 1 or mode not in ("", "free"):
+            raise ValueError(f"{spec!r}: a stage size is N or N:free, N a positive integer")
+        return dataclasses.replace(self, stage_tokens=int(size), stages_free=mode == "free")
 
     @property
     def label(self) -> str:
         label = self.name if self.isolation is None else f"{self.name}:{self.isolation}"
         if self.reserve_fraction is not None:
             label = f"{label}@{self.reserve_fraction:g}"
-        return label if self.stage_tokens is None else f"{label} st{self.stage_tokens}"
+        if self.stage_tokens is None:
+            return label
+        return f"{label} st{self.stage_tokens}" + (":free" if self.stages_free else "")
 
     def settings(self) -> dict[str, object]:
         out: dict[str, object] = {}
         if self.stage_tokens is not None:
             out["staged_prefill_min_tokens"] = self.stage_tokens
             out["staged_prefill_stage_tokens"] = self.stage_tokens
+            out["staged_prefill_one_at_a_time"] = not self.stages_free
         # The baselines run as the engine would alone: no fair-share reserve.
         if self.name != "vtc":
             return {**out, "policy": self.name, "fair_reserve_fraction": 0, "fair_lend_fraction": 0}

@@ -330,8 +330,9 @@ def bench_fairness(
     staged_prefill: Annotated[
         str,
         typer.Option(
-            help="stage sizes in tokens, e.g. 1024,2048: each vtc policy runs again with "
-            "staged prefill in stages of that size (prompts longer than one stage)"
+            help="stage sizes in tokens, e.g. 1024,2048,1024:free: each vtc policy runs "
+            "again with staged prefill in stages of that size (prompts longer than one "
+            "stage; one at a time per engine, or all at once with :free)"
         ),
     ] = "",
 ) -> None:
@@ -345,13 +346,11 @@ def bench_fairness(
         chosen = tuple(Policy.parse(p) for p in policies.split(",") if p.strip())
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--policies") from None
+    sizes = [x for x in staged_prefill.split(",") if x.strip()]
     try:
-        sizes = [int(x) for x in staged_prefill.split(",") if x.strip()]
-    except ValueError:
-        sizes = [0]
-    if any(n < 1 for n in sizes):
-        raise typer.BadParameter("stage sizes are positive integers", param_hint="--staged-prefill")
-    chosen += tuple(p.staged(n) for n in sizes for p in chosen if p.name == "vtc")
+        chosen += tuple(p.staged(n) for n in sizes for p in chosen if p.name == "vtc")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--staged-prefill") from None
     known = scenario_table(seconds)
     if not scenarios or any(k not in known for k in scenarios):
         raise typer.BadParameter(f"use keys among {''.join(known)}", param_hint="--scenarios")

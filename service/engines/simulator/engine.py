@@ -22,7 +22,7 @@ from service.engines.protocol import (
     FinishKind,
 )
 from service.engines.simulator.core import NO_TOKEN, Emission, QueueFull, SimConfig, SimCore
-from service.engines.staged_prefill import StagedPrefill, StagingStats, staged
+from service.engines.staged_prefill import StagedPrefill, StageLane, StagingStats, staged
 
 
 class _Channel:
@@ -82,6 +82,7 @@ class SimulatedEngine:
         # Long prompts in prefix stages, prefill-only (staged_prefill.py).
         self.staged_prefill = staged_prefill or StagedPrefill()
         self.staging = StagingStats()
+        self.stage_lane = StageLane()
         self.stats = SimStats()
         self._channels: dict[str, _Channel] = {}
         self._wake = asyncio.Event()
@@ -169,7 +170,8 @@ class SimulatedEngine:
     def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
         ends = self.staged_prefill.stage_ends(req)
         if ends:
-            return staged(self._generate_one, req, ends, self.staging)
+            lane = self.stage_lane if self.staged_prefill.one_at_a_time else None
+            return staged(self._generate_one, req, ends, self.staging, lane=lane)
         return self._generate_one(req)
 
     async def _generate_one(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:

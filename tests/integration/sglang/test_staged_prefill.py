@@ -99,3 +99,26 @@ async def test_a_client_leaving_during_a_stage_aborts_it_and_sends_no_more(
     )
     await assert_no_sglang_leaks(app, stand_in)
     assert _sent(stand_in) == [(4096, 0)]  # no final request
+
+
+@pytest.mark.parametrize("one_at_a_time", [True, False])
+async def test_one_staged_prompt_at_a_time_per_engine(
+    start_server: StartServer, start_sim: StartSim, one_at_a_time: bool
+) -> None:
+    """With the lane, a second long prompt's stages start once the first one has
+    its first token: the engine's steps carry one stage, not one from each."""
+    stand_in = await start_sim(time_scale=0.5)
+    settings = {**STAGED, "staged_prefill_one_at_a_time": one_at_a_time}
+    app = await start_server(**sglang_settings(stand_in, **settings))
+    a, b = [5, *range(200, 2199)], [6, *range(200, 2199)]  # 2000 tokens each, no shared prefix
+    async with AsyncClient(app.address) as c:
+        done = await asyncio.gather(
+            c.complete(a, max_tokens=4, ignore_eos=True),
+            c.complete(b, max_tokens=4, ignore_eos=True),
+        )
+    assert [d.result.usage.cached_tokens for d in done] == [1536, 1536]
+    firsts = [body["input_ids"][0] for body in stand_in.record.requests]
+    assert sorted(firsts) == [5] * 4 + [6] * 4
+    grouped = firsts in ([5] * 4 + [6] * 4, [6] * 4 + [5] * 4)
+    assert grouped is one_at_a_time
+    await assert_no_sglang_leaks(app, stand_in)
