@@ -59,6 +59,8 @@ from service.settings import ISOLATIONS, Settings
 W_IN, W_OUT = 1.0, 2.0
 MODEL = "llama-3.1-8b-int4"
 POLICIES = ("fcfs", "rate-limit", "vtc")
+# The simulated engine's prefill chunk (Settings.sim_chunked_prefill_tokens).
+CHUNK_TOKENS = 2048
 SOLO = "victim solo"
 
 
@@ -96,8 +98,9 @@ class Policy:
         return cls(name, fraction, isolation or None)
 
     def staged(self, spec: str) -> Policy:
-        """The same policy with staged prefill: `N` (prompts longer than one stage go
-        in stages of N tokens, one such prompt at a time) or `N:free` (all at once)."""
+        """The same policy with staged prefill: `N` (prompts longer than one prefill
+        chunk go in stages of N tokens, one such prompt at a time) or `N:free` (all
+        at once)."""
         size, _, mode = spec.strip().partition(":")
         if not size.isdigit() or int(size) < 1 or mode not in ("", "free"):
             raise ValueError(f"{spec!r}: a stage size is N or N:free, N a positive integer")
@@ -115,7 +118,8 @@ class Policy:
     def settings(self) -> dict[str, object]:
         out: dict[str, object] = {}
         if self.stage_tokens is not None:
-            out["staged_prefill_min_tokens"] = self.stage_tokens
+            # Prompts longer than one prefill chunk: a shorter one is one step anyway.
+            out["staged_prefill_min_tokens"] = CHUNK_TOKENS + 1
             out["staged_prefill_stage_tokens"] = self.stage_tokens
             out["staged_prefill_one_at_a_time"] = not self.stages_free
         # The baselines run as the engine would alone: no fair-share reserve.

@@ -217,6 +217,16 @@ def scenarios(seconds: float) -> dict[str, Scenario]:
             },
             victim="light",
         ),
+        # The same below overload: what the long prompts' own latency pays for it.
+        "i": Scenario(
+            "i",
+            "long prompts up to 6k at 60% load beside a light chat tenant, one engine",
+            {
+                "long": _steady("rag", 1, 0.6 * SHAPES["rag"].capacity_rps, s),
+                "light": _steady("chat", 1, victim_rps, s),
+            },
+            victim="light",
+        ),
         "f": Scenario(
             "f",
             "light chat victim (1/10 capacity) beside two flooders at 20x its rate",

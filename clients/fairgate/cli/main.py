@@ -297,7 +297,7 @@ def bench_http_overhead(
 
 @bench_app.command("fairness")
 def bench_fairness(
-    scenarios: Annotated[str, typer.Option(help="scenario keys among a-h")] = "abcdef",
+    scenarios: Annotated[str, typer.Option(help="scenario keys among a-i")] = "abcdef",
     seconds: Annotated[float, typer.Option(help="simulated seconds per run")] = 30.0,
     time_scale: Annotated[float, typer.Option(help="simulator time scale")] = 0.5,
     seed: Annotated[int, typer.Option(help="arrival trace seed")] = 1,
