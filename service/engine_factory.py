@@ -7,6 +7,7 @@ from service.engines.sglang_chunks import SGLANG_PREEMPTION_THRESHOLD
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.engine import SimulatedEngine
 from service.engines.simulator.hardware import preset
+from service.engines.staged_prefill import StagedPrefill
 from service.settings import Settings
 
 
@@ -27,15 +28,29 @@ def build_engine(settings: Settings) -> tuple[Engine, str]:
             ),
         )
         engine = SimulatedEngine(
-            config, time_scale=settings.sim_time_scale, coalesce=settings.stream_coalesce
+            config,
+            time_scale=settings.sim_time_scale,
+            coalesce=settings.stream_coalesce,
+            staged_prefill=staged_prefill(settings),
         )
         return engine, settings.model_name or cost.model.name
     if settings.engine == "sglang-http":
         from service.sglang_factory import build_sglang_http
 
-        return build_sglang_http(settings), settings.model_name
+        return build_sglang_http(settings, staged_prefill(settings)), settings.model_name
     if settings.engine == "sglang":
         from service.sglang_inproc_build import build_sglang_inproc
 
         return build_sglang_inproc(settings), settings.model_name
     raise ValueError(f"unknown engine {settings.engine!r}")
+
+
+def staged_prefill(settings: Settings) -> StagedPrefill:
+    """Staged prefill from settings; text prompts only with an exact tokenizer (the
+    stages go as token ids, which must be a prefix of the engine's tokenization)."""
+    return StagedPrefill(
+        min_tokens=settings.staged_prefill_min_tokens,
+        stage_tokens=settings.staged_prefill_stage_tokens,
+        one_at_a_time=settings.staged_prefill_one_at_a_time,
+        exact_ids=settings.engine == "simulator" or bool(settings.tokenizer_path),
+    )

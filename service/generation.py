@@ -166,7 +166,8 @@ class Generation:
                         prompt_tokens = chunk.prompt_tokens or prompt_tokens
                         if first_token_s is None and (chunk.text or chunk.token_ids):
                             # What the engine had cached: admission charged an estimate.
-                            ticket.cached(chunk.cached_tokens)
+                            # Its own stages' prefill is charged in full (staged_prefill.py).
+                            ticket.cached(chunk.cached_tokens - chunk.staged_tokens)
                         cached_tokens = chunk.cached_tokens
                         retractions = max(retractions, chunk.retractions)
                         if chunk.text or chunk.token_ids:

@@ -240,6 +240,23 @@ class Settings(BaseSettings):
     capacity_refresh_s: float = _s(
         2.0, "How often admission limits are re-read from the engine's capacity.", gt=0
     )
+    staged_prefill_min_tokens: int = _s(
+        0,
+        "Staged prefill (simulator, sglang-http): a prompt of at least this many tokens "
+        "enters its engine as prefill-only prefix stages, so that short requests start "
+        "between them (0: off).",
+        ge=0,
+    )
+    staged_prefill_stage_tokens: int = _s(
+        2048,
+        "Staged prefill: tokens added by each stage (the engine's prefill chunk or less).",
+        ge=1,
+    )
+    staged_prefill_one_at_a_time: bool = _s(
+        True,
+        "Staged prefill: one staged prompt at a time per engine, from its first stage to its "
+        "first token (a prefill step then carries one stage, not one from each long prompt).",
+    )
     # -- admission and fairness -----------------------------------------------------
     kv_target_fraction: float = _s(
         0.9,

@@ -79,6 +79,11 @@ def rule_problems(s: Settings) -> list[tuple[tuple[str, ...], str]]:
         "sglang_urls must be http:// or https:// URLs",
     )
     need(
+        s.engine != "sglang" or s.staged_prefill_min_tokens == 0,
+        ("engine", "staged_prefill_min_tokens"),
+        "staged prefill runs with engine simulator or sglang-http (not in-process yet)",
+    )
+    need(
         s.engine != "sglang" or bool(s.sglang_model_path),
         ("engine", "sglang_model_path"),
         "engine sglang needs sglang_model_path",

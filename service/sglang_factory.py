@@ -9,12 +9,15 @@ from service.engines.placement import Stagger
 from service.engines.pool import WorkerPool
 from service.engines.protocol import Engine
 from service.engines.sglang_http import DEFAULT_VOCAB_SIZE, SglangHttpConfig, SglangHttpEngine
+from service.engines.staged_prefill import StagedPrefill
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def build_sglang_http(settings: Settings) -> Engine:
+def build_sglang_http(settings: Settings, staged: StagedPrefill) -> Engine:
+    """`staged`: staged prefill (engine_factory.staged_prefill), per worker: a pool
+    keeps a request's stages on one."""
     urls = [u.strip() for u in settings.sglang_urls.split(",") if u.strip()]
     if not settings.tokenizer_path:
         # SGLang's HTTP API does not say its vocabulary; one id past it kills the server.
@@ -37,6 +40,7 @@ def build_sglang_http(settings: Settings) -> Engine:
                 incremental_output=settings.sglang_incremental_output,
                 coalesce=settings.stream_coalesce,
                 coalesce_window_s=settings.stream_coalesce_window_ms / 1000,
+                staged_prefill=staged,
             )
         )
 

@@ -80,6 +80,9 @@ class EngineChunk:
     message: str = ""
     # Times the engine retracted the request so far (SGLang's num_retractions).
     retractions: int = 0
+    # Of cached_tokens, those the request's own prefill stages put there
+    # (staged_prefill.py): its work, charged as uncached prompt tokens.
+    staged_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

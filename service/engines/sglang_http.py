@@ -48,6 +48,7 @@ from service.engines.sglang_chunks import (
     sampling_params,
 )
 from service.engines.sglang_sse import event_batches, superseded
+from service.engines.staged_prefill import StagedPrefill, StageLane, StagingStats, staged
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class SglangHttpConfig:
     # arriving meanwhile wait in the socket and go out as one message, read and parsed once
     # (0: send what each read brings). The first token is never held.
     coalesce_window_s: float = 0.0
+    # Long prompts in prefix stages, prefill-only, on this worker (staged_prefill.py).
+    staged_prefill: StagedPrefill = dataclasses.field(default_factory=StagedPrefill)
 
 
 class SglangHttpEngine:
@@ -95,6 +98,10 @@ class SglangHttpEngine:
         self._abort_tasks: set[asyncio.Task[None]] = set()
         self._rids: dict[str, str] = {}  # request id -> SGLang rid of its live attempt
         self.in_flight = 0
+        self.staging = StagingStats()
+        self.stage_lane = StageLane()
+        # The radix cache's granularity (SGLang's page_size), for staged prefill.
+        self.page_tokens = 1
         # /generate streams: no sock_read (a timer re-created per read); ReadWatchdog instead.
         self._stream_timeout = aiohttp.ClientTimeout(
             total=None, connect=config.connect_timeout_s, sock_read=None
@@ -133,6 +140,8 @@ class SglangHttpEngine:
         self.served_model_name = str(
             find_key(info, "served_model_name") or find_key(info, "model_path") or ""
         )
+        page = find_key(info, "page_size")
+        self.page_tokens = page if isinstance(page, int) and page > 0 else 1
         cap = capacity_from_server_info(info, model_info)
         self._capacity = dataclasses.replace(cap, preempt_threshold=threshold)
         return self._capacity
@@ -188,7 +197,14 @@ class SglangHttpEngine:
         except (aiohttp.ClientError, TimeoutError):
             return False
 
-    async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
+    def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
+        ends = self.config.staged_prefill.stage_ends(req)
+        if ends:
+            lane = self.stage_lane if self.config.staged_prefill.one_at_a_time else None
+            return staged(self._generate_one, req, ends, self.staging, self.page_tokens, lane)
+        return self._generate_one(req)
+
+    async def _generate_one(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
         if not (req.prompt_text or req.prompt_token_ids):
             # SGLang 0.5.23's scheduler dies on an empty prompt (the whole server exits).
             raise UpstreamError("refusing an empty prompt")

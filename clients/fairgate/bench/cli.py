@@ -50,7 +50,7 @@ def bench_http_overhead(
 
 @bench_app.command("fairness")
 def bench_fairness(
-    scenarios: Annotated[str, typer.Option(help="scenario keys among a-g")] = "abcdef",
+    scenarios: Annotated[str, typer.Option(help="scenario keys among a-i")] = "abcdef",
     seconds: Annotated[float, typer.Option(help="simulated seconds per run")] = 30.0,
     time_scale: Annotated[float, typer.Option(help="simulator time scale")] = 0.5,
     seed: Annotated[int, typer.Option(help="arrival trace seed")] = 1,
@@ -80,6 +80,14 @@ def bench_fairness(
             "then the median (min-max) of each ratio over them"
         ),
     ] = "",
+    staged_prefill: Annotated[
+        str,
+        typer.Option(
+            help="stage sizes in tokens, e.g. 1024,2048,1024:free: each vtc policy runs "
+            "again with staged prefill in stages of that size (prompts longer than one "
+            "stage; one at a time per engine, or all at once with :free)"
+        ),
+    ] = "",
 ) -> None:
     """Fair (VTC) vs FCFS vs per-tenant rate limits on the same arrival traces."""
     from fairgate.bench.fairness import Policy
@@ -91,6 +99,11 @@ def bench_fairness(
         chosen = tuple(Policy.parse(p) for p in policies.split(",") if p.strip())
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--policies") from None
+    sizes = [x for x in staged_prefill.split(",") if x.strip()]
+    try:
+        chosen += tuple(p.staged(n) for n in sizes for p in chosen if p.name == "vtc")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--staged-prefill") from None
     known = scenario_table(seconds)
     if not scenarios or any(k not in known for k in scenarios):
         raise typer.BadParameter(f"use keys among {''.join(known)}", param_hint="--scenarios")

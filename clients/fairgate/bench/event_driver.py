@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from fairgate.bench.workload import distinct_prompt_ids
@@ -34,7 +34,14 @@ from scheduler.timers import ManualTimers
 from service.engines.placement import Placed, Placement, Stagger, engine_request
 from service.engines.protocol import SamplingOptions
 from service.engines.routing import Routing
-from service.engines.simulator.core import SimConfig, SimCore, SimRequest, StepResult
+from service.engines.simulator.core import (
+    Emission,
+    SimConfig,
+    SimCore,
+    SimRequest,
+    StepResult,
+)
+from service.engines.staged_prefill import StagedPrefill, Staging
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +84,11 @@ class _Call:
     cached_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
     sim_req: SimRequest | None = None
+    # Staged prefill (as the engine adapters do it): its progress, the engine
+    # priority its stages and itself go with, and the stage under way.
+    staging: Staging | None = None
+    engine_priority: int = 0
+    stage_req: SimRequest | None = None
 
     def wanted(self) -> bool:
         return not self.gone
@@ -128,6 +140,10 @@ class _Worker:
     # The step under way and when it ends (None: not stepping).
     step: StepResult | None = None
     end_s: float = 0.0
+    # Staged prefill's lane: the staged request whose stages go in now, and those
+    # waiting for it (staged_prefill.StageLane).
+    lane: _Call | None = None
+    lane_queue: deque[_Call] = field(default_factory=deque)
 
     def slots(self) -> int:
         return self.core.config.max_running_requests
@@ -162,6 +178,7 @@ class Driver:
         engines: int = 1,
         routing: Routing | None = None,
         stagger: Stagger | None = None,
+        staged_prefill: StagedPrefill | None = None,
     ) -> None:
         self.clock = clock or FakeClock()
         self.timers = ManualTimers(self.clock)
@@ -210,6 +227,8 @@ class Driver:
         self.batch_streak: dict[str, int] = defaultdict(int)
         self.max_batch_streak = 0
         self.steps = 0
+        self.staged_prefill = staged_prefill or StagedPrefill()
+        self._stages: dict[str, _Call] = {}  # stage rid -> its request
 
     @property
     def core(self) -> SimCore:
@@ -366,28 +385,90 @@ class Driver:
                 assert call.placed is not None
                 call.worker, priority = call.placed.worker, call.placed.priority
             w = self.workers[call.worker]
-            sim_req = w.core.make_request(
-                call.req.request_id, call.prompt_ids, call.req.max_tokens, ereq.sampling, priority
-            )
-            w.core.add(sim_req)
-            call.sim_req = sim_req
+            call.engine_priority = priority
             self._running[call.req.request_id] = call
+            ends = self.staged_prefill.ends(call.req.prompt_tokens, call.req.max_tokens)
+            if ends:
+                call.staging = Staging(ends)
+                if w.lane is None or not self.staged_prefill.one_at_a_time:
+                    w.lane = call
+                    self._send_stage(call)
+                else:
+                    w.lane_queue.append(call)
+            else:
+                self._send_whole(call)
+
+    def _send_whole(self, call: _Call) -> None:
+        core = self.workers[call.worker].core
+        sampling = SamplingOptions(ignore_eos=False)
+        sim_req = core.make_request(
+            call.req.request_id,
+            call.prompt_ids,
+            call.req.max_tokens,
+            sampling,
+            call.engine_priority,
+        )
+        core.add(sim_req)
+        call.sim_req = sim_req
+
+    def _send_stage(self, call: _Call) -> None:
+        """The next prefill-only stage, or the request whole (staged_prefill.py)."""
+        assert call.staging is not None
+        end = call.staging.next_end()
+        if end is None:
+            call.stage_req = None
+            self._send_whole(call)
+            return
+        core = self.workers[call.worker].core
+        rid = f"{call.req.request_id}/stage-{end}"
+        call.stage_req = core.make_request(
+            rid, call.prompt_ids[:end], 0, SamplingOptions(), call.engine_priority
+        )
+        core.add(call.stage_req)
+        self._stages[rid] = call
+
+    def _lane_free(self, call: _Call) -> None:
+        """`call` no longer holds its worker's lane (its first token, or it ended)."""
+        w = self.workers[call.worker]
+        if call in w.lane_queue:
+            w.lane_queue.remove(call)
+        if w.lane is not call:
+            return
+        w.lane = w.lane_queue.popleft() if w.lane_queue else None
+        if w.lane is not None:
+            self._send_stage(w.lane)
+
+    def _stage_ended(self, call: _Call, em: Emission) -> None:
+        assert call.staging is not None and call.stage_req is not None
+        del self._stages[em.rid]
+        call.staging.stage_done(call.stage_req.cached_tokens)
+        self._send_stage(call)
 
     def _first_token(self, call: _Call) -> None:
         """Its prefill is done: the engine says what it had cached."""
         assert call.sim_req is not None
         cached = call.cached_tokens = call.sim_req.cached_tokens
+        if call.staging is not None:
+            self._lane_free(call)
+        # Its own stages' prefill is charged as prompt tokens (generation.py does the same).
+        charged_cached = cached - (call.staging.staged_tokens(cached) if call.staging else 0)
         if self.placement is not None and call.placed is not None:
             self.placement.first_token(call.placed, call.req.prompt_tokens, cached)
         est = call.req.cached_estimate
-        short = cached_shortfall(self.w_in, self.w_cached, est, cached, 1.0)
+        short = cached_shortfall(self.w_in, self.w_cached, est, charged_cached, 1.0)
         self.monitor.service[call.req.tenant_id] += short
-        self.dispatcher.on_cached_tokens(call.req, cached)
+        self.dispatcher.on_cached_tokens(call.req, charged_cached)
 
     def _end(self, call: _Call) -> None:
         """The request leaves the engine: done, cancelled or failed."""
         w = self.workers[call.worker]
         w.core.abort(call.req.request_id)
+        if call.stage_req is not None:  # ended during a stage: that is aborted too
+            w.core.abort(call.stage_req.rid)
+            self._stages.pop(call.stage_req.rid, None)
+            call.stage_req = None
+        if call.staging is not None:
+            self._lane_free(call)
         if self.placement is not None and call.placed is not None:
             self.placement.released(call.placed)
         del self._running[call.req.request_id]
@@ -424,6 +505,10 @@ class Driver:
             result, w.step = w.step, None
             assert result is not None
             for em in result.emissions:
+                staged = self._stages.get(em.rid)
+                if staged is not None:
+                    self._stage_ended(staged, em)
+                    continue
                 call = self._running.get(em.rid)
                 if call is None:
                     continue  # cancelled during the step

@@ -15,6 +15,7 @@ the same kind of sim-server (store=redis supports only vtc).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import math
 import tempfile
@@ -58,6 +59,8 @@ from service.settings import ISOLATIONS, Settings
 W_IN, W_OUT = 1.0, 2.0
 MODEL = "llama-3.1-8b-int4"
 POLICIES = ("fcfs", "rate-limit", "vtc")
+# The simulated engine's prefill chunk (Settings.sim_chunked_prefill_tokens).
+CHUNK_TOKENS = 2048
 SOLO = "victim solo"
 
 
@@ -71,6 +74,10 @@ class Policy:
     name: str
     reserve_fraction: float | None = None
     isolation: str | None = None
+    # Staged prefill with stages of this many tokens (None: off), one staged
+    # prompt at a time per engine unless `stages_free`.
+    stage_tokens: int | None = None
+    stages_free: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> Policy:
@@ -90,16 +97,35 @@ class Policy:
             raise ValueError(f"{spec!r}: the reserve fraction must be in [0, 1)")
         return cls(name, fraction, isolation or None)
 
+    def staged(self, spec: str) -> Policy:
+        """The same policy with staged prefill: `N` (prompts longer than one prefill
+        chunk go in stages of N tokens, one such prompt at a time) or `N:free` (all
+        at once)."""
+        size, _, mode = spec.strip().partition(":")
+        if not size.isdigit() or int(size) < 1 or mode not in ("", "free"):
+            raise ValueError(f"{spec!r}: a stage size is N or N:free, N a positive integer")
+        return dataclasses.replace(self, stage_tokens=int(size), stages_free=mode == "free")
+
     @property
     def label(self) -> str:
         label = self.name if self.isolation is None else f"{self.name}:{self.isolation}"
-        return label if self.reserve_fraction is None else f"{label}@{self.reserve_fraction:g}"
+        if self.reserve_fraction is not None:
+            label = f"{label}@{self.reserve_fraction:g}"
+        if self.stage_tokens is None:
+            return label
+        return f"{label} st{self.stage_tokens}" + (":free" if self.stages_free else "")
 
     def settings(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        if self.stage_tokens is not None:
+            # Prompts longer than one prefill chunk: a shorter one is one step anyway.
+            out["staged_prefill_min_tokens"] = CHUNK_TOKENS + 1
+            out["staged_prefill_stage_tokens"] = self.stage_tokens
+            out["staged_prefill_one_at_a_time"] = not self.stages_free
         # The baselines run as the engine would alone: no fair-share reserve.
         if self.name != "vtc":
-            return {"policy": self.name, "fair_reserve_fraction": 0, "fair_lend_fraction": 0}
-        out: dict[str, object] = {"policy": "vtc"}
+            return {**out, "policy": self.name, "fair_reserve_fraction": 0, "fair_lend_fraction": 0}
+        out["policy"] = "vtc"
         if self.reserve_fraction is not None:
             out["fair_reserve_fraction"] = self.reserve_fraction
             out["fair_lend_fraction"] = self.reserve_fraction
@@ -128,6 +154,10 @@ class RunResult:
     # Prompt tokens prefilled plus output tokens per second: the engine's work,
     # whatever the mix of shapes a policy serves.
     tokens_per_s: float = 0.0
+    # The other tenants' (not the victim's) TTFT and end-to-end latency, medians over
+    # their requests (censored at the window's end): what isolation costs them.
+    heavy_ttft_p50_s: float = math.nan
+    heavy_e2e_p50_s: float = math.nan
 
     def trace_digest(self) -> str:
         """What was actually sent, in order: identical across policies of one scenario."""
@@ -147,6 +177,8 @@ class RunResult:
             "output_tokens_per_s": self.output_tokens_per_s,
             "weighted_service_per_s": self.weighted_service_per_s,
             "tokens_per_s": self.tokens_per_s,
+            "heavy_ttft_p50_s": self.heavy_ttft_p50_s,
+            "heavy_e2e_p50_s": self.heavy_e2e_p50_s,
             "tenants": self.per_tenant,
         }
 
@@ -292,6 +324,14 @@ def analyse(
             "ttft_p50_s": percentile(ttfts, 50),
             "ttft_p99_s": percentile(ttfts, 99),
         }
+    others = [r for r in records if r.tenant != sc.victim and not (r.rejected or r.failed)]
+    if others:
+        res.heavy_ttft_p50_s = percentile(
+            [r.ttft_s if r.ttft_s is not None else window_s - r.sent_s for r in others], 50
+        )
+        res.heavy_e2e_p50_s = percentile(
+            [(r.done_s if r.done_s is not None else window_s) - r.sent_s for r in others], 50
+        )
     res.output_tokens_per_s = total_out / window_s
     res.tokens_per_s = (total_out + total_prefilled) / window_s
     res.weighted_service_per_s = sum(v for ev in events.values() for _, v in ev) / window_s
@@ -414,6 +454,7 @@ def report(sc: Scenario, bound: float, results: dict[str, RunResult]) -> dict[st
             row["victim_ttft_p99_s"] = v["ttft_p99_s"]
             if solo:
                 row["victim_p50_over_solo"] = v["ttft_p50_s"] / solo["ttft_p50_s"]
+                row["victim_p50_minus_solo_s"] = v["ttft_p50_s"] - solo["ttft_p50_s"]
                 row["victim_p99_over_solo"] = v["ttft_p99_s"] / solo["ttft_p99_s"]
                 # The additive form: what sharing the engine added to the tail, to set
                 # beside one chunked-prefill step (the wait admission cannot remove).

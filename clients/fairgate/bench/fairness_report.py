@@ -58,8 +58,13 @@ SUMMARY_COLUMNS = (
     ("tput/FCFS", "throughput_over_fcfs"),
     ("tok/FCFS", "tokens_over_fcfs"),
     ("wsvc/FCFS", "service_over_fcfs"),
+    ("p50/solo", "victim_p50_over_solo"),
     ("p99/solo", "victim_p99_over_solo"),
+    ("p50-solo s", "victim_p50_minus_solo_s"),
     ("p99-solo s", "victim_p99_minus_solo_s"),
+    ("tok/s", "tokens_per_s"),
+    ("heavy TTFT p50 s", "heavy_ttft_p50_s"),
+    ("heavy E2E p50 s", "heavy_e2e_p50_s"),
 )
 
 

@@ -204,6 +204,29 @@ def scenarios(seconds: float) -> dict[str, Scenario]:
             victim="light",
             affinity=True,
         ),
+        # One engine, a long-prompt service (prompts up to 6 k tokens, several
+        # prefill chunks each) beside a light chat tenant: what SGLang's
+        # unpreemptible chunked prefill costs the light tenant's first token
+        # (the lever: staged prefill, `--staged-prefill`).
+        "h": Scenario(
+            "h",
+            "long prompts up to 6k beside a light chat tenant, one engine",
+            {
+                "long": _steady("rag", 1, SHAPES["rag"].capacity_rps, s),
+                "light": _steady("chat", 1, victim_rps, s),
+            },
+            victim="light",
+        ),
+        # The same below overload: what the long prompts' own latency pays for it.
+        "i": Scenario(
+            "i",
+            "long prompts up to 6k at 60% load beside a light chat tenant, one engine",
+            {
+                "long": _steady("rag", 1, 0.6 * SHAPES["rag"].capacity_rps, s),
+                "light": _steady("chat", 1, victim_rps, s),
+            },
+            victim="light",
+        ),
         "f": Scenario(
             "f",
             "light chat victim (1/10 capacity) beside two flooders at 20x its rate",

@@ -23,6 +23,7 @@ from scheduler.ordering.policies import make_policy
 from scheduler.rules import Isolation
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 from service.app import admission_limits, isolation_for, policy_options
+from service.engine_factory import staged_prefill
 from service.engines.protocol import EngineCapacity
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
@@ -66,6 +67,7 @@ def replay(
         clock=clock,
         reserve_fraction=settings.light_share(isolation is Isolation.PREEMPT),
         isolation=isolation,
+        staged_prefill=staged_prefill(settings),
     )
     drv.run(
         [DriverArrival(a.t_s, a.tenant, a.prompt_tokens, a.max_tokens) for a in trace],

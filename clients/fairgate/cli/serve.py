@@ -39,7 +39,7 @@ SECTIONS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     (
         "Model and engine",
         ("engine", "model_name", "tokenizer_path", "chat_template_path", "default_max_tokens"),
-        ("max_output_tokens", "capacity_refresh_s", "stream_coalesce"),
+        ("max_output_tokens", "capacity_refresh_s", "stream_coalesce", "staged_prefill_"),
     ),
     ("Simulated engine (engine simulator)", (), ("sim_",)),
     ("SGLang engines (engine sglang-http, sglang)", (), ("sglang_",)),

@@ -97,6 +97,10 @@ class SimRequest:
         return self.prompt_len + self.generated
 
 
+# An emission's token id when it carries no token (a prefill-only end, an abort).
+NO_TOKEN = -1
+
+
 @dataclass(slots=True)
 class Emission:
     rid: str
@@ -330,8 +334,16 @@ class SimCore:
         )
         for req in finished_prefill:
             req.state = _State.DECODE
-        # A finished prefill yields the request's next token in the same pass.
+        # A finished prefill yields the request's next token in the same pass;
+        # a prefill-only request (max_new_tokens 0, as SGLang takes it) ends there,
+        # its whole prompt left in the tree (its KV was computed).
         for req in decoding + finished_prefill:
+            if req.max_new_tokens == 0:
+                self._release(req)
+                result.emissions.append(
+                    Emission(req.rid, NO_TOKEN, "", 0, finish=FinishKind.LENGTH)
+                )
+                continue
             result.emissions.append(self._next_token(req))
         return result
 

@@ -21,7 +21,8 @@ from service.engines.protocol import (
     EngineRequest,
     FinishKind,
 )
-from service.engines.simulator.core import Emission, QueueFull, SimConfig, SimCore
+from service.engines.simulator.core import NO_TOKEN, Emission, QueueFull, SimConfig, SimCore
+from service.engines.staged_prefill import StagedPrefill, StageLane, StagingStats, staged
 
 
 class _Channel:
@@ -63,7 +64,12 @@ class SimulatedEngine:
     kind = "simulator"
 
     def __init__(
-        self, config: SimConfig, *, time_scale: float = 1.0, coalesce: bool = True
+        self,
+        config: SimConfig,
+        *,
+        time_scale: float = 1.0,
+        coalesce: bool = True,
+        staged_prefill: StagedPrefill | None = None,
     ) -> None:
         if time_scale < 0:
             raise ValueError("time_scale must be >= 0")
@@ -73,6 +79,10 @@ class SimulatedEngine:
         # instead of one chunk per token; never waits for more tokens.
         self.coalesce = coalesce
         self.core = SimCore(config)
+        # Long prompts in prefix stages, prefill-only (staged_prefill.py).
+        self.staged_prefill = staged_prefill or StagedPrefill()
+        self.staging = StagingStats()
+        self.stage_lane = StageLane()
         self.stats = SimStats()
         self._channels: dict[str, _Channel] = {}
         self._wake = asyncio.Event()
@@ -149,11 +159,22 @@ class SimulatedEngine:
         if ch is not None:
             ch.put(
                 Emission(
-                    rid=request_id, token_id=-1, text="", generated=-1, finish=FinishKind.ABORT
+                    rid=request_id,
+                    token_id=NO_TOKEN,
+                    text="",
+                    generated=-1,
+                    finish=FinishKind.ABORT,
                 )
             )
 
-    async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
+    def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
+        ends = self.staged_prefill.stage_ends(req)
+        if ends:
+            lane = self.stage_lane if self.staged_prefill.one_at_a_time else None
+            return staged(self._generate_one, req, ends, self.staging, lane=lane)
+        return self._generate_one(req)
+
+    async def _generate_one(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
         if self._closed:
             raise EngineError("engine is shut down", retryable=True)
         sreq = self.core.make_request(
@@ -185,7 +206,8 @@ class SimulatedEngine:
                         done = True
                         break
                     chunk.text += em.text
-                    chunk.token_ids.append(em.token_id)
+                    if em.token_id != NO_TOKEN:  # else the end of a prefill-only request
+                        chunk.token_ids.append(em.token_id)
                     chunk.completion_tokens = em.generated
                     chunk.retractions = sreq.preemptions
                     if em.finish is not None:

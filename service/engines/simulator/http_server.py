@@ -26,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from service.engines.protocol import EngineError, EngineRequest, FinishKind
+from service.engines.protocol import EngineError, EngineRequest
 from service.engines.sglang_chunks import SGLANG_PREEMPTION_THRESHOLD
 from service.engines.simulator.engine import SimulatedEngine
 from service.engines.simulator.sglang_info import VERSION, loads_body
@@ -221,11 +221,8 @@ class SimServer:
         started_s = time.monotonic()
         text, ids = "", []
         meta = meta_info(req.request_id, req.prompt_tokens)
-        if req.max_tokens == 0:  # SGLang answers at once, with no output
-            meta["finish_reason"] = finish_reason(FinishKind.LENGTH, "", req)
-            finish_meta(meta, started_s)
-            yield {"text": "", "output_ids": [], "meta_info": meta}
-            return
+        # max_new_tokens 0 is prefill only, as SGLang: the engine prefills the prompt
+        # (into its prefix cache) and ends with no output.
         try:
             async with aclosing(self.engine.generate(req)) as stream:
                 async for ch in stream:

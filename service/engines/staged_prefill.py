@@ -1,0 +1,216 @@
+"""Staged prefill: a long uncached prompt enters one engine as prefix stages.
+
+SGLang never preempts a chunked prefill under way, so on one engine a short
+request waits for every remaining chunk of a long prompt ahead of it. SGLang
+takes `max_new_tokens: 0` as prefill only and keeps the prompt in its radix
+cache (all of it: tests/sglang/test_staged_prefill.py), so a prompt of P tokens
+can go in as stages: the first S tokens, then the first 2S, ..., each
+prefill-only, and last the request itself, which finds the stages cached and
+prefills only the rest. Between two stages the engine's queue moves: a request
+that arrived meanwhile (a light tenant's) starts before the next stage.
+
+Stages go one after another through the same engine (`send`: one worker's
+single-request stream, so a pool keeps them all on the worker it picked), each
+under the request's id (an abort of the request reaches the stage under way)
+and, over HTTP, a fresh rid. A stage that finds less of the prompt cached than
+the stages before it put there (evicted in between) ends the staging: the rest
+goes in one request, as without staging. So does a stage the engine refuses;
+a worker that fails (retryable) fails the request as an unstaged one would, and
+an aborted stage ends the request with that abort.
+
+What is charged: the final request's `cached_tokens` include the stages', which
+are the tenant's own prefill work; `EngineChunk.staged_tokens` says how many, so
+that the fair counter charges them as prompt tokens (generation.py), never at
+the cheap cached rate: staging never makes a long prompt cheaper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from service.engines.protocol import (
+    EngineChunk,
+    EngineError,
+    EngineRequest,
+    FinishKind,
+    SamplingOptions,
+)
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[EngineRequest], AsyncGenerator[EngineChunk, None]]
+
+
+@dataclass(frozen=True, slots=True)
+class StagedPrefill:
+    """From which prompt length to stage, and each stage's size, in tokens."""
+
+    min_tokens: int = 0  # 0: off
+    stage_tokens: int = 2048
+    # fairgate's token ids are the engine's (an exact tokenizer, or token-id
+    # prompts only): a text prompt's stages are sent as ids, which must be a
+    # prefix of what the engine makes of the text.
+    exact_ids: bool = True
+    # One staged request at a time per engine (from its first stage to its first
+    # token): the engine's prefill steps then carry at most one stage of long
+    # prompts, not a chunk filled from every long prompt queued there.
+    one_at_a_time: bool = True
+
+    def __post_init__(self) -> None:
+        if self.min_tokens < 0 or self.stage_tokens < 1:
+            raise ValueError("staged prefill: min_tokens >= 0 and stage_tokens >= 1")
+
+    @property
+    def enabled(self) -> bool:
+        return self.min_tokens > 0
+
+    def stage_ends(self, req: EngineRequest) -> list[int]:
+        """The stages' lengths for `req` ([]: send it as it is)."""
+        if req.prompt_text is not None and not self.exact_ids:
+            return []
+        return self.ends(req.prompt_tokens, req.max_tokens)
+
+    def ends(self, prompt_tokens: int, max_tokens: int) -> list[int]:
+        """The stages' lengths for a token-id prompt of `prompt_tokens`."""
+        if not self.enabled or prompt_tokens < self.min_tokens or max_tokens == 0:
+            return []
+        return list(range(self.stage_tokens, prompt_tokens, self.stage_tokens))
+
+
+class Staging:
+    """One request's staging as it goes: the next stage, and what each stage found.
+
+    `page_tokens`: the engine's cache granularity (SGLang's page size): a stage
+    of k tokens is found again as k rounded down to it."""
+
+    __slots__ = ("computed", "ends", "held", "page_tokens")
+
+    def __init__(self, ends: list[int], page_tokens: int = 1) -> None:
+        self.ends = list(reversed(ends))
+        self.page_tokens = page_tokens
+        self.held = 0  # prompt tokens the stages left in the engine's cache
+        self.computed = 0  # prompt tokens the stages prefilled
+
+    def next_end(self) -> int | None:
+        """The next stage's length; None: send the request whole."""
+        return self.ends[-1] if self.ends else None
+
+    def stage_done(self, cached_tokens: int) -> bool:
+        """The next stage found `cached_tokens` of its prefix cached; False when that
+        is less than the stages before it left (evicted): no more stages."""
+        end = self.ends.pop()
+        self.computed += end - cached_tokens
+        evicted = cached_tokens < self.held - self.held % self.page_tokens
+        self.held = end
+        if evicted:
+            self.ends.clear()
+        return not evicted
+
+    def stop(self) -> None:
+        self.ends.clear()
+
+    def staged_tokens(self, cached_tokens: int) -> int:
+        """Of the whole request's `cached_tokens`, those its stages prefilled."""
+        return min(self.computed, cached_tokens)
+
+
+@dataclass(slots=True)
+class StagingStats:
+    """Counters an engine keeps over its staged requests."""
+
+    staged_requests: int = 0
+    stages: int = 0
+    # Stagings ended early: a stage found its predecessors evicted, or was refused.
+    evicted: int = 0
+    refused: int = 0
+
+
+class StageLane:
+    """An engine's lane for staged requests (`StagedPrefill.one_at_a_time`): held
+    by one staged request from its first stage to its first token, FIFO."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()  # FIFO among waiters
+
+    async def acquire(self) -> None:
+        await self._lock.acquire()
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+async def staged(
+    send: Send,
+    req: EngineRequest,
+    ends: list[int],
+    stats: StagingStats,
+    page_tokens: int = 1,
+    lane: StageLane | None = None,
+) -> AsyncGenerator[EngineChunk, None]:
+    """`req` through `send` in prefix stages ending at `ends`, then whole; with a
+    `lane`, only once it holds it, until its first token."""
+    stats.staged_requests += 1
+    staging = Staging(ends, page_tokens)
+    held = False
+    try:
+        if lane is not None:
+            await lane.acquire()
+            held = True
+        while (end := staging.next_end()) is not None:
+            stage = dataclasses.replace(
+                req,
+                prompt_token_ids=req.prompt_token_ids[:end],
+                prompt_text=None,
+                max_tokens=0,
+                sampling=SamplingOptions(),
+                prefix_keys=(),
+            )
+            try:
+                last = await _run(send, stage)
+            except EngineError as exc:
+                if exc.retryable:
+                    raise  # the worker failed: as an unstaged request would
+                stats.refused += 1
+                staging.stop()
+                log.info("staged prefill of %s: stage refused, sent whole: %s", req.request_id, exc)
+                break
+            stats.stages += 1
+            if last.finish is FinishKind.ABORT:
+                # Aborted (by fairgate's abort of the request, or by the engine): so is it.
+                last.prompt_tokens = req.prompt_tokens
+                yield last
+                return
+            if not staging.stage_done(last.cached_tokens):
+                stats.evicted += 1
+                log.info(
+                    "staged prefill of %s: stages evicted, the rest sent whole", req.request_id
+                )
+        whole = dataclasses.replace(req, prompt_text=None) if staging.held else req
+        async with aclosing(send(whole)) as stream:
+            async for chunk in stream:
+                if held and lane is not None:  # its prefill is done: the next one's turn
+                    held = False
+                    lane.release()
+                chunk.staged_tokens = staging.staged_tokens(chunk.cached_tokens)
+                yield chunk
+    finally:
+        if held and lane is not None:
+            lane.release()
+
+
+async def _run(send: Send, stage: EngineRequest) -> EngineChunk:
+    """One prefill-only stage to its end: its last chunk."""
+    last: EngineChunk | None = None
+    async with aclosing(send(stage)) as stream:
+        async for chunk in stream:
+            last = chunk
+    if last is None or last.finish is None:
+        raise EngineError("a prefill stage ended without a finish reason")
+    return last

@@ -1,0 +1,124 @@
+"""Staged prefill through the whole gateway, in front of SGLang stand-ins.
+
+A long prompt goes to one worker as prefill-only stages, then whole; the client
+sees the final request's usage, the fair counter charges the stages as prompt
+tokens, and a client that leaves during a stage leaves nothing behind.
+(tests/sglang/test_staged_prefill.py holds the stand-in to the real SGLang.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from fairgate import AsyncClient
+
+from scheduler.dispatcher import Dispatcher
+from scheduler.ordering.vtc import VtcPolicy
+from service.engines.pool import WorkerPool
+from service.engines.simulator.http_server import SimServer
+from tests.conftest import StartServer
+from tests.helpers import eventually
+from tests.sglang_helpers import StartSim, assert_no_sglang_leaks, sglang_settings
+
+STAGED = {"staged_prefill_min_tokens": 1000, "staged_prefill_stage_tokens": 512}
+
+
+def _sent(worker: SimServer) -> list[tuple[int, int]]:
+    """(prompt tokens, max_new_tokens) of each /generate the worker received."""
+    out = []
+    for body in worker.record.requests:
+        params: dict[str, Any] = body.get("sampling_params", {})
+        out.append((len(body.get("input_ids") or []), int(params.get("max_new_tokens", -1))))
+    return out
+
+
+async def test_a_long_prompt_goes_in_stages_to_one_worker_and_is_charged_in_full(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    workers = [await start_sim(time_scale=0.0) for _ in range(2)]
+    app = await start_server(**sglang_settings(*workers, vtc_w_cached=0.1, **STAGED))
+    assert isinstance(app.engine, WorkerPool)
+    model = app.models.resolve("")
+    assert model is not None
+    d = model.dispatcher
+    assert isinstance(d, Dispatcher)
+    policy = d.policy
+    assert isinstance(policy, VtcPolicy)
+    prompt = [5, *range(200, 2199)]  # 2000 tokens
+    async with AsyncClient(app.address, tenant="t") as c:
+        before = policy.counter("t")
+        done = await c.complete(prompt, max_tokens=4, ignore_eos=True)
+        charged = policy.counter("t") - before - 4 * policy.w_out
+        short = await c.complete([5, 6, 7], max_tokens=2, ignore_eos=True)
+    assert done.result.finish_reason == "length"
+    assert done.result.usage.completion_tokens == 4
+    # The client sees what the final request reported: the three stages cached.
+    assert done.result.usage.prompt_tokens == 2000
+    assert done.result.usage.cached_tokens == 1536
+    # Those were the tenant's own prefill: charged as prompt tokens, not at 0.1.
+    assert charged == pytest.approx(2000)
+    # Stages 512, 1024, 1536 (prefill only), then the request, all on one worker.
+    used = [w for w in workers if w.record.requests]
+    assert len(used) in (1, 2)
+    staged_on = next(w for w in workers if any(n == 2000 for n, _ in _sent(w)))
+    assert [s for s in _sent(staged_on) if s[0] >= 512] == [
+        (512, 0),
+        (1024, 0),
+        (1536, 0),
+        (2000, 4),
+    ]
+    other = next(w for w in workers if w is not staged_on)
+    assert all(n < 512 for n, _ in _sent(other))
+    # A short prompt is never staged.
+    assert short.result.usage.prompt_tokens == 3
+    assert (3, 2) in _sent(workers[0]) + _sent(workers[1])
+    await assert_no_sglang_leaks(app, *workers)
+
+
+async def test_a_client_leaving_during_a_stage_aborts_it_and_sends_no_more(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    # Slowed down: the stage's first 2048-token chunk takes seconds in the engine.
+    stand_in = await start_sim(time_scale=8.0)
+    settings = {**STAGED, "staged_prefill_stage_tokens": 4096}
+    app = await start_server(**sglang_settings(stand_in, **settings))
+    prompt = [5, *range(200, 5199)]  # 5000 tokens: a stage of 4096, then whole
+    async with AsyncClient(app.address) as c:
+        task = asyncio.create_task(c.complete(prompt, max_tokens=4, ignore_eos=True))
+        await eventually(lambda: _sent(stand_in) == [(4096, 0)], what="the stage sent")
+        await eventually(lambda: stand_in.engine.active_requests == 1, what="it in the engine")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    rid = stand_in.record.requests[0]["rid"]
+    await eventually(
+        lambda: rid in stand_in.record.aborted or rid in stand_in.record.disconnected,
+        what="the stage aborted",
+    )
+    await assert_no_sglang_leaks(app, stand_in)
+    assert _sent(stand_in) == [(4096, 0)]  # no final request
+
+
+@pytest.mark.parametrize("one_at_a_time", [True, False])
+async def test_one_staged_prompt_at_a_time_per_engine(
+    start_server: StartServer, start_sim: StartSim, one_at_a_time: bool
+) -> None:
+    """With the lane, a second long prompt's stages start once the first one has
+    its first token: the engine's steps carry one stage, not one from each."""
+    stand_in = await start_sim(time_scale=0.5)
+    settings = {**STAGED, "staged_prefill_one_at_a_time": one_at_a_time}
+    app = await start_server(**sglang_settings(stand_in, **settings))
+    a, b = [5, *range(200, 2199)], [6, *range(200, 2199)]  # 2000 tokens each, no shared prefix
+    async with AsyncClient(app.address) as c:
+        done = await asyncio.gather(
+            c.complete(a, max_tokens=4, ignore_eos=True),
+            c.complete(b, max_tokens=4, ignore_eos=True),
+        )
+    assert [d.result.usage.cached_tokens for d in done] == [1536, 1536]
+    firsts = [body["input_ids"][0] for body in stand_in.record.requests]
+    assert sorted(firsts) == [5] * 4 + [6] * 4
+    grouped = firsts in ([5] * 4 + [6] * 4, [6] * 4 + [5] * 4)
+    assert grouped is one_at_a_time
+    await assert_no_sglang_leaks(app, stand_in)
