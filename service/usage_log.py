@@ -188,6 +188,7 @@ class RedisUsageLog:
         self.dropped = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self._warned = False
 
     def start(self) -> None:
@@ -204,13 +205,16 @@ class RedisUsageLog:
         self._wake.set()
 
     async def _run(self) -> None:
-        while True:
+        # A stop flag rather than cancellation alone: redis-py may turn a cancel that
+        # lands inside a command into a connection error, which `flush` absorbs.
+        while not self._closing:
             await self._wake.wait()
             self._wake.clear()
-            if not await self.flush():
+            if not await self.flush() and not self._closing:
                 await asyncio.sleep(1.0)  # Redis is down: try again, the buffer waits
                 self._wake.set()
-            await asyncio.sleep(self.flush_s)
+            if not self._closing:
+                await asyncio.sleep(self.flush_s)
 
     async def flush(self) -> bool:
         """Write what is buffered; False when Redis refused (nothing is lost)."""
@@ -257,7 +261,11 @@ class RedisUsageLog:
 
     async def aclose(self) -> None:
         """Write what is left (a few seconds at most), stop, close the client."""
+        self._closing = True
+        self._wake.set()
         if self._task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._task), 2.0)
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
