@@ -1,0 +1,36 @@
+"""`python -m fairgate.bench.floors`: the grpc.aio and aiohttp floors, measured for real
+(a sim-server, a bare grpc.aio server, this package's SGLang adapter)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+
+def test_floors_prints_a_positive_cost_for_each_part() -> None:
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "fairgate.bench.floors"),
+            *("--streams=2", "--tokens=16", "--seconds=1", "--warmup-s=0.5", "--step-ms=5"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    costs = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r"^(.+?):\s+(?:\d+ msg/s, )?([\d.]+) µs", proc.stdout, re.M)
+    }
+    assert set(costs) == {
+        "grpc.aio bare server",
+        "aiohttp read alone",
+        "SGLang HTTP adapter",
+        "grpc + adapter",
+    }, proc.stdout
+    assert all(c > 0 for c in costs.values()), proc.stdout
+    # The adapter reads through aiohttp, and the sum is the sum.
+    assert costs["SGLang HTTP adapter"] > costs["aiohttp read alone"]
+    total = costs["grpc.aio bare server"] + costs["SGLang HTTP adapter"]
+    assert abs(costs["grpc + adapter"] - total) < 0.2
