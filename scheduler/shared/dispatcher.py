@@ -250,8 +250,9 @@ class SharedDispatcher:
         self._local.push(req)
         self._idle.drop(req.tenant_id)
         self._outbox.forget.pop(req.tenant_id, None)
-        if q.max_queue_wait_s is not None:
-            expires_s = req.arrival_s + q.max_queue_wait_s
+        # Deadlines are the gRPC layer's (it cancels the call).
+        expires_s = rules.queue_expiry_s(req.arrival_s, q.max_queue_wait_s, None)
+        if expires_s is not None:
             entry.expiry = self.timers.call_at(expires_s, lambda: self._expire(entry))
         self._pump.kick()
         try:
@@ -332,7 +333,7 @@ class SharedDispatcher:
         if entry is None or not entry.started:
             return
         o = self.options
-        w_cached = o.w_in if o.w_cached is None else o.w_cached
+        w_cached = rules.cached_weight(o.w_in, o.w_cached)
         delta = rules.cached_shortfall(
             o.w_in, w_cached, req.cached_estimate, reported, entry.cfg.weight
         )
@@ -382,20 +383,23 @@ class SharedDispatcher:
     def _sweep_idle(self) -> None:
         """Forget the unconfigured tenants idle here for the idle TTL; the store
         forgets them too where they are idle fleet-wide (Step.forget)."""
-        due = self._idle.due(self.clock.now_s())
-        if not due:
-            return
-        busy = {e.req.tenant_id for e in self._entries}  # queued or in flight here
-        for t in due:
-            self._idle.drop(t)
-            if t in busy or self.quotas.tenants.configured(t):
-                continue  # busy: noted again when it next ends
-            self._local.forget(t)
-            self._pump.forget(t)
-            self._stats.tally.forget(t)
-            self._failover.forget(t)
-            self._outbox.forget[t] = self.buckets_of(t)
-            self.forgotten_total += 1
+        busy: set[str] | None = None  # queued or in flight here (built when one is due)
+
+        def keep(t: str) -> bool:
+            nonlocal busy
+            if busy is None:
+                busy = {e.req.tenant_id for e in self._entries}
+            return t in busy or self.quotas.tenants.configured(t)
+
+        self.forgotten_total += self._idle.sweep(self.clock.now_s(), keep, self._forget_tenant)
+
+    def _forget_tenant(self, t: str) -> bool:
+        self._local.forget(t)
+        self._pump.forget(t)
+        self._stats.tally.forget(t)
+        self._failover.forget(t)
+        self._outbox.forget[t] = self.buckets_of(t)
+        return True
 
     def _forget(self, entry: Entry) -> None:
         if self._entries.remove(entry):

@@ -204,11 +204,17 @@ class LocalQueues:
 
     def heads(self, limit: int, per_tenant: int) -> list[QueuedRequest]:
         """The next `per_tenant` requests of each of the first `limit` eligible
-        tenants in mirrored counter order, each tenant's in its queue's order."""
+        tenants in mirrored fair order (`rules.vtc_rank`), each tenant's in its
+        queue's order."""
 
-        def key(t: str) -> float:
-            return rules.order_key(
-                self.mirror.get(t, -math.inf), self.queued(t), self._light_credit
+        def key(t: str) -> rules.Rank:
+            # The fair order as far as this replica knows it: the store alone
+            # knows the tenants' last admissions (0 here: ties to the earlier head).
+            q = self._queues[t]
+            head = q.head()
+            assert head is not None
+            return rules.vtc_rank(
+                self.mirror.get(t, -math.inf), len(q), self._light_credit, 0, head.seq
             )
 
         tenants = heapq.nsmallest(limit, self.eligible(), key=key)

@@ -64,7 +64,7 @@ class SharedOptions:
         return Step(
             limits,
             w_in=self.w_in,
-            w_cached=self.w_in if self.w_cached is None else self.w_cached,
+            w_cached=rules.cached_weight(self.w_in, self.w_cached),
             reserve_fraction=self.reserve_fraction,
             reserve_window_s=self.reserve_window_s,
             isolation=self.isolation,
