@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from scheduler.budget import AdmissionLimits
-from scheduler.quotas import QuotaLedger
+from scheduler.quotas import BucketLimits, QuotaLedger
 from scheduler.rules import bucket_level
-from scheduler.state.store import BucketLimits
 from scheduler.token_bucket import TokenBucket
 
 # "memory": one replica, nothing shared; else the shared store's health as this

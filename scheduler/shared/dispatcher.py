@@ -48,7 +48,7 @@ from scheduler.errors import (
 from scheduler.gate import Admission, RequestState
 from scheduler.gate_stats import GateStats
 from scheduler.idle import IdleTenants
-from scheduler.quotas import bucket_exceeded, check_caps, check_queue_slot
+from scheduler.quotas import BucketLimits, bucket_exceeded, check_caps, check_queue_slot
 from scheduler.request import QueuedRequest
 from scheduler.shared import fleet_usage
 from scheduler.shared.failover import FailoverController
@@ -57,7 +57,7 @@ from scheduler.shared.options import FailureMode, QuotaView, SharedOptions, Stor
 from scheduler.shared.outbox import Outbox
 from scheduler.shared.pump import Pump
 from scheduler.shared.stats import GateTotals, Refusal, SharedStats
-from scheduler.state.store import BucketLimits, Candidate, Lease, Settlement, Step, Store
+from scheduler.state.store import Candidate, Lease, Settlement, Step, Store
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import AsyncioTimers, Timers
 

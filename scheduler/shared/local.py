@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from scheduler import rules
 from scheduler.gate import RequestState
 from scheduler.ordering.tenant_queue import TenantQueue
+from scheduler.quotas import BucketLimits
 from scheduler.request import QueuedRequest
-from scheduler.state.store import BucketLimits, Candidate, Lease, Settlement
+from scheduler.state.store import Candidate, Lease, Settlement
 from scheduler.tenancy.tenants import TenantConfig
 from scheduler.timers import TimerHandle
 

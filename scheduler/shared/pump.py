@@ -35,11 +35,12 @@ from scheduler import rules
 from scheduler.budget import AdmissionBudget
 from scheduler.clock import Clock
 from scheduler.errors import StoreUnavailable
+from scheduler.quotas import BucketLimits
 from scheduler.shared.failover import FailoverController
 from scheduler.shared.local import Entries, Entry, LocalQueues, Place
 from scheduler.shared.options import SharedOptions
 from scheduler.shared.outbox import Outbox
-from scheduler.state.store import BucketLimits, Candidate, Step, StepOutcome, Store
+from scheduler.state.store import Candidate, Step, StepOutcome, Store
 from scheduler.timers import Timers
 
 log = logging.getLogger("scheduler.shared.dispatcher")

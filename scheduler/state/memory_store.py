@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from scheduler import decision, rules
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import Clock
+from scheduler.quotas import BucketLimits
 from scheduler.rules import Verdict, bucket_level, bucket_wait_s
 from scheduler.state.store import (
-    BucketLimits,
     Candidate,
     Lease,
     Settlement,
@@ -341,9 +341,6 @@ class MemoryStore:
 
     async def put_tenant(self, cfg: TenantConfig) -> None:
         self.tenants[cfg.tenant_id] = tenant_fields(cfg)
-
-    async def get_tenant(self, tenant_id: str) -> dict[str, str] | None:
-        return self.tenants.get(tenant_id)
 
     async def snapshot(self) -> StoreSnapshot:
         now_s = self.clock.now_s()
