@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -144,6 +145,43 @@ def cached_of(req: QueuedRequest) -> int:
     return int(req.request_id.split(".")[0]) * 37 % (req.prompt_tokens + 1)
 
 
+async def apply_event(
+    sides: Sequence[Side], n: int, kind: str, x: int, y: int, settle: Callable[[], Awaitable[None]]
+) -> None:
+    """Event `n` of a trace, the same on every side (`x`, `y`: its random draws):
+    an arrival or a burst (each request settled before the next: requests sent
+    in one tick reach a `Dispatcher` one by one but the shared path in one step,
+    a different interleaving, both fair, not a different rule), an output
+    charge, a cached-token report, a finish or a cancel while queued."""
+    base = sides[0]
+    tenant = TENANTS[x % len(TENANTS)]
+    if kind in ("arrive", "burst"):
+        for k in range(1 if kind == "arrive" else LIGHT_QUEUE + 2):
+            prompt, max_tokens = SHAPES[(y + k) % len(SHAPES)]
+            for side in sides:
+                side.send(f"{n}.{k}", tenant, prompt, max_tokens, batch=y % 3 == 0)
+            await settle()
+    elif kind == "charge" and base.running():
+        rid = base.running()[x % len(base.running())]
+        for side in sides:
+            side.gate.on_output_tokens(side.reqs[rid], 1 + y % 50)
+    elif kind == "cached" and base.running():
+        rid = base.running()[x % len(base.running())]
+        for side in sides:
+            req = side.reqs[rid]
+            side.gate.on_cached_tokens(req, y % (req.prompt_tokens + 1))
+    elif kind == "finish" and base.running():
+        rid = base.running()[x % len(base.running())]
+        for side in sides:
+            side.ended.add(rid)
+            side.gate.finish(side.reqs[rid])
+    elif kind == "cancel" and base.queued():
+        rid = base.queued()[x % len(base.queued())]
+        for side in sides:
+            side.tasks[rid].cancel()
+    await settle()
+
+
 async def run_trace(trace: Trace) -> None:
     clock = FakeClock(100.0)
     registry = TenantRegistry(trace.tenants)
@@ -186,36 +224,7 @@ async def run_trace(trace: Trace) -> None:
     sides = [Side(one), Side(shared)]
     try:
         for n, (kind, x, y) in enumerate(trace.events):
-            base = sides[0]
-            tenant = TENANTS[x % len(TENANTS)]
-            if kind in ("arrive", "burst"):
-                # One after another: requests sent in the same tick reach the
-                # Dispatcher one by one but the shared path in one step, a different
-                # interleaving (both fair), not a different rule.
-                for k in range(1 if kind == "arrive" else LIGHT_QUEUE + 2):
-                    prompt, max_tokens = SHAPES[(y + k) % len(SHAPES)]
-                    for side in sides:
-                        side.send(f"{n}.{k}", tenant, prompt, max_tokens, batch=y % 3 == 0)
-                    await quiesce()
-            elif kind == "charge" and base.running():
-                rid = base.running()[x % len(base.running())]
-                for side in sides:
-                    side.gate.on_output_tokens(side.reqs[rid], 1 + y % 50)
-            elif kind == "cached" and base.running():
-                rid = base.running()[x % len(base.running())]
-                for side in sides:
-                    req = side.reqs[rid]
-                    side.gate.on_cached_tokens(req, y % (req.prompt_tokens + 1))
-            elif kind == "finish" and base.running():
-                rid = base.running()[x % len(base.running())]
-                for side in sides:
-                    side.ended.add(rid)
-                    side.gate.finish(side.reqs[rid])
-            elif kind == "cancel" and base.queued():
-                rid = base.queued()[x % len(base.queued())]
-                for side in sides:
-                    side.tasks[rid].cancel()
-            await quiesce()
+            await apply_event(sides, n, kind, x, y, quiesce)
             assert sides[1].admitted == sides[0].admitted, f"after event {n} {kind}"
             single, fleet = counters(sides[0]), counters(sides[1])
             for t in TENANTS:
