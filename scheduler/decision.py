@@ -65,6 +65,11 @@ class Round(Protocol[C]):
         """The next request in fair order among the tenants not held (None: none)."""
         ...
 
+    @property
+    def local(self) -> bool:
+        """Does a prefix index say what workers hold (locality applies)?"""
+        ...
+
     def queued(self, c: C) -> int:
         """How many requests `c`'s tenant has queued, `c` included (light or heavy)."""
         ...
@@ -117,7 +122,7 @@ def prefer(r: Round[C], c: C) -> C:
     its window (`Round.within`), the one whose prefix a worker with room holds
     most of (`rules.locality_pick`) — never past a light tenant's head
     (`rules.locality_may_pass`)."""
-    if not rules.locality_may_pass(r.queued(c)):
+    if not r.local or not rules.locality_may_pass(r.queued(c)):
         return c
     within = r.within(c)
     if len(within) < 2:

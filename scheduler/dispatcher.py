@@ -121,6 +121,10 @@ class _QueueRound:
             return head
         return None
 
+    @property
+    def local(self) -> bool:
+        return self.d.locality is not None
+
     def queued(self, c: QueuedRequest) -> int:
         return self.d.reserve.queued(c.tenant_id)
 
@@ -408,11 +412,14 @@ class Dispatcher:
 
     def _sweep_idle(self, now_s: float) -> None:
         """Forget the unconfigured tenants idle for the idle TTL (scheduler/idle.py)."""
-        self.forgotten_total += self._idle.sweep(
-            now_s,
-            lambda t: self.quotas.tenants.configured(t) or t in self._paused_until,
-            lambda t: self.quotas.forget(t) and self.policy.forget(t),
-        )
+        self.forgotten_total += self._idle.sweep(now_s, self._keep_tenant, self._forget_tenant)
+
+    def _keep_tenant(self, tenant_id: str) -> bool:
+        """Configured (its state is bounded by its config), or held for its limits."""
+        return self.quotas.tenants.configured(tenant_id) or tenant_id in self._paused_until
+
+    def _forget_tenant(self, tenant_id: str) -> bool:
+        return self.quotas.forget(tenant_id) and self.policy.forget(tenant_id)
 
     # -- configuration ------------------------------------------------------
     def set_limits(self, limits: AdmissionLimits) -> None:

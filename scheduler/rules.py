@@ -291,7 +291,9 @@ def vtc_rank(
     `order_key`, then ties to the tenant admitted least recently (`last_admitted`:
     its admission number, 0 when newly backlogged, so a lifted newcomer goes
     before the tenant it ties with), then the earlier head."""
-    return (order_key(counter, queued, light_credit), last_admitted, head_seq)
+    # (`order_key` is the counter itself without a credit: skip the call on the hot path.)
+    key = order_key(counter, queued, light_credit) if light_credit else counter
+    return (key, last_admitted, head_seq)
 
 
 def locality_may_pass(head_queued: int) -> bool:

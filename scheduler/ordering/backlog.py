@@ -60,8 +60,9 @@ class Backlog:
         self._eligible.discard(tenant_id)
         self._light.discard(tenant_id)
         if q is not None and head is not None and tenant_id not in self.paused:
-            heap = self._light if self._credit and rules.light(len(q)) else self._eligible
-            heap.set(tenant_id, self._rank(tenant_id, head, len(q)))
+            n = len(q)
+            heap = self._light if self._credit and rules.light(n) else self._eligible
+            heap.set(tenant_id, self._rank(tenant_id, head, n))
 
     def _top(self) -> str | None:
         """The eligible tenant first in rank."""

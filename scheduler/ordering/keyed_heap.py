@@ -13,8 +13,9 @@ import itertools
 
 from scheduler.rules import Rank
 
-# (rank, version, item). Versions are unique, so comparison never reaches the item.
-_Entry = tuple[Rank, int, str]
+# (the rank's three parts, flat, version, item): flat tuples compare faster than
+# nested ones. Versions are unique, so comparison never reaches the item.
+_Entry = tuple[float, int, int, int, str]
 
 
 class KeyedHeap:
@@ -31,7 +32,7 @@ class KeyedHeap:
         version = next(self._versions)
         self._live[item] = version
         self._ranks[item] = rank
-        heapq.heappush(self._heap, (rank, version, item))
+        heapq.heappush(self._heap, (*rank, version, item))
         if len(self._heap) > 2 * len(self._live) + 32:
             self._compact()
 
@@ -45,7 +46,7 @@ class KeyedHeap:
     def peek(self) -> str | None:
         heap = self._heap
         while heap:
-            _, version, item = heap[0]
+            _, _, _, version, item = heap[0]
             if self._live.get(item) == version:
                 return item
             heapq.heappop(heap)
@@ -58,18 +59,18 @@ class KeyedHeap:
         heap, found = self._heap, []
         frontier = [(heap[0], 0)] if heap else []
         while frontier:
-            (rank, version, item), i = heapq.heappop(frontier)
-            if rank[0] > key:
+            (k, k1, k2, version, item), i = heapq.heappop(frontier)
+            if k > key:
                 break
             if self._live.get(item) == version:
-                found.append((rank, item))
+                found.append(((k, k1, k2), item))
             for child in (2 * i + 1, 2 * i + 2):
                 if child < len(heap):
                     heapq.heappush(frontier, (heap[child], child))
         return found
 
     def _compact(self) -> None:
-        self._heap = [(r, self._live[i], i) for i, r in self._ranks.items()]
+        self._heap = [(*r, self._live[i], i) for i, r in self._ranks.items()]
         heapq.heapify(self._heap)
 
     def __contains__(self, item: object) -> bool:

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from scheduler import rules
 from scheduler.ordering.backlog import Backlog
 from scheduler.request import QueuedRequest
+from scheduler.rules import vtc_rank
 
 DEFAULT_BATCH_EVERY_N = 4
 
@@ -80,7 +81,7 @@ class VtcPolicy:
 
     def _rank(self, tenant_id: str, head: QueuedRequest, queued: int) -> rules.Rank:
         counter, last = self._counters.get(tenant_id, 0.0), self._last_admitted.get(tenant_id, 0)
-        return rules.vtc_rank(counter, queued, self.light_credit, last, head.seq)
+        return vtc_rank(counter, queued, self.light_credit, last, head.seq)
 
     def counter(self, tenant_id: str) -> float:
         return self._counters.get(tenant_id, 0.0)

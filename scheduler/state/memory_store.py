@@ -416,6 +416,10 @@ class _StoreRound:
             i,
         )
 
+    @property
+    def local(self) -> bool:
+        return not math.isinf(self.step.allowance)
+
     def queued(self, c: Candidate) -> int:
         return c.queued
 
