@@ -36,7 +36,7 @@ from scheduler.request import Priority, QueuedRequest
 from scheduler.rules import LIGHT_QUEUE
 from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
 from scheduler.state.memory_store import MemoryStore
-from scheduler.tenancy.tenants import TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.tenancy.tenants import OverQuotaMode, TenantConfig, TenantQuotas, TenantRegistry
 from scheduler.timers import ManualTimers
 
 TENANTS = ["a", "b", "c", "d"]
@@ -59,20 +59,30 @@ class Trace:
 
 
 @st.composite
-def traces(draw: st.DrawFn) -> Trace:
+def traces(
+    draw: st.DrawFn,
+    modes: Sequence[OverQuotaMode] = ("wait",),
+    max_waits_s: Sequence[float | None] = (None,),
+    extra_kinds: Sequence[str] = (),
+    max_events: int = 40,
+) -> Trace:
+    """`modes`, `max_waits_s`: the tenants' over-quota modes and max_queue_wait_s
+    to draw from; `extra_kinds`: more kinds of events (the caller applies them)."""
     limits = AdmissionLimits(draw(st.integers(2, 6)), draw(st.sampled_from([800, 1500, 3000])))
     tenants = []
     for t in TENANTS:
-        # Wait mode, refilling too slowly to matter within a trace: a tenant that
-        # runs dry stays held by its own limits.
+        # Buckets refilling too slowly to matter within a trace: a tenant that runs
+        # dry stays held by its own limits (wait) or is refused at arrival (reject).
         bucket = draw(st.booleans()) and draw(st.booleans())
         quotas = TenantQuotas(
             max_concurrent=draw(st.sampled_from([None, None, 1, 2])),
             tokens_per_min=1.0 if bucket else None,
             tokens_burst=draw(st.sampled_from([2000.0, 4000.0])) if bucket else None,
+            max_queue_wait_s=draw(st.sampled_from(max_waits_s)),
         )
         weight = draw(st.sampled_from([1.0, 1.0, 2.0, 4.0]))
-        tenants.append(TenantConfig(t, weight=weight, quotas=quotas, over_quota="wait"))
+        mode = draw(st.sampled_from(modes))
+        tenants.append(TenantConfig(t, weight=weight, quotas=quotas, over_quota=mode))
     trace = Trace(
         limits,
         draw(st.sampled_from([0.0, 0.25, 0.5])),
@@ -83,8 +93,8 @@ def traces(draw: st.DrawFn) -> Trace:
         draw(st.sampled_from([1.0, 0.1])),
     )
     kinds = ["arrive", "arrive", "arrive", "burst", "charge", "finish", "finish", "cancel"]
-    kinds += ["cached"]
-    for _ in range(draw(st.integers(5, 40))):
+    kinds += ["cached", *extra_kinds]
+    for _ in range(draw(st.integers(5, max_events))):
         kind = draw(st.sampled_from(kinds))
         trace.events.append((kind, draw(st.integers(0, 1000)), draw(st.integers(0, 1000))))
     return trace

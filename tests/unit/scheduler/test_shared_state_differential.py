@@ -24,71 +24,36 @@ import asyncio
 import math
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.budget import AdmissionLimits
 from scheduler.clock import FakeClock
 from scheduler.errors import QueueTimeout, QuotaExceeded, SchedulingError
 from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.redis_store import RedisStore
 from scheduler.state.store import Store
-from scheduler.tenancy.tenants import OverQuotaMode, TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import ManualTimers
 from tests.unit.scheduler import test_dispatch_differential as dispatch_differential
-from tests.unit.scheduler.test_dispatch_differential import TENANTS, apply_event, cached_of
+from tests.unit.scheduler.test_dispatch_differential import (
+    TENANTS,
+    Trace,
+    apply_event,
+    cached_of,
+)
 
 MAX_WAIT_S = 5.0
 
 
-@dataclass
-class Trace:
-    limits: AdmissionLimits
-    reserve_fraction: float
-    light_credit: float
-    tenants: list[TenantConfig]
-    local: bool
-    allowance: float
-    w_cached: float
-    events: list[tuple[str, int, int]] = field(default_factory=list)
-
-
-@st.composite
-def traces(draw: st.DrawFn) -> Trace:
-    limits = AdmissionLimits(draw(st.integers(2, 6)), draw(st.sampled_from([800, 1500, 3000])))
-    tenants = []
-    for t in TENANTS:
-        mode: OverQuotaMode = draw(st.sampled_from(["wait", "wait", "reject"]))
-        # Buckets that refill too slowly to matter within a trace: one that runs
-        # dry holds its tenant (wait) or refuses its arrivals (reject).
-        bucket = draw(st.booleans())
-        quotas = TenantQuotas(
-            max_concurrent=draw(st.sampled_from([None, None, 1, 2])),
-            tokens_per_min=1.0 if bucket else None,
-            tokens_burst=draw(st.sampled_from([2000.0, 4000.0])) if bucket else None,
-            max_queue_wait_s=draw(st.sampled_from([None, MAX_WAIT_S])),
-        )
-        weight = draw(st.sampled_from([1.0, 1.0, 2.0, 4.0]))
-        tenants.append(TenantConfig(t, weight=weight, quotas=quotas, over_quota=mode))
-    trace = Trace(
-        limits,
-        draw(st.sampled_from([0.0, 0.25, 0.5])),
-        draw(st.sampled_from([0.0, 300.0])),
-        tenants,
-        draw(st.booleans()),
-        draw(st.sampled_from([0.0, 300.0, 4096.0])),
-        draw(st.sampled_from([1.0, 0.1])),
+def traces() -> st.SearchStrategy[Trace]:
+    """The dispatcher differential's traces, with reject-mode tenants, queue
+    expiries and "expire" events (the clock moves past max_queue_wait_s)."""
+    return dispatch_differential.traces(
+        ("wait", "wait", "reject"), (None, MAX_WAIT_S), ("expire",), 30
     )
-    kinds = ["arrive", "arrive", "arrive", "burst", "charge", "finish", "finish", "cancel"]
-    kinds += ["cached", "expire"]
-    for _ in range(draw(st.integers(5, 30))):
-        kind = draw(st.sampled_from(kinds))
-        trace.events.append((kind, draw(st.integers(0, 1000)), draw(st.integers(0, 1000))))
-    return trace
 
 
 class Side(dispatch_differential.Side):
