@@ -7,7 +7,7 @@ max output), against targets derived from the engine's reported capacity.
 from __future__ import annotations
 
 from scheduler.request import QueuedRequest
-from scheduler.rules import AdmissionLimits, fits
+from scheduler.rules import AdmissionLimits
 
 __all__ = ["AdmissionBudget", "AdmissionLimits"]
 
@@ -17,9 +17,6 @@ class AdmissionBudget:
         self.limits = limits
         self.in_flight_requests = 0
         self.in_flight_kv_tokens = 0
-
-    def fits(self, req: QueuedRequest) -> bool:
-        return fits(self.limits, self.in_flight_requests, self.in_flight_kv_tokens, req.kv_tokens)
 
     def reserve(self, req: QueuedRequest) -> None:
         self.in_flight_requests += 1

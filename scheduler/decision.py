@@ -11,8 +11,9 @@ this composition, held to it by the differential test
 
 One round, in the order the VTC guarantee needs (see rules.py):
 - the head of the tenant first in fair order (`Round.head`), or, with
-  locality, the head within the allowance of it whose prefix a worker holds
-  (`Round.prefer`) when that one may go now (else the fair head is judged);
+  locality, the head within its window whose prefix a worker holds
+  (`prefer`, `window_end`) when that one may go now (else the fair head is
+  judged);
 - its tenant's own limits (max_concurrent, wait-mode buckets) hold that tenant
   only, and the next tenant is considered (`Round.hold`);
 - with replicas, a tenant backlogged on another replica that comes first by
@@ -64,10 +65,22 @@ class Round(Protocol[C]):
         """The next request in fair order among the tenants not held (None: none)."""
         ...
 
-    def prefer(self, c: C) -> C:
-        """Locality: among `c` and the heads of the tenants within the allowance
-        of it in fair order, the one whose prompt prefix a worker with room
-        holds most of (`rules.locality_pick`); `c` when there is no locality."""
+    @property
+    def local(self) -> bool:
+        """Does a prefix index say what workers hold (locality applies)?"""
+        ...
+
+    def queued(self, c: C) -> int:
+        """How many requests `c`'s tenant has queued, `c` included (light or heavy)."""
+        ...
+
+    def within(self, c: C) -> list[C]:
+        """Locality: `c`, then the other tenants' heads whose order key is at most
+        `window_end` of `c`'s, in fair order; `[c]` without locality."""
+        ...
+
+    def cached(self, c: C) -> int:
+        """Prompt tokens of `c` a worker with room holds (asked after `within`)."""
         ...
 
     def own_wait_s(self, c: C) -> float:
@@ -97,6 +110,26 @@ class Round(Protocol[C]):
         ...
 
 
+def window_end(first_key: float, allowance: float) -> float:
+    """The locality window: a head whose order key (`rules.order_key`) is at
+    most this may go before the fair head at `first_key` (the bound between two
+    backlogged tenants grows by `allowance`)."""
+    return first_key + allowance
+
+
+def prefer(r: Round[C], c: C) -> C:
+    """Locality within the fair order: among the fair head `c` and the heads in
+    its window (`Round.within`), the one whose prefix a worker with room holds
+    most of (`rules.locality_pick`) — never past a light tenant's head
+    (`rules.locality_may_pass`)."""
+    if not r.local or not rules.locality_may_pass(r.queued(c)):
+        return c
+    within = r.within(c)
+    if len(within) < 2:
+        return c
+    return within[rules.locality_pick([r.cached(h) for h in within])]
+
+
 def judge(
     r: Round[C], c: C, reserve_fraction: float, isolation: rules.Isolation
 ) -> tuple[Verdict, float]:
@@ -117,7 +150,7 @@ def admit_round(r: Round[C], reserve_fraction: float, isolation: rules.Isolation
     stops the round (returned), `admit` ends it (ADMIT), or nobody is left (None)."""
     while (c := r.head()) is not None:
         # (Locality is asked only while the engine has a slot: it costs a lookup.)
-        pick = r.prefer(c) if r.in_flight < r.limits.max_requests else c
+        pick = prefer(r, c) if r.in_flight < r.limits.max_requests else c
         if pick is not c:
             # Locality goes first only when it may: else the fair head is judged,
             # so that the engine's room never idles for the sake of a cache hit.

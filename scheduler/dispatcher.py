@@ -127,16 +127,25 @@ class _QueueRound:
             return head
         return None
 
-    def prefer(self, c: QueuedRequest) -> QueuedRequest:
+    @property
+    def local(self) -> bool:
+        return self.d.locality is not None
+
+    def queued(self, c: QueuedRequest) -> int:
+        return self.d.reserve.queued(c.tenant_id)
+
+    def within(self, c: QueuedRequest) -> list[QueuedRequest]:
         d = self.d
-        if d.locality is None or not rules.locality_may_pass(d.reserve.queued(c.tenant_id)):
-            return c
-        heads = [h for h in d.policy.heads_within(d.allowance) if h is c or self._wanted(h)]
+        if d.locality is None:
+            return [c]
+        end = decision.window_end(d.policy.order_key(c.tenant_id), d.allowance)
+        heads = [c, *(h for h in d.policy.heads_upto(end) if h is not c and self._wanted(h))]
         for h in heads[1:]:  # the head's is set (`head`)
             h.cached_estimate = d.locality(h)
-        if len(heads) < 2:
-            return c
-        return heads[rules.locality_pick([h.cached_estimate for h in heads])]
+        return heads
+
+    def cached(self, c: QueuedRequest) -> int:
+        return c.cached_estimate
 
     def _wanted(self, req: QueuedRequest) -> _Entry | None:
         """Its entry, or None after dropping it: its caller was cancelled and has
@@ -177,7 +186,7 @@ class _QueueRound:
         d, entry = self.d, self._entry(c)
         d.locality_picks_total += c is not d.policy.peek_next()
         if d.policy.pop_next(c) is not c:
-            raise AssertionError("policy pop_next disagrees with heads_within")
+            raise AssertionError("policy pop_next disagrees with heads_upto")
         c.lent = lent
         d.lent_total += lent
         d.budget.reserve(c)
@@ -409,13 +418,14 @@ class Dispatcher:
 
     def _sweep_idle(self, now_s: float) -> None:
         """Forget the unconfigured tenants idle for the idle TTL (scheduler/idle.py)."""
-        for tid in self._idle.due(now_s):
-            if self.quotas.tenants.configured(tid) or tid in self._paused_until:
-                self._idle.drop(tid)  # configured: its state is bounded by the config
-                continue
-            if self.quotas.forget(tid) and self.policy.forget(tid):
-                self._idle.drop(tid)
-                self.forgotten_total += 1
+        self.forgotten_total += self._idle.sweep(now_s, self._keep_tenant, self._forget_tenant)
+
+    def _keep_tenant(self, tenant_id: str) -> bool:
+        """Configured (its state is bounded by its config), or held for its limits."""
+        return self.quotas.tenants.configured(tenant_id) or tenant_id in self._paused_until
+
+    def _forget_tenant(self, tenant_id: str) -> bool:
+        return self.quotas.forget(tenant_id) and self.policy.forget(tenant_id)
 
     # -- configuration ------------------------------------------------------
     def set_limits(self, limits: AdmissionLimits) -> None:

@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from scheduler.budget import AdmissionLimits
-from scheduler.quotas import QuotaLedger
+from scheduler.quotas import BucketLimits, QuotaLedger
 from scheduler.rules import bucket_level
-from scheduler.state.store import BucketLimits, SeenLevel
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.token_bucket import TokenBucket
 
@@ -77,16 +76,6 @@ def stored_buckets(
 
 # A tenant's (request, token) buckets; None where it has no such bucket.
 TenantBuckets = tuple[BucketStats | None, BucketStats | None]
-
-
-def seen_buckets(limits: BucketLimits, seen: Mapping[str, SeenLevel]) -> TenantBuckets:
-    """A tenant's buckets from the levels a store read just now (`BucketReader`)."""
-    r, t = seen.get("r"), seen.get("t")
-    return stored_buckets(
-        limits,
-        (r.level if r else None, t.level if t else None),
-        (r.age_s if r else None, t.age_s if t else None),
-    )
 
 
 def configured_buckets(registry: TenantRegistry, tenant_id: str) -> TenantBuckets:

@@ -12,6 +12,8 @@ returns (VTC), and a full bucket reads as an absent one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class IdleTenants:
     def __init__(self, ttl_s: float, now_s: float) -> None:
@@ -29,6 +31,23 @@ class IdleTenants:
             return []
         self._next_sweep_s = now_s + self.ttl_s / 4
         return [t for t, since_s in self._since.items() if now_s - since_s >= self.ttl_s]
+
+    def sweep(
+        self, now_s: float, keep: Callable[[str], bool], forget: Callable[[str], bool]
+    ) -> int:
+        """Forget the tenants due (`due`): one that `keep` says stays (configured:
+        its state is bounded by its config; busy: noted again when it next ends)
+        is no longer watched; `forget` drops what is kept of one, False while it
+        cannot go yet (a bucket not full: it is tried at the next sweep).
+        Returns how many were forgotten."""
+        forgotten = 0
+        for tenant_id in self.due(now_s):
+            if keep(tenant_id):
+                self.drop(tenant_id)
+            elif forget(tenant_id):
+                self.drop(tenant_id)
+                forgotten += 1
+        return forgotten
 
     def drop(self, tenant_id: str) -> None:
         """Forgotten, configured, or busy again (noted anew when it next ends)."""

@@ -61,6 +61,43 @@ class TenantUsage:
     rejections: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class BucketLimits:
+    """A tenant's two token buckets (None: no such bucket)."""
+
+    requests_per_s: float | None = None
+    requests_burst: float | None = None
+    tokens_per_s: float | None = None
+    tokens_burst: float | None = None
+
+    @classmethod
+    def of(cls, quotas: TenantQuotas) -> BucketLimits:
+        tokens_per_s = quotas.tokens_per_min / 60.0 if quotas.tokens_per_min is not None else None
+        return cls(quotas.requests_per_s, quotas.request_burst, tokens_per_s, quotas.token_burst)
+
+    @property
+    def any(self) -> bool:
+        return self.requests_per_s is not None or self.tokens_per_s is not None
+
+    def share(self, replicas: int) -> BucketLimits:
+        """This replica's part when it must enforce the limit alone (fail-open)."""
+        if replicas <= 1:
+            return self
+
+        def div(x: float | None, floor: float = 0.0) -> float | None:
+            return None if x is None else max(floor, x / replicas)
+
+        return BucketLimits(
+            div(self.requests_per_s),
+            div(self.requests_burst, 1.0),
+            div(self.tokens_per_s),
+            div(self.tokens_burst),
+        )
+
+
+NO_BUCKETS = BucketLimits()
+
+
 def _bucket(
     old: TokenBucket | None, rate_per_s: float | None, burst: float | None, clock: Clock
 ) -> TokenBucket | None:
@@ -149,13 +186,12 @@ class QuotaLedger:
                 self._configure(usage, cfg)
 
     def _configure(self, usage: TenantUsage, cfg: TenantConfig) -> None:
-        q = cfg.quotas
+        b = BucketLimits.of(cfg.quotas)
         usage.config = cfg
         usage.request_bucket = _bucket(
-            usage.request_bucket, q.requests_per_s, q.request_burst, self.clock
+            usage.request_bucket, b.requests_per_s, b.requests_burst, self.clock
         )
-        tokens_per_s = q.tokens_per_min / 60.0 if q.tokens_per_min is not None else None
-        usage.token_bucket = _bucket(usage.token_bucket, tokens_per_s, q.token_burst, self.clock)
+        usage.token_bucket = _bucket(usage.token_bucket, b.tokens_per_s, b.tokens_burst, self.clock)
 
     def usage(self, tenant_id: str) -> TenantUsage | None:
         return self._usage.get(tenant_id)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from scheduler import rules
 from scheduler.clock import Clock
 from scheduler.decision import tenant_load
 from scheduler.request import QueuedRequest
@@ -57,7 +58,8 @@ class FairShareReserve:
         self.clock = clock
         self.window_s = window_s if clock is not None else 0.0
         self._load: dict[str, _Load] = {}
-        # Tenant -> when it last stopped being queued or in flight.
+        # Tenant -> until when it counts as active after it stopped being queued
+        # or in flight (`rules.active_until`).
         self._seen: dict[str, float] = {}
 
     def _update(self, tenant_id: str, queued: int = 0, in_flight: int = 0, kv: int = 0) -> None:
@@ -70,7 +72,7 @@ class FairShareReserve:
         if not load.active:
             del self._load[tenant_id]
             if self.window_s > 0 and self.clock is not None:
-                self._seen[tenant_id] = self.clock.now_s()
+                self._seen[tenant_id] = rules.active_until(self.clock.now_s(), self.window_s)
 
     # -- bookkeeping (called by the dispatcher) -------------------------------
     def on_queued(self, req: QueuedRequest) -> None:
@@ -94,8 +96,10 @@ class FairShareReserve:
     def load(self, tenant_id: str, limits: AdmissionLimits) -> TenantLoad:
         """The tenant's load among the tenants active here (`decision.tenant_load`)."""
         if self._seen and self.clock is not None:
-            horizon_s = self.clock.now_s() - self.window_s
-            for t in [t for t, seen_s in self._seen.items() if seen_s <= horizon_s]:
+            now_s = self.clock.now_s()
+            for t in [
+                t for t, until_s in self._seen.items() if not rules.still_active(until_s, now_s)
+            ]:
                 del self._seen[t]
         return tenant_load(
             tenant_id,

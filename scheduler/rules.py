@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from scheduler.errors import DeadlineExpired, QueueTimeout, SchedulingError
@@ -70,6 +70,12 @@ def bucket_wait_s(level: float, n: float, rate: float, burst: float) -> float:
     return missing / rate
 
 
+def bucket_added(level: float, n: float, burst: float) -> float:
+    """A bucket's level after adding `n` (negative: taking, debt allowed): never
+    above the burst."""
+    return min(burst, level + n)
+
+
 def binding_limit(request_wait_s: float | None, token_wait_s: float | None) -> tuple[str, float]:
     """Which bucket binds a request: ("", 0.0) when neither, else the longer wait."""
     limit, wait_s = "", 0.0
@@ -97,6 +103,23 @@ def lifted(counter: float, floor: float) -> float:
     tenants, or the counter of the last tenant served when none is. A tenant that
     was only held by its own limits is not lifted: holding is not idling."""
     return max(counter, floor)
+
+
+def lift_floor(eligible: Iterable[float], last_served: float) -> float:
+    """The floor `lifted` takes: the smallest counter among the eligible
+    backlogged tenants, or, when none is, the counter of the last tenant served
+    (`served_floor`)."""
+    return min(eligible, default=last_served)
+
+
+def served_floor(floor: float, counter: float) -> float:
+    """The last-served floor after admitting a tenant whose counter was `counter`."""
+    return max(floor, counter)
+
+
+def cached_weight(w_in: float, w_cached: float | None) -> float:
+    """A cached prompt token's cost: `w_cached`, or a computed one's when None."""
+    return w_in if w_cached is None else w_cached
 
 
 def admission_charge(
@@ -205,6 +228,16 @@ def below_share(
     )
 
 
+def active_until(left_s: float, window_s: float) -> float:
+    """A tenant that left the queue and the engine at `left_s` still counts as
+    active for the reserve until then (one to keep room for between requests)."""
+    return left_s + window_s
+
+
+def still_active(until_s: float, now_s: float) -> bool:
+    return until_s > now_s
+
+
 @dataclass(frozen=True, slots=True)
 class TenantLoad:
     """The candidate tenant's part of the engine, for the reserve."""
@@ -247,14 +280,20 @@ def order_key(counter: float, queued: int, light_credit: float) -> float:
     return counter - light_credit if light(queued) else counter
 
 
+# A backlogged tenant's place in fair order (smallest first): see `vtc_rank`.
+Rank = tuple[float, int, int]
+
+
 def vtc_rank(
     counter: float, queued: int, light_credit: float, last_admitted: int, head_seq: int
-) -> tuple[float, int, int]:
+) -> Rank:
     """Where a backlogged tenant stands in VTC order (smallest first): its
     `order_key`, then ties to the tenant admitted least recently (`last_admitted`:
     its admission number, 0 when newly backlogged, so a lifted newcomer goes
     before the tenant it ties with), then the earlier head."""
-    return (order_key(counter, queued, light_credit), last_admitted, head_seq)
+    # (`order_key` is the counter itself without a credit: skip the call on the hot path.)
+    key = order_key(counter, queued, light_credit) if light_credit else counter
+    return (key, last_admitted, head_seq)
 
 
 def locality_may_pass(head_queued: int) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from scheduler.clock import Clock
-from scheduler.rules import bucket_level, bucket_wait_s
+from scheduler.rules import bucket_added, bucket_level, bucket_wait_s
 
 
 class TokenBucket:
@@ -64,7 +64,7 @@ class TokenBucket:
 
     def refund(self, n: float) -> None:
         """Give back `n` (never above the burst)."""
-        self._level = min(self.burst, self.level() + n)
+        self._level = bucket_added(self.level(), n, self.burst)
 
     def reconfigure(self, rate_per_s: float, burst: float) -> None:
         """New limits; the current level (and any debt) carries over."""

@@ -1,14 +1,15 @@
 """The queued requests of all tenants, and which eligible tenant goes next.
 
 Shared mechanism of the policies: one `TenantQueue` per tenant, plus a heap
-of the eligible backlogged tenants ordered by (policy key, arrival seq of the
-tenant's head request). The policy supplies the key (FCFS: the head's
-priority class; VTC: the tenant's virtual counter) and calls `refresh` when
-it changes. Paused tenants (over quota in wait mode, at max_concurrent) leave
-the heap but keep their queue; `resume` puts them back. With a `light_credit`
-(VTC), light tenants (`rules.light`) sit in a heap of their own and are
-compared at `rules.order_key`, so the credit is applied without re-keying
-anyone. Every operation is O(log n) in the number of backlogged tenants.
+of the eligible backlogged tenants ordered by the policy's `rules.Rank` of
+each (FCFS: the head's priority class, then its arrival; VTC: `rules.vtc_rank`,
+its counter less any light credit, then the tie-break). The policy calls
+`refresh` when a tenant's rank changes. Paused tenants (over quota in wait
+mode, at max_concurrent) leave the heap but keep their queue; `resume` puts
+them back. With a `light_credit` (VTC), light tenants (`rules.light`) sit in a
+heap of their own, so that the first of each heap is also the smallest
+counter of its kind (`tops`: the floor for lifts). Every operation is
+O(log n) in the number of backlogged tenants.
 """
 
 from __future__ import annotations
@@ -19,27 +20,21 @@ from scheduler import rules
 from scheduler.ordering.keyed_heap import KeyedHeap
 from scheduler.ordering.tenant_queue import TenantQueue
 from scheduler.request import QueuedRequest
+from scheduler.rules import Rank
 
-KeyFn = Callable[[str, QueuedRequest], float]
-# Secondary order among equal keys (default: the head's arrival seq).
-TieFn = Callable[[str, QueuedRequest], int]
-
-
-def _by_arrival(_tenant_id: str, head: QueuedRequest) -> int:
-    return head.seq
+# A tenant's rank, from its id, its head request and how many it has queued.
+RankFn = Callable[[str, QueuedRequest, int], Rank]
 
 
 class Backlog:
     def __init__(
         self,
-        key: KeyFn,
+        rank: RankFn,
         *,
-        tiebreak: TieFn = _by_arrival,
         batch_every_n: int | None = None,
         light_credit: float = 0.0,
     ) -> None:
-        self._key = key
-        self._tiebreak = tiebreak
+        self._rank = rank
         self._batch_every_n = batch_every_n
         self._credit = light_credit
         self._queues: dict[str, TenantQueue] = {}
@@ -65,18 +60,18 @@ class Backlog:
         self._eligible.discard(tenant_id)
         self._light.discard(tenant_id)
         if q is not None and head is not None and tenant_id not in self.paused:
-            heap = self._light if self._credit and rules.light(len(q)) else self._eligible
-            heap.set(tenant_id, self._key(tenant_id, head), self._tiebreak(tenant_id, head))
+            n = len(q)
+            heap = self._light if self._credit and rules.light(n) else self._eligible
+            heap.set(tenant_id, self._rank(tenant_id, head, n))
 
     def _top(self) -> str | None:
-        """The eligible tenant first at `rules.order_key` (ties: the tiebreak)."""
+        """The eligible tenant first in rank."""
         heavy, light = self._eligible.peek(), self._light.peek()
         if light is None or heavy is None:
             return heavy if light is None else light
-        hk, lk = self._eligible.key(heavy), self._light.key(light)
-        assert hk is not None and lk is not None
-        lk_ordered = (rules.order_key(lk[0], self.queued(light), self._credit), lk[1])
-        return light if lk_ordered < hk else heavy
+        light_rank, heavy_rank = self._light.rank(light), self._eligible.rank(heavy)
+        assert light_rank is not None and heavy_rank is not None
+        return light if light_rank < heavy_rank else heavy
 
     def push(self, req: QueuedRequest) -> None:
         self.queue(req.tenant_id).push(req)
@@ -95,32 +90,20 @@ class Backlog:
         tenant_id = self._top()
         return None if tenant_id is None else self._queues[tenant_id].head()
 
-    def heads_within(self, allowance: float) -> list[QueuedRequest]:
-        """The heads of the eligible tenants whose `rules.order_key` is within
-        `allowance` of the first's, in fair order (the first first)."""
-        first = self._top()
-        if first is None:
-            return []
-        q = self._queues[first]
-        head = q.head()
-        assert head is not None
-        limit = rules.order_key(self._key(first, head), len(q), self._credit) + allowance
-        ranked = list(self._eligible.up_to(limit))
-        # Light tenants' keys are their counters, their order key is less the
-        # credit: a little beyond, then filtered, so rounding leaves none out.
-        over = limit + self._credit
-        for k, k2, t in self._light.up_to(over + 1e-9 * max(1.0, abs(over))):
-            key = rules.order_key(k, self.queued(t), self._credit)
-            if key <= limit:
-                ranked.append((key, k2, t))
-        ranked.sort()
-        # The first is `_top`'s (its own tie-breaks), then the others in order.
-        heads = [head]
-        for _, _, t in ranked:
-            h = self._queues[t].head()
-            if t != first and h is not None:
-                heads.append(h)
+    def heads_upto(self, key: float) -> list[QueuedRequest]:
+        """The heads of the eligible tenants whose order key (their rank's first
+        part) is at most `key`, in rank order."""
+        ranked = sorted(self._eligible.up_to(key) + self._light.up_to(key))
+        heads = []
+        for _, t in ranked:
+            head = self._queues[t].head()
+            assert head is not None  # eligible: it has a head
+            heads.append(head)
         return heads
+
+    def rank_of(self, tenant_id: str) -> Rank | None:
+        """An eligible tenant's rank (None: not eligible)."""
+        return self._eligible.rank(tenant_id) or self._light.rank(tenant_id)
 
     def pop(self, tenant_id: str | None = None) -> QueuedRequest | None:
         """Pop the head of the first tenant in fair order, or of `tenant_id`."""
@@ -152,17 +135,11 @@ class Backlog:
         self._light.discard(tenant_id)
         return True
 
-    def top_tenant(self) -> str | None:
-        return self._top()
-
-    def min_key(self) -> float | None:
-        """Smallest policy key (no credit) among eligible backlogged tenants."""
-        keys = [
-            k[0]
-            for heap in (self._eligible, self._light)
-            if (t := heap.peek()) is not None and (k := heap.key(t)) is not None
-        ]
-        return min(keys, default=None)
+    def tops(self) -> list[str]:
+        """The first eligible tenant of each heap (heavy, light): between them,
+        the smallest counter under VTC (every rank in a heap is its counter less
+        the same credit)."""
+        return [t for heap in (self._eligible, self._light) if (t := heap.peek()) is not None]
 
     @property
     def eligible_tenants(self) -> int:

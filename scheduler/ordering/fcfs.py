@@ -17,7 +17,7 @@ class FcfsPolicy:
     fair = False
 
     def __init__(self) -> None:
-        self._backlog = Backlog(lambda _tenant, head: float(head.priority))
+        self._backlog = Backlog(lambda _tenant, head, _queued: (float(head.priority), 0, head.seq))
 
     def push(self, req: QueuedRequest) -> None:
         self._backlog.push(req)
@@ -25,9 +25,12 @@ class FcfsPolicy:
     def peek_next(self) -> QueuedRequest | None:
         return self._backlog.peek()
 
-    def heads_within(self, allowance: float) -> list[QueuedRequest]:
-        head = self._backlog.peek()  # a baseline: arrival order only
-        return [] if head is None else [head]
+    def order_key(self, tenant_id: str) -> float:
+        rank = self._backlog.rank_of(tenant_id)
+        return rank[0] if rank is not None else 0.0
+
+    def heads_upto(self, key: float) -> list[QueuedRequest]:
+        return []  # a baseline: arrival order only
 
     def pop_next(self, chosen: QueuedRequest | None = None) -> QueuedRequest | None:
         return self._backlog.pop(None if chosen is None else chosen.tenant_id)

@@ -25,15 +25,19 @@ class QueuePolicy(Protocol):
         """The request the policy would admit next, without removing it."""
         ...
 
-    def heads_within(self, allowance: float) -> list[QueuedRequest]:
-        """The requests that may be admitted next, in the policy's order: the
-        next one first, then the heads of other tenants within `allowance` of it
-        (a fair policy's weighted tokens; a baseline returns its next only)."""
+    def order_key(self, tenant_id: str) -> float:
+        """An eligible tenant's order key (a fair policy's `rules.order_key`)."""
+        ...
+
+    def heads_upto(self, key: float) -> list[QueuedRequest]:
+        """The heads of the eligible tenants whose order key is at most `key`, in
+        the policy's order (the locality window, `decision.window_end`; a
+        baseline returns none: it admits in arrival order only)."""
         ...
 
     def pop_next(self, chosen: QueuedRequest | None = None) -> QueuedRequest | None:
         """Remove and return the request to admit next (`chosen`: one of
-        `heads_within`); charge its admission."""
+        `heads_upto`); charge its admission."""
         ...
 
     def remove(self, req: QueuedRequest) -> bool:

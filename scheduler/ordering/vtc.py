@@ -24,9 +24,9 @@ interval receive weighted service (per unit weight) within
 the longest prompt, M the tokens the engine holds; plus `light_credit` when
 either may be light.
 
-Locality (`heads_within`): the dispatcher may admit, instead of the first
+Locality (`heads_upto`): the dispatcher may admit, instead of the first
 tenant's head, the head of another tenant within an allowance of it in this
-order (`rules.locality_pick`); the bound grows by that allowance.
+order (`decision.prefer`); the bound grows by that allowance.
 
 Within a tenant: FIFO, interactive before batch, with the anti-starvation
 rule of `TenantQueue` (one batch admission at least every `batch_every_n` + 1).
@@ -39,6 +39,7 @@ from collections.abc import Callable
 from scheduler import rules
 from scheduler.ordering.backlog import Backlog
 from scheduler.request import QueuedRequest
+from scheduler.rules import vtc_rank
 
 DEFAULT_BATCH_EVERY_N = 4
 
@@ -69,32 +70,26 @@ class VtcPolicy:
         self.light_credit = light_credit
         self.w_in = w_in
         self.w_out = w_out
-        # A cached prompt token's cost (None: as a computed one).
-        self.w_cached = w_in if w_cached is None else w_cached
+        self.w_cached = rules.cached_weight(w_in, w_cached)
         self._counters: dict[str, float] = {}
         # Admissions so far and each tenant's last one (the tie-break).
         self._admissions = 0
         self._last_admitted: dict[str, int] = {}
-        self._backlog = Backlog(
-            self._key, tiebreak=self._tie, batch_every_n=batch_every_n, light_credit=light_credit
-        )
+        self._backlog = Backlog(self._rank, batch_every_n=batch_every_n, light_credit=light_credit)
         # Counter of the last tenant served; lifts newcomers when no one is backlogged.
         self._floor = 0.0
 
-    def _key(self, tenant_id: str, _head: QueuedRequest) -> float:
-        return self._counters.get(tenant_id, 0.0)
-
-    def _tie(self, tenant_id: str, head: QueuedRequest) -> int:
-        return (self._last_admitted.get(tenant_id, 0) << 40) | head.seq
+    def _rank(self, tenant_id: str, head: QueuedRequest, queued: int) -> rules.Rank:
+        counter, last = self._counters.get(tenant_id, 0.0), self._last_admitted.get(tenant_id, 0)
+        return vtc_rank(counter, queued, self.light_credit, last, head.seq)
 
     def counter(self, tenant_id: str) -> float:
         return self._counters.get(tenant_id, 0.0)
 
     def _lift(self, tenant_id: str) -> None:
-        floor = self._backlog.min_key()
-        if floor is None:
-            floor = self._floor
-        self._counters[tenant_id] = rules.lifted(self._counters.get(tenant_id, 0.0), floor)
+        eligible = (self.counter(t) for t in self._backlog.tops())
+        floor = rules.lift_floor(eligible, self._floor)
+        self._counters[tenant_id] = rules.lifted(self.counter(tenant_id), floor)
         # Newly backlogged: it goes first among the tenants it ties with.
         self._last_admitted.pop(tenant_id, None)
 
@@ -107,15 +102,19 @@ class VtcPolicy:
     def peek_next(self) -> QueuedRequest | None:
         return self._backlog.peek()
 
-    def heads_within(self, allowance: float) -> list[QueuedRequest]:
-        return self._backlog.heads_within(allowance)
+    def order_key(self, tenant_id: str) -> float:
+        rank = self._backlog.rank_of(tenant_id)
+        return rank[0] if rank is not None else self.counter(tenant_id)
+
+    def heads_upto(self, key: float) -> list[QueuedRequest]:
+        return self._backlog.heads_upto(key)
 
     def pop_next(self, chosen: QueuedRequest | None = None) -> QueuedRequest | None:
         head = chosen or self._backlog.peek()
         if head is None:
             return None
         tid = head.tenant_id
-        self._floor = max(self._floor, self.counter(tid))
+        self._floor = rules.served_floor(self._floor, self.counter(tid))
         charge = rules.admission_charge(
             self.w_in, head.prompt_tokens, self.weight_of(tid), head.cached_estimate, self.w_cached
         )

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import replace
 
 from scheduler import rules
@@ -46,9 +46,9 @@ from scheduler.errors import (
     StoreUnavailable,
 )
 from scheduler.gate import Admission, RequestState
-from scheduler.gate_stats import GateStats, TenantBuckets, seen_buckets
+from scheduler.gate_stats import GateStats, TenantBuckets, stored_buckets
 from scheduler.idle import IdleTenants
-from scheduler.quotas import bucket_exceeded, check_caps, check_queue_slot
+from scheduler.quotas import BucketLimits, bucket_exceeded, check_caps, check_queue_slot
 from scheduler.request import QueuedRequest
 from scheduler.shared import fleet_usage
 from scheduler.shared.failover import FailoverController
@@ -57,15 +57,7 @@ from scheduler.shared.options import FailureMode, QuotaView, SharedOptions, Stor
 from scheduler.shared.outbox import Outbox
 from scheduler.shared.pump import Pump
 from scheduler.shared.stats import GateTotals, Refusal, SharedStats
-from scheduler.state.store import (
-    BucketLimits,
-    BucketReader,
-    Candidate,
-    Lease,
-    Settlement,
-    Step,
-    Store,
-)
+from scheduler.state.store import BucketReader, Candidate, Lease, SeenLevel, Settlement, Step, Store
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import AsyncioTimers, Timers
 
@@ -158,6 +150,11 @@ class SharedDispatcher:
     def told_everything(self) -> bool:
         """Nothing left for the pump to tell the store (tests wait for it)."""
         return self._pump.told_everything
+
+    @property
+    def idle(self) -> bool:
+        """The pump waits with nothing owed or due (tests settle on it)."""
+        return self._pump.idle
 
     @property
     def queued(self) -> int:
@@ -258,8 +255,9 @@ class SharedDispatcher:
         self._local.push(req)
         self._idle.drop(req.tenant_id)
         self._outbox.forget.pop(req.tenant_id, None)
-        if q.max_queue_wait_s is not None:
-            expires_s = req.arrival_s + q.max_queue_wait_s
+        # Deadlines are the gRPC layer's (it cancels the call).
+        expires_s = rules.queue_expiry_s(req.arrival_s, q.max_queue_wait_s, None)
+        if expires_s is not None:
             entry.expiry = self.timers.call_at(expires_s, lambda: self._expire(entry))
         self._pump.kick()
         try:
@@ -340,7 +338,7 @@ class SharedDispatcher:
         if entry is None or not entry.started:
             return
         o = self.options
-        w_cached = o.w_in if o.w_cached is None else o.w_cached
+        w_cached = rules.cached_weight(o.w_in, o.w_cached)
         delta = rules.cached_shortfall(
             o.w_in, w_cached, req.cached_estimate, reported, entry.cfg.weight
         )
@@ -390,20 +388,23 @@ class SharedDispatcher:
     def _sweep_idle(self) -> None:
         """Forget the unconfigured tenants idle here for the idle TTL; the store
         forgets them too where they are idle fleet-wide (Step.forget)."""
-        due = self._idle.due(self.clock.now_s())
-        if not due:
-            return
-        busy = {e.req.tenant_id for e in self._entries}  # queued or in flight here
-        for t in due:
-            self._idle.drop(t)
-            if t in busy or self.quotas.tenants.configured(t):
-                continue  # busy: noted again when it next ends
-            self._local.forget(t)
-            self._pump.forget(t)
-            self._stats.tally.forget(t)
-            self._failover.forget(t)
-            self._outbox.forget[t] = self.buckets_of(t)
-            self.forgotten_total += 1
+        busy: set[str] | None = None  # queued or in flight here (built when one is due)
+
+        def keep(t: str) -> bool:
+            nonlocal busy
+            if busy is None:
+                busy = {e.req.tenant_id for e in self._entries}
+            return t in busy or self.quotas.tenants.configured(t)
+
+        self.forgotten_total += self._idle.sweep(self.clock.now_s(), keep, self._forget_tenant)
+
+    def _forget_tenant(self, t: str) -> bool:
+        self._local.forget(t)
+        self._pump.forget(t)
+        self._stats.tally.forget(t)
+        self._failover.forget(t)
+        self._outbox.forget[t] = self.buckets_of(t)
+        return True
 
     def _forget(self, entry: Entry) -> None:
         if self._entries.remove(entry):
@@ -496,7 +497,7 @@ class SharedDispatcher:
                 return None, None
             with contextlib.suppress(StoreUnavailable):
                 seen = await self.store.bucket_levels(tenant_id)
-                return seen_buckets(BucketLimits.of(cfg.quotas), seen)
+                return _seen_buckets(BucketLimits.of(cfg.quotas), seen)
         t = self.stats(include=(tenant_id,)).tenant(tenant_id)
         return (t.request_bucket, t.token_bucket) if t is not None else (None, None)
 
@@ -513,3 +514,13 @@ class SharedDispatcher:
             include,
             fleet,
         )
+
+
+def _seen_buckets(limits: BucketLimits, seen: Mapping[str, SeenLevel]) -> TenantBuckets:
+    """A tenant's buckets from the levels the store read just now (`BucketReader`)."""
+    r, t = seen.get("r"), seen.get("t")
+    return stored_buckets(
+        limits,
+        (r.level if r else None, t.level if t else None),
+        (r.age_s if r else None, t.age_s if t else None),
+    )

@@ -38,11 +38,11 @@ from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.errors import StoreUnavailable
+from scheduler.quotas import BucketLimits
 from scheduler.shared.options import SharedOptions, StoreHealth
 from scheduler.shared.outbox import Outbox
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.store import (
-    BucketLimits,
     FleetObserver,
     FleetSeen,
     Lease,

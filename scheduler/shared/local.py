@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from scheduler import rules
 from scheduler.gate import RequestState
 from scheduler.ordering.tenant_queue import TenantQueue
+from scheduler.quotas import BucketLimits
 from scheduler.request import QueuedRequest
-from scheduler.state.store import BucketLimits, Candidate, Lease, Settlement
+from scheduler.state.store import Candidate, Lease, Settlement
 from scheduler.tenancy.tenants import TenantConfig
 from scheduler.timers import TimerHandle
 
@@ -204,11 +205,17 @@ class LocalQueues:
 
     def heads(self, limit: int, per_tenant: int) -> list[QueuedRequest]:
         """The next `per_tenant` requests of each of the first `limit` eligible
-        tenants in mirrored counter order, each tenant's in its queue's order."""
+        tenants in mirrored fair order (`rules.vtc_rank`), each tenant's in its
+        queue's order."""
 
-        def key(t: str) -> float:
-            return rules.order_key(
-                self.mirror.get(t, -math.inf), self.queued(t), self._light_credit
+        def key(t: str) -> rules.Rank:
+            # The fair order as far as this replica knows it: the store alone
+            # knows the tenants' last admissions (0 here: ties to the earlier head).
+            q = self._queues[t]
+            head = q.head()
+            assert head is not None
+            return rules.vtc_rank(
+                self.mirror.get(t, -math.inf), len(q), self._light_credit, 0, head.seq
             )
 
         tenants = heapq.nsmallest(limit, self.eligible(), key=key)

@@ -8,7 +8,6 @@ from typing import Literal
 from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.ordering.vtc import DEFAULT_BATCH_EVERY_N
-from scheduler.quotas import TenantUsage
 from scheduler.request import Locality
 from scheduler.state.store import Step
 from scheduler.tenancy.tenants import TenantRegistry
@@ -64,7 +63,7 @@ class SharedOptions:
         return Step(
             limits,
             w_in=self.w_in,
-            w_cached=self.w_in if self.w_cached is None else self.w_cached,
+            w_cached=rules.cached_weight(self.w_in, self.w_cached),
             reserve_fraction=self.reserve_fraction,
             reserve_window_s=self.reserve_window_s,
             isolation=self.isolation,
@@ -90,11 +89,8 @@ class StoreHealth:
 
 @dataclass(slots=True)
 class QuotaView:
-    """What the service reads from `dispatcher.quotas`."""
+    """What the service reads from `dispatcher.quotas`: the registry in force
+    (per-tenant usage is `stats().tenants`, in both modes)."""
 
     tenants: TenantRegistry
     open_reservations: int = 0
-
-    def usages(self) -> list[TenantUsage]:
-        """Per-tenant usage lives in the shared store; none is kept locally."""
-        return []

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 
-from scheduler.state.store import BucketLimits, Settlement, Step
+from scheduler.quotas import BucketLimits
+from scheduler.state.store import Settlement, Step
 
 
 class Outbox:

@@ -35,11 +35,12 @@ from scheduler import rules
 from scheduler.budget import AdmissionBudget
 from scheduler.clock import Clock
 from scheduler.errors import StoreUnavailable
+from scheduler.quotas import BucketLimits
 from scheduler.shared.failover import FailoverController
 from scheduler.shared.local import Entries, Entry, LocalQueues, Place
 from scheduler.shared.options import SharedOptions
 from scheduler.shared.outbox import Outbox
-from scheduler.state.store import BucketLimits, Candidate, Step, StepOutcome, Store
+from scheduler.state.store import Candidate, Step, StepOutcome, Store
 from scheduler.timers import Timers
 
 log = logging.getLogger("scheduler.shared.dispatcher")
@@ -115,6 +116,7 @@ class Pump:
         # The fleet's requests in flight after the last step (None: no step yet).
         self._fleet_in_flight: int | None = None
         self._wake = asyncio.Event()
+        self._waiting = False  # the task waits for something to become due
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -181,6 +183,12 @@ class Pump:
             and not self._offered
         )
 
+    @property
+    def idle(self) -> bool:
+        """The task waits for something to become due, nothing is due at once and
+        the store has been told everything (tests settle on it)."""
+        return self._waiting and not self._wake.is_set() and self.told_everything
+
     # -- the loop ------------------------------------------------------------------
     async def _run(self) -> None:
         while not self._closing:
@@ -188,7 +196,11 @@ class Pump:
             delay_s = due_s - self._clock.now_s()
             if delay_s > 0:
                 timer = self._timers.call_at(due_s, self._wake.set) if delay_s < 3600 else None
-                await self._wake.wait()
+                self._waiting = True
+                try:
+                    await self._wake.wait()
+                finally:
+                    self._waiting = False
                 if timer is not None:
                     timer.cancel()
             self._wake.clear()

@@ -22,10 +22,11 @@ from scheduler.budget import AdmissionBudget
 from scheduler.clock import Clock
 from scheduler.errors import QuotaExceeded, RequestTooLarge, StoreUnavailable
 from scheduler.gate_stats import BucketStats, GateStats, StoreMode, TenantStats, stored_buckets
+from scheduler.quotas import BucketLimits
 from scheduler.shared import fleet_usage
 from scheduler.shared.fleet_usage import ReplicaUsage
 from scheduler.shared.local import Entry, LocalQueues
-from scheduler.state.store import BucketLimits, FleetObserver, Store, StoreSnapshot
+from scheduler.state.store import FleetObserver, Store, StoreSnapshot
 from scheduler.tenancy.tenants import TenantRegistry
 
 Refusal = TypeVar("Refusal", QuotaExceeded, RequestTooLarge)

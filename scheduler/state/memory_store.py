@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from scheduler import decision, rules
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import Clock
+from scheduler.quotas import BucketLimits
 from scheduler.rules import Verdict, bucket_level, bucket_wait_s
 from scheduler.state.store import (
-    BucketLimits,
     Candidate,
     Lease,
     SeenLevel,
@@ -120,10 +120,10 @@ class MemoryStore:
         """Add to the buckets (negative: take, debt allowed; never above the burst)."""
         if req and lim.requests_per_s is not None and lim.requests_burst is not None:
             lvl = self._level(tenant, "r", lim.requests_per_s, lim.requests_burst, now_s)
-            self._set(tenant, "r", min(lim.requests_burst, lvl + req), now_s)
+            self._set(tenant, "r", rules.bucket_added(lvl, req, lim.requests_burst), now_s)
         if tok and lim.tokens_per_s is not None and lim.tokens_burst is not None:
             lvl = self._level(tenant, "t", lim.tokens_per_s, lim.tokens_burst, now_s)
-            self._set(tenant, "t", min(lim.tokens_burst, lvl + tok), now_s)
+            self._set(tenant, "t", rules.bucket_added(lvl, tok, lim.tokens_burst), now_s)
 
     # -- leases ---------------------------------------------------------------
     def _open(self, lease_id: str, tenant: str, kv: int, now_s: float) -> None:
@@ -153,7 +153,9 @@ class MemoryStore:
             self.backlog_queued.pop(key, None)
         for lid in [lid for lid, exp in self.done.items() if exp <= now_s]:
             del self.done[lid]
-        for t in [t for t, exp in self.recent.items() if exp <= now_s]:
+        for t in [
+            t for t, until_s in self.recent.items() if not rules.still_active(until_s, now_s)
+        ]:
             del self.recent[t]
         for key in [k for k, b in self.buckets.items() if b.expires_s <= now_s]:
             del self.buckets[key]
@@ -181,7 +183,7 @@ class MemoryStore:
         }
         if any(t == tenant and r != replica for (r, t) in self.backlog):
             return  # already backlogged on another replica
-        floor = min((self.counters.get(t, 0.0) for t in others), default=self.floor)
+        floor = rules.lift_floor((self.counters.get(t, 0.0) for t in others), self.floor)
         self.counters[tenant] = rules.lifted(self.counters.get(tenant, 0.0), floor)
         self.last_admitted.pop(tenant, None)  # first among the tenants it ties with
 
@@ -228,7 +230,7 @@ class MemoryStore:
             self.backlog_queued.pop((replica_id, tenant), None)
         if step.reserve_window_s > 0:
             # Still active for the reserve a while after its last request left.
-            until_s = now_s + step.reserve_window_s
+            until_s = rules.active_until(now_s, step.reserve_window_s)
             for tenant in [*step.withdraw, *(x.tenant_id for x in step.settlements)]:
                 self.recent[tenant] = until_s
         if step.backlogged is not None:
@@ -279,7 +281,7 @@ class MemoryStore:
         queued = self._fleet_queued()
         for c in step.candidates:
             queued.setdefault(c.tenant_id, c.queued)
-        recent = [t for t, exp in self.recent.items() if exp > now_s]
+        recent = [t for t, until_s in self.recent.items() if rules.still_active(until_s, now_s)]
         return decision.tenant_load(
             tenant,
             [*queued, *self.concurrency, *recent],
@@ -312,7 +314,7 @@ class MemoryStore:
         if c.take_buckets:
             self._add(c.tenant_id, -1.0, -float(c.sent_tokens), c.buckets, now_s)
         counter = out.counters[c.tenant_id]
-        self.floor = max(self.floor, counter)
+        self.floor = rules.served_floor(self.floor, counter)
         self.counters[c.tenant_id] = counter + rules.admission_charge(
             step.w_in, c.prompt_tokens, c.weight, c.cached, step.w_cached
         )
@@ -348,9 +350,6 @@ class MemoryStore:
 
     async def put_tenant(self, cfg: TenantConfig) -> None:
         self.tenants[cfg.tenant_id] = tenant_fields(cfg)
-
-    async def get_tenant(self, tenant_id: str) -> dict[str, str] | None:
-        return self.tenants.get(tenant_id)
 
     async def snapshot(self) -> StoreSnapshot:
         now_s = self.clock.now_s()
@@ -426,24 +425,34 @@ class _StoreRound:
             i,
         )
 
-    def prefer(self, c: Candidate) -> Candidate:
-        """The other tenants' next candidates within the allowance of `c` in fair
-        order (not one admitted by an earlier try: that one counts when it is
-        the head), and the one a worker holds most of goes first."""
+    @property
+    def local(self) -> bool:
+        return not math.isinf(self.step.allowance)
+
+    def queued(self, c: Candidate) -> int:
+        return c.queued
+
+    def within(self, c: Candidate) -> list[Candidate]:
+        """The other tenants' next candidates in the window of `c` (not one admitted
+        by an earlier try: that one counts when it is the head), in fair order."""
         step, cands = self.step, self.step.candidates
-        if math.isinf(step.allowance) or not rules.locality_may_pass(c.queued):
-            return c
+        if math.isinf(step.allowance):
+            return [c]
         credit = step.light_credit
-        limit = rules.order_key(self.out.counters[c.tenant_id], c.queued, credit) + step.allowance
+        end = decision.window_end(
+            rules.order_key(self.out.counters[c.tenant_id], c.queued, credit), step.allowance
+        )
         others = [
             t
             for t, q in self.pending.items()
             if t != c.tenant_id
             and cands[q[0]].lease_id not in self.s.leases
-            and rules.order_key(self.out.counters[t], cands[q[0]].queued, credit) <= limit
+            and rules.order_key(self.out.counters[t], cands[q[0]].queued, credit) <= end
         ]
-        within = [c, *(cands[self.pending[t][0]] for t in sorted(others, key=self._rank))]
-        return within[rules.locality_pick([h.cached for h in within])]
+        return [c, *(cands[self.pending[t][0]] for t in sorted(others, key=self._rank))]
+
+    def cached(self, c: Candidate) -> int:
+        return c.cached
 
     def head(self) -> Candidate | None:
         cands, pending = self.step.candidates, self.pending

@@ -476,8 +476,8 @@ while going do
     if c.gone then
       k = k + 1
     else
-      -- locality (rules.locality_pick; memory_store.py: prefer), while a slot is
-      -- free: the other heads within the allowance of c, in fair order, not one
+      -- locality (decision.prefer, window_end; memory_store.py: within), while a slot
+      -- is free: the other heads within the allowance of c, in fair order, not one
       -- admitted by an earlier try; the one a worker holds most of goes first
       -- when it may (decision.py), else c is decided
       local pick, done = c, false

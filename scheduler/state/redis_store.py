@@ -63,11 +63,11 @@ from redis.exceptions import NoScriptError
 
 from scheduler import rules
 from scheduler.errors import StoreUnavailable
+from scheduler.quotas import BucketLimits
 from scheduler.redis_io import UNAVAILABLE, Script, connect, text
 from scheduler.state.redis_scripts import RESERVE, SNAPSHOT, STEP
 from scheduler.state.store import (
     NO_LIMIT,
-    BucketLimits,
     FleetSeen,
     SeenLevel,
     Step,
@@ -232,13 +232,6 @@ class RedisStore:
                 await pipe.execute()
         except UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
-
-    async def get_tenant(self, tenant_id: str) -> dict[str, str] | None:
-        try:
-            raw = await self._r.hgetall(self._tenant_key(tenant_id))
-        except UNAVAILABLE as exc:
-            raise StoreUnavailable(f"redis unreachable: {exc}") from exc
-        return {text(k): text(v) for k, v in raw.items()} or None
 
     async def snapshot(self) -> StoreSnapshot:
         inflight, vtc, leases, bl = await self._eval(_SNAPSHOT, self._keys(set()), [self.base])

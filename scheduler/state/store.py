@@ -32,43 +32,10 @@ from typing import Protocol, runtime_checkable
 
 from scheduler import rules
 from scheduler.budget import AdmissionLimits
+from scheduler.quotas import NO_BUCKETS, BucketLimits
 from scheduler.tenancy.tenants import TenantConfig, TenantQuotas
 
 NO_LIMIT = -1.0
-
-
-@dataclass(frozen=True, slots=True)
-class BucketLimits:
-    """A tenant's two token buckets (None: no such bucket)."""
-
-    requests_per_s: float | None = None
-    requests_burst: float | None = None
-    tokens_per_s: float | None = None
-    tokens_burst: float | None = None
-
-    @classmethod
-    def of(cls, quotas: TenantQuotas) -> BucketLimits:
-        tokens_per_s = quotas.tokens_per_min / 60.0 if quotas.tokens_per_min is not None else None
-        return cls(quotas.requests_per_s, quotas.request_burst, tokens_per_s, quotas.token_burst)
-
-    @property
-    def any(self) -> bool:
-        return self.requests_per_s is not None or self.tokens_per_s is not None
-
-    def share(self, replicas: int) -> BucketLimits:
-        """This replica's part when it must enforce the limit alone (fail-open)."""
-        if replicas <= 1:
-            return self
-
-        def div(x: float | None, floor: float = 0.0) -> float | None:
-            return None if x is None else max(floor, x / replicas)
-
-        return BucketLimits(
-            div(self.requests_per_s),
-            div(self.requests_burst, 1.0),
-            div(self.tokens_per_s),
-            div(self.tokens_burst),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +50,7 @@ class Candidate:
     kv_tokens: int
     # Wait mode: the buckets are taken at admission (reject mode took them at arrival).
     take_buckets: bool = False
-    buckets: BucketLimits = BucketLimits()
+    buckets: BucketLimits = NO_BUCKETS
     max_concurrent: int | None = None
     # Requests its tenant has queued on the offering replica from this one on (light
     # tenants get the fair-share reserve kept for them: rules.light).
@@ -120,7 +87,7 @@ class Settlement:
     # Refunds to the buckets (negative: debt, e.g. more output than reserved).
     refund_requests: float = 0.0
     refund_tokens: float = 0.0
-    buckets: BucketLimits = BucketLimits()
+    buckets: BucketLimits = NO_BUCKETS
 
 
 @dataclass(slots=True)
@@ -255,8 +222,6 @@ class Store(Protocol):
     async def put_tenant(self, cfg: TenantConfig) -> None:
         """Publish a tenant's configuration (operators and other replicas can read it)."""
         ...
-
-    async def get_tenant(self, tenant_id: str) -> dict[str, str] | None: ...
 
     async def snapshot(self) -> StoreSnapshot: ...
 

@@ -24,11 +24,12 @@ from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import MonotonicClock
 from scheduler.dispatcher import Dispatcher
 from scheduler.ordering.vtc import VtcPolicy
+from scheduler.quotas import BucketLimits
 from scheduler.request import QueuedRequest
 from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.redis_store import RedisStore
-from scheduler.state.store import BucketLimits, Step, StepOutcome, Store, StoreSnapshot
+from scheduler.state.store import Step, StepOutcome, Store, StoreSnapshot
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 
 LIMITS = AdmissionLimits(max_requests=64, max_kv_tokens=1_000_000)
@@ -61,9 +62,6 @@ class TimedStore:
 
     async def put_tenant(self, cfg: TenantConfig) -> None:
         await self.inner.put_tenant(cfg)
-
-    async def get_tenant(self, tenant_id: str) -> dict[str, str] | None:
-        return await self.inner.get_tenant(tenant_id)
 
     async def snapshot(self) -> StoreSnapshot:
         return await self.inner.snapshot()

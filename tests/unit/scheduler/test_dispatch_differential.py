@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -35,7 +36,7 @@ from scheduler.request import Priority, QueuedRequest
 from scheduler.rules import LIGHT_QUEUE
 from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
 from scheduler.state.memory_store import MemoryStore
-from scheduler.tenancy.tenants import TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.tenancy.tenants import OverQuotaMode, TenantConfig, TenantQuotas, TenantRegistry
 from scheduler.timers import ManualTimers
 
 TENANTS = ["a", "b", "c", "d"]
@@ -58,20 +59,30 @@ class Trace:
 
 
 @st.composite
-def traces(draw: st.DrawFn) -> Trace:
+def traces(
+    draw: st.DrawFn,
+    modes: Sequence[OverQuotaMode] = ("wait",),
+    max_waits_s: Sequence[float | None] = (None,),
+    extra_kinds: Sequence[str] = (),
+    max_events: int = 40,
+) -> Trace:
+    """`modes`, `max_waits_s`: the tenants' over-quota modes and max_queue_wait_s
+    to draw from; `extra_kinds`: more kinds of events (the caller applies them)."""
     limits = AdmissionLimits(draw(st.integers(2, 6)), draw(st.sampled_from([800, 1500, 3000])))
     tenants = []
     for t in TENANTS:
-        # Wait mode, refilling too slowly to matter within a trace: a tenant that
-        # runs dry stays held by its own limits.
+        # Buckets refilling too slowly to matter within a trace: a tenant that runs
+        # dry stays held by its own limits (wait) or is refused at arrival (reject).
         bucket = draw(st.booleans()) and draw(st.booleans())
         quotas = TenantQuotas(
             max_concurrent=draw(st.sampled_from([None, None, 1, 2])),
             tokens_per_min=1.0 if bucket else None,
             tokens_burst=draw(st.sampled_from([2000.0, 4000.0])) if bucket else None,
+            max_queue_wait_s=draw(st.sampled_from(max_waits_s)),
         )
         weight = draw(st.sampled_from([1.0, 1.0, 2.0, 4.0]))
-        tenants.append(TenantConfig(t, weight=weight, quotas=quotas, over_quota="wait"))
+        mode = draw(st.sampled_from(modes))
+        tenants.append(TenantConfig(t, weight=weight, quotas=quotas, over_quota=mode))
     trace = Trace(
         limits,
         draw(st.sampled_from([0.0, 0.25, 0.5])),
@@ -82,8 +93,8 @@ def traces(draw: st.DrawFn) -> Trace:
         draw(st.sampled_from([1.0, 0.1])),
     )
     kinds = ["arrive", "arrive", "arrive", "burst", "charge", "finish", "finish", "cancel"]
-    kinds += ["cached"]
-    for _ in range(draw(st.integers(5, 40))):
+    kinds += ["cached", *extra_kinds]
+    for _ in range(draw(st.integers(5, max_events))):
         kind = draw(st.sampled_from(kinds))
         trace.events.append((kind, draw(st.integers(0, 1000)), draw(st.integers(0, 1000))))
     return trace
@@ -144,6 +155,43 @@ def cached_of(req: QueuedRequest) -> int:
     return int(req.request_id.split(".")[0]) * 37 % (req.prompt_tokens + 1)
 
 
+async def apply_event(
+    sides: Sequence[Side], n: int, kind: str, x: int, y: int, settle: Callable[[], Awaitable[None]]
+) -> None:
+    """Event `n` of a trace, the same on every side (`x`, `y`: its random draws):
+    an arrival or a burst (each request settled before the next: requests sent
+    in one tick reach a `Dispatcher` one by one but the shared path in one step,
+    a different interleaving, both fair, not a different rule), an output
+    charge, a cached-token report, a finish or a cancel while queued."""
+    base = sides[0]
+    tenant = TENANTS[x % len(TENANTS)]
+    if kind in ("arrive", "burst"):
+        for k in range(1 if kind == "arrive" else LIGHT_QUEUE + 2):
+            prompt, max_tokens = SHAPES[(y + k) % len(SHAPES)]
+            for side in sides:
+                side.send(f"{n}.{k}", tenant, prompt, max_tokens, batch=y % 3 == 0)
+            await settle()
+    elif kind == "charge" and base.running():
+        rid = base.running()[x % len(base.running())]
+        for side in sides:
+            side.gate.on_output_tokens(side.reqs[rid], 1 + y % 50)
+    elif kind == "cached" and base.running():
+        rid = base.running()[x % len(base.running())]
+        for side in sides:
+            req = side.reqs[rid]
+            side.gate.on_cached_tokens(req, y % (req.prompt_tokens + 1))
+    elif kind == "finish" and base.running():
+        rid = base.running()[x % len(base.running())]
+        for side in sides:
+            side.ended.add(rid)
+            side.gate.finish(side.reqs[rid])
+    elif kind == "cancel" and base.queued():
+        rid = base.queued()[x % len(base.queued())]
+        for side in sides:
+            side.tasks[rid].cancel()
+    await settle()
+
+
 async def run_trace(trace: Trace) -> None:
     clock = FakeClock(100.0)
     registry = TenantRegistry(trace.tenants)
@@ -186,36 +234,7 @@ async def run_trace(trace: Trace) -> None:
     sides = [Side(one), Side(shared)]
     try:
         for n, (kind, x, y) in enumerate(trace.events):
-            base = sides[0]
-            tenant = TENANTS[x % len(TENANTS)]
-            if kind in ("arrive", "burst"):
-                # One after another: requests sent in the same tick reach the
-                # Dispatcher one by one but the shared path in one step, a different
-                # interleaving (both fair), not a different rule.
-                for k in range(1 if kind == "arrive" else LIGHT_QUEUE + 2):
-                    prompt, max_tokens = SHAPES[(y + k) % len(SHAPES)]
-                    for side in sides:
-                        side.send(f"{n}.{k}", tenant, prompt, max_tokens, batch=y % 3 == 0)
-                    await quiesce()
-            elif kind == "charge" and base.running():
-                rid = base.running()[x % len(base.running())]
-                for side in sides:
-                    side.gate.on_output_tokens(side.reqs[rid], 1 + y % 50)
-            elif kind == "cached" and base.running():
-                rid = base.running()[x % len(base.running())]
-                for side in sides:
-                    req = side.reqs[rid]
-                    side.gate.on_cached_tokens(req, y % (req.prompt_tokens + 1))
-            elif kind == "finish" and base.running():
-                rid = base.running()[x % len(base.running())]
-                for side in sides:
-                    side.ended.add(rid)
-                    side.gate.finish(side.reqs[rid])
-            elif kind == "cancel" and base.queued():
-                rid = base.queued()[x % len(base.queued())]
-                for side in sides:
-                    side.tasks[rid].cancel()
-            await quiesce()
+            await apply_event(sides, n, kind, x, y, quiesce)
             assert sides[1].admitted == sides[0].admitted, f"after event {n} {kind}"
             single, fleet = counters(sides[0]), counters(sides[1])
             for t in TENANTS:

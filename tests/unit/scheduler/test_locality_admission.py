@@ -9,12 +9,13 @@ from hypothesis import strategies as st
 
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import FakeClock
+from scheduler.decision import window_end
 from scheduler.dispatcher import Dispatcher
 from scheduler.ordering.backlog import Backlog
 from scheduler.ordering.keyed_heap import KeyedHeap
 from scheduler.ordering.vtc import VtcPolicy
 from scheduler.request import QueuedRequest
-from scheduler.rules import LIGHT_QUEUE, locality_pick, order_key
+from scheduler.rules import LIGHT_QUEUE, Rank, locality_pick, order_key, vtc_rank
 from scheduler.timers import ManualTimers
 from tests.unit.scheduler.helpers import Waiter
 
@@ -41,14 +42,14 @@ def test_up_to_is_every_live_item_within_the_limit_in_key_order(
 ) -> None:
     heap = KeyedHeap()
     for item, (k, k2) in keys.items():
-        heap.set(item, k + 5.0, k2)  # a stale entry for each, then the live one
-        heap.set(item, k, k2)
+        heap.set(item, (k + 5.0, 0, k2))  # a stale entry for each, then the live one
+        heap.set(item, (k, 0, k2))
     for item in dropped:
         heap.discard(item)
     live = {i: k for i, k in keys.items() if i not in dropped}
-    want = sorted((k, k2, i) for i, (k, k2) in live.items() if k <= limit)
+    want = sorted(((k, 0, k2), i) for i, (k, k2) in live.items() if k <= limit)
     assert sorted(heap.up_to(limit)) == want
-    assert [x[:2] for x in heap.up_to(limit)] == [x[:2] for x in want]
+    assert [x[0] for x in heap.up_to(limit)] == [x[0] for x in want]
 
 
 @given(
@@ -57,24 +58,29 @@ def test_up_to_is_every_live_item_within_the_limit_in_key_order(
     st.floats(0, 60),
     st.sampled_from([0.0, 10.0]),
 )
-def test_heads_within_is_every_eligible_tenant_within_the_allowance_in_fair_order(
+def test_heads_upto_is_every_eligible_tenant_within_the_window_in_fair_order(
     pushes: list[tuple[str, int]],
     counters: dict[str, float],
     allowance: float,
     credit: float,
 ) -> None:
-    backlog = Backlog(lambda t, _h: counters.get(t, 0.0), light_credit=credit)
+    def rank(t: str, head: QueuedRequest, queued: int) -> Rank:
+        return vtc_rank(counters.get(t, 0.0), queued, credit, 0, head.seq)
+
+    backlog = Backlog(rank, light_credit=credit)
     seq = 0
     for tenant, n in pushes:
         for _ in range(n):
             seq += 1
             backlog.push(QueuedRequest(f"r{seq}", tenant, 1, 1, seq=seq))
-    heads = backlog.heads_within(allowance)
-    assert heads[0] is backlog.peek()
 
     def key(t: str) -> float:
         return order_key(counters.get(t, 0.0), backlog.queued(t), credit)
 
+    top = backlog.peek()
+    assert top is not None
+    heads = backlog.heads_upto(window_end(key(top.tenant_id), allowance))
+    assert heads[0] is top
     first = key(heads[0].tenant_id)
     tenants = {t for t, _ in pushes}
     assert {h.tenant_id for h in heads} == {t for t in tenants if key(t) <= first + allowance}

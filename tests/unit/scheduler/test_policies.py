@@ -20,19 +20,19 @@ INTER = Priority.INTERACTIVE
 def test_keyed_heap_updates_discards_and_compacts() -> None:
     h = KeyedHeap()
     for i in range(100):
-        h.set(f"t{i}", float(100 - i))
+        h.set(f"t{i}", (float(100 - i), 0, 0))
     assert h.peek() == "t99"
     for _ in range(500):
-        h.set("t99", 1000.0)
-        h.set("t99", 0.5)
+        h.set("t99", (1000.0, 0, 0))
+        h.set("t99", (0.5, 0, 0))
     assert h.peek() == "t99"
     assert len(h._heap) <= 2 * len(h) + 33  # stale entries are compacted
     h.discard("t99")
     assert h.peek() == "t98"
     assert "t99" not in h and len(h) == 99
-    h.set("a", 2.0, 5)
-    h.set("b", 2.0, 3)
-    h.set("t98", 3.0)
+    h.set("a", (2.0, 0, 5))
+    h.set("b", (2.0, 0, 3))
+    h.set("t98", (3.0, 0, 0))
     assert h.peek() == "b"
 
 

@@ -26,10 +26,11 @@ from hypothesis import strategies as st
 
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import MonotonicClock
+from scheduler.quotas import BucketLimits
 from scheduler.rules import LIGHT_QUEUE, Isolation
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.redis_store import RedisStore
-from scheduler.state.store import BucketLimits, Candidate, Settlement, Step, StepOutcome
+from scheduler.state.store import Candidate, Settlement, Step, StepOutcome
 
 TENANTS = ["a", "b", "c", "d", "e", "f"]
 REPLICAS = ["r1", "r2"]
