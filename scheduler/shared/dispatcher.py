@@ -491,7 +491,9 @@ class SharedDispatcher:
         await self._stats.refresh(self.store, self.options.replica_id)
 
     async def tenant_buckets(self, tenant_id: str) -> TenantBuckets:
-        if isinstance(self.store, BucketReader):
+        # A failing store is not asked (each read would wait out its timeout): the
+        # last snapshot's levels, refilled over their age, until it is back.
+        if isinstance(self.store, BucketReader) and self.health.mode == "ok":
             cfg = self.quotas.tenants.get(tenant_id)
             if cfg is None:
                 return None, None
