@@ -85,6 +85,9 @@ class KvEventsFollower:
         while True:
             _topic, seq_b, payload = await self._sub.recv_multipart()
             seq = int.from_bytes(seq_b, "big", signed=True)
+            if seq == 0 and self.last_seq >= 0:  # the engine restarted: empty again
+                self.view.cleared()
+                self.last_seq = -1
             if seq <= self.last_seq:
                 continue  # replayed already
             if seq != self.last_seq + 1:

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from scheduler import rules
 from scheduler.request import QueuedRequest
+from service.engines.kv_view import CacheView
 from service.engines.prefix_index import PrefixIndex
 from service.engines.routing import Routing, WorkerView, route
 
@@ -58,6 +59,9 @@ class Router:
         self.affinity_slack = affinity_slack
         # Sized by each worker's KV (`set_capacity` once it is read).
         self.index = PrefixIndex(kv_tokens or [1 for _ in targets])
+        # Per worker, the exact view from its KV events (`kv_events.py`), which
+        # locality uses instead of the index while it is not stale; None: off.
+        self.exact: list[CacheView | None] = [None for _ in targets]
         # Uncached prompt tokens routed to each worker that have not streamed yet.
         self.pending_prefill = [0 for _ in targets]
         # Prompt tokens the workers reported cached, and those the index expected.
@@ -78,11 +82,19 @@ class Router:
         thought to hold."""
         now_s, best = self.clock(), 0
         for i, t in enumerate(self.targets):
-            matched = self.index.match(i, req.prefix_keys)
+            matched = self.held(i, req.prefix_keys)
             kv = rules.kv_tokens(req.prompt_tokens - matched, req.max_tokens)
             if matched > best and t.healthy and t.load(now_s, kv, 1) <= 1.0:
                 best = matched
         return best
+
+    def held(self, i: int, keys: Sequence[int]) -> int:
+        """Tokens of the prefix `keys` worker `i` holds: from its KV events while
+        they are followed without a gap, else as the index guesses."""
+        view = self.exact[i]
+        if view is not None and not view.stale:
+            return view.match(keys)
+        return self.index.match(i, keys)
 
     # -- one request --------------------------------------------------------------
     def pick(
@@ -106,7 +118,7 @@ class Router:
         local = self.routing == "locality"
         views = []
         for i in candidates:
-            matched = self.index.match(i, keys) if local else 0
+            matched = self.held(i, keys) if local else 0
             # A held prefix is shared: the request adds only the rest to its KV.
             kv = rules.kv_tokens(prompt_tokens - matched, max_tokens)
             load = self.targets[i].load(now_s, kv, 1)
