@@ -257,7 +257,7 @@ class WorkerPool:
                         if not started:
                             started = True
                             router.streamed(
-                                i, pending, matched, req.prompt_tokens, chunk.cached_tokens
+                                i, pending, matched, req.prompt_tokens, chunk.cached_tokens, keys
                             )
                             pending = 0
                         if keys:
@@ -278,7 +278,7 @@ class WorkerPool:
             finally:
                 w.in_flight -= 1
                 w.kv_in_flight -= kv
-                router.released(i, pending)
+                router.released(i, pending, () if started else keys)
                 self._where.pop(req.request_id, None)
 
     async def abort(self, request_id: str) -> None:

@@ -62,11 +62,16 @@ class Router:
         # Per worker, the exact view from its KV events (`kv_events.py`), which
         # locality uses instead of the index while it is not stale; None: off.
         self.exact: list[CacheView | None] = [None for _ in targets]
+        # Per worker, the deepest keys of prompts sent there whose prefill has not
+        # streamed: the engine stores (and reports) a prompt only once computed, but
+        # a request with its prefix routed there meanwhile shares the computation.
+        self._computing: list[dict[int, int]] = [{} for _ in targets]
         # Uncached prompt tokens routed to each worker that have not streamed yet.
         self.pending_prefill = [0 for _ in targets]
         # Prompt tokens the workers reported cached, and those the index expected.
         self.cached_tokens_total = 0
         self.predicted_cached_total = 0
+        self.overestimated = 0
         # Replicas: each sequence routed (worker URL, its deepest prefix key) goes to
         # the others (prefix_share.py), whose routes come back through `learn`.
         self.on_routed: Callable[[str, int], None] | None = None
@@ -92,9 +97,13 @@ class Router:
         """Tokens of the prefix `keys` worker `i` holds: from its KV events while
         they are followed without a gap, else as the index guesses."""
         view = self.exact[i]
-        if view is not None and not view.stale:
-            return view.match(keys)
-        return self.index.match(i, keys)
+        if view is None or view.stale:
+            return self.index.match(i, keys)
+        held, computing = view.match(keys), self._computing[i]
+        if computing and not computing.keys().isdisjoint(keys):
+            deepest = max(n for n, k in enumerate(keys) if k in computing)
+            held = max(held, (deepest + 1) * self.index.block)
+        return held
 
     # -- one request --------------------------------------------------------------
     def pick(
@@ -156,22 +165,45 @@ class Router:
         pending = prompt_tokens - matched
         self.pending_prefill[i] += pending
         self._routed(i, keys)
+        if keys:
+            computing = self._computing[i]
+            computing[keys[-1]] = computing.get(keys[-1], 0) + 1
         return pending
 
-    def streamed(self, i: int, pending: int, matched: int, prompt_tokens: int, cached: int) -> None:
+    def streamed(
+        self,
+        i: int,
+        pending: int,
+        matched: int,
+        prompt_tokens: int,
+        cached: int,
+        keys: Sequence[int] = (),
+    ) -> None:
         """Its first chunk: its prefill is done; the worker says how much of the
         prompt it had cached. Fewer tokens than the index matched means it evicted
         more than the index did (or restarted)."""
         self.pending_prefill[i] -= pending
+        self._computed(i, keys)
         reported = min(max(0, cached), prompt_tokens)
         self.cached_tokens_total += reported
         self.predicted_cached_total += matched
         if reported < matched:
+            self.overestimated += 1  # routed for a prefix the worker no longer held
             self.index.shrink(i, matched - reported)
 
-    def released(self, i: int, pending: int) -> None:
-        """It left worker `i` before its first chunk (`pending`: what `sent` added)."""
+    def released(self, i: int, pending: int, keys: Sequence[int] = ()) -> None:
+        """It left worker `i` before its first chunk (`pending`: what `sent` added;
+        `keys`: its prefix keys, () once `streamed` was told)."""
         self.pending_prefill[i] -= pending
+        self._computed(i, keys)
+
+    def _computed(self, i: int, keys: Sequence[int]) -> None:
+        if keys:
+            computing, k = self._computing[i], keys[-1]
+            if computing.get(k, 0) > 1:
+                computing[k] -= 1
+            else:
+                computing.pop(k, None)
 
     def finished(
         self, i: int, prompt_token_ids: Sequence[int], keys: list[int], output: Sequence[int]
