@@ -36,3 +36,34 @@ async def test_sim_view_follows_stores_and_evictions(start_sim: StartSim) -> Non
     finally:
         await follower.stop()
         publisher.close()
+
+
+async def test_an_event_the_schema_cannot_read_sends_the_worker_to_the_index(
+    start_sim: StartSim,
+) -> None:
+    server = await start_sim(kv_capacity_tokens=KV_TOKENS)
+    port = free_port()
+    publisher = SimKvEventsPublisher(
+        json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{port}"})
+    )
+    server.engine.core.observe_cache(publisher)
+    follower = KvEventsFollower(f"tcp://127.0.0.1:{port}")
+    follower.start()
+
+    async def subscribed() -> bool:
+        publisher.cleared()
+        return follower.batches > 0
+
+    try:
+        await eventually(subscribed, timeout_s=10, what="the follower to join")
+        assert follower.exact
+        seq = publisher._seq.to_bytes(8, "big")  # the next one: not a gap
+        publisher._pub.send_multipart((b"", seq, b"\xc1 not msgpack"))
+
+        async def stale() -> bool:
+            return not follower.exact
+
+        await eventually(stale, timeout_s=10, what="the follower to give up")
+    finally:
+        await follower.stop()
+        publisher.close()
