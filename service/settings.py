@@ -204,6 +204,14 @@ class Settings(BaseSettings):
         "Pool, staggered prefill: a light tenant is active this long after its last request.",
         gt=0,
     )
+    sglang_kv_events: str = _s(
+        "",
+        "Pool: each worker's SGLang KV events (its --kv-events-config zmq endpoint, "
+        "e.g. tcp://host:5557, optionally ;REPLAY: its replay_endpoint), comma-separated in "
+        "the order of sglang_urls; empty: off. Locality then uses the exact cache "
+        "each worker reports instead of the guessed prefix index (the fallback "
+        "after a gap in the events). Needs the kv-events extra.",
+    )
     # engine=sglang (in-process, one GPU): the sglang.Engine's server flags that matter.
     sglang_model_path: str = _s(
         "", "engine=sglang (in-process): the model path or Hugging Face id (--model-path)."

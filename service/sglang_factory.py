@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 
+from service.engines import kv_events
 from service.engines.breaker import BreakerPolicy
+from service.engines.kv_events import KvEventsFollower
 from service.engines.placement import Stagger
 from service.engines.pool import WorkerPool
 from service.engines.protocol import Engine
@@ -46,6 +48,18 @@ def build_sglang_http(settings: Settings, staged: StagedPrefill) -> Engine:
 
     if not pooled:
         return one(urls[0])
+    events = [e.strip() for e in settings.sglang_kv_events.split(",") if e.strip()]
+    followers: list[KvEventsFollower | None] = []
+    if events:
+        kv_events.require()
+        if len(events) != len(urls):
+            raise SystemExit(
+                f"FAIRGATE_SGLANG_KV_EVENTS names {len(events)} endpoints for "
+                f"{len(urls)} workers: one per URL, in the same order"
+            )
+        for e in events:
+            pub, _, replay = e.partition(";")
+            followers.append(KvEventsFollower(pub, replay_endpoint=replay or None))
     return WorkerPool(
         [one(u) for u in urls],
         health_interval_s=settings.sglang_health_interval_s,
@@ -60,4 +74,5 @@ def build_sglang_http(settings: Settings, staged: StagedPrefill) -> Engine:
             base_ejection_s=settings.sglang_ejection_base_s,
             max_ejection_s=settings.sglang_ejection_max_s,
         ),
+        kv_events=followers,
     )

@@ -33,6 +33,7 @@ from typing import Protocol
 
 from scheduler import rules
 from scheduler.request import Priority, QueuedRequest
+from service.engines.kv_view import CacheView
 from service.engines.prefix_index import PrefixIndex
 from service.engines.protocol import EngineRequest, SamplingOptions
 from service.engines.routing import Routing, WorkerView, fullness, route
@@ -105,6 +106,8 @@ class Placed:
     pending: int
     keys: list[int] = field(default_factory=list)
     released: bool = False
+    # Its prompt counts as held on the worker while it is being computed (`held`).
+    computing: bool = False
 
 
 @dataclass(slots=True)
@@ -165,6 +168,15 @@ class Placement:
         n = len(targets)
         # Sized by each worker's KV (`set_capacity` once it is read).
         self.index = PrefixIndex(kv_tokens or [1] * n)
+        # Per worker, the exact view from its KV events (`kv_events.py`), which
+        # locality uses instead of the index while it is not stale; None: off.
+        self.exact: list[CacheView | None] = [None] * n
+        # Per worker, the deepest keys of prompts placed there whose prefill has not
+        # streamed: the engine stores (and reports) a prompt only once computed, but
+        # a request with its prefix placed there meanwhile shares the computation.
+        self._computing: list[dict[int, int]] = [{} for _ in range(n)]
+        # First tokens that found less cached than the placement counted on.
+        self.overestimated = 0
         # Per worker: requests placed there, their KV claims, and their uncached
         # prompt tokens that have not streamed yet.
         self.in_flight = [0] * n
@@ -240,7 +252,35 @@ class Placement:
         self.kv_in_flight[i] += kv
         self.pending_prefill[i] += pending
         self._routed(i, keys)
-        return Placed(i, priority, view.matched, kv, pending, keys)
+        placed = Placed(i, priority, view.matched, kv, pending, keys)
+        if keys:
+            computing = self._computing[i]
+            computing[keys[-1]] = computing.get(keys[-1], 0) + 1
+            placed.computing = True
+        return placed
+
+    def held(self, i: int, keys: Sequence[int]) -> int:
+        """Tokens of the prefix `keys` worker `i` holds: from its KV events while
+        they are followed without a gap, else as the index guesses."""
+        view = self.exact[i]
+        if view is None or view.stale:
+            return self.index.match(i, keys)
+        held, computing = view.match(keys), self._computing[i]
+        if computing and not computing.keys().isdisjoint(keys):
+            deepest = max(n for n, k in enumerate(keys) if k in computing)
+            held = max(held, (deepest + 1) * self.index.block)
+        return held
+
+    def _computed(self, p: Placed) -> None:
+        """`p`'s prompt is computed (or it left): it no longer counts as held there."""
+        if not p.computing:
+            return
+        p.computing = False
+        computing, k = self._computing[p.worker], p.keys[-1]
+        if computing.get(k, 0) > 1:
+            computing[k] -= 1
+        else:
+            computing.pop(k, None)
 
     def priority_on(self, i: int, priority: int, preempt_priority: int | None) -> int:
         """The priority a request goes to worker `i` with: `preempt_priority` (a
@@ -256,10 +296,12 @@ class Placement:
         more than the index did (or restarted)."""
         self.pending_prefill[p.worker] -= p.pending
         p.pending = 0
+        self._computed(p)
         reported = min(max(0, cached), prompt_tokens)
         self.cached_tokens_total += reported
         self.predicted_cached_total += p.matched
         if reported < p.matched:
+            self.overestimated += 1  # placed for a prefix the worker no longer held
             self.index.shrink(p.worker, p.matched - reported)
 
     def finished(self, p: Placed, prompt_token_ids: Sequence[int], output: Sequence[int]) -> None:
@@ -278,6 +320,7 @@ class Placement:
         self.kv_in_flight[i] -= p.kv_tokens
         self.pending_prefill[i] -= p.pending
         p.pending = 0
+        self._computed(p)
 
     # -- internals ---------------------------------------------------------------------
     def _candidates(self, tried: set[int]) -> list[int]:
@@ -289,7 +332,7 @@ class Placement:
         now_s, local = self.clock(), self.routing == "locality"
         views = []
         for i in candidates:
-            matched = self.index.match(i, keys) if local else 0
+            matched = self.held(i, keys) if local else 0
             # A held prefix is shared: the request adds only the rest to its KV.
             load = self.load(i, now_s, rules.kv_tokens(prompt_tokens - matched, max_tokens), 1)
             views.append((i, WorkerView(load, self.pending_prefill[i], matched)))
@@ -319,7 +362,7 @@ class Placement:
             s.unavailable += 1
         else:
             s.full += 1
-        held = self.index.match(hint, keys) if there is None else there.matched
+        held = self.held(hint, keys) if there is None else there.matched
         s.missed_tokens += max(0, held - view.matched)
         return i, view
 

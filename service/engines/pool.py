@@ -39,11 +39,12 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from service.engines.breaker import Breaker, BreakerPolicy
+from service.engines.kv_events import KvEventsFollower
 from service.engines.placement import Placement, Stagger
 from service.engines.protocol import (
     EngineCapacity,
@@ -106,6 +107,7 @@ class WorkerPool:
         breaker: BreakerPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
         stagger: Stagger | None = None,
+        kv_events: Sequence[KvEventsFollower | None] = (),
     ) -> None:
         if not engines:
             raise ValueError("a worker pool needs at least one worker")
@@ -121,6 +123,11 @@ class WorkerPool:
             affinity_slack=affinity_slack,
             stagger=stagger,
         )
+        # Each worker's KV events (`kv_events.py`): its exact cache view for locality.
+        self.kv_events = list(kv_events)
+        for i, f in enumerate(self.kv_events):
+            if f is not None:
+                self.placement.exact[i] = f.view
         self.served_model_name = ""
         self.moved_requests = 0
         self._where: dict[str, Worker] = {}
@@ -130,6 +137,9 @@ class WorkerPool:
 
     # -- lifecycle ------------------------------------------------------------
     async def start(self) -> None:
+        for f in self.kv_events:
+            if f is not None:
+                f.start()
         await asyncio.gather(*(self._probe(w) for w in self.workers))
         if not any(w.healthy for w in self.workers):
             errors = "; ".join(f"{w.url}: {w.last_error}" for w in self.workers)
@@ -143,6 +153,7 @@ class WorkerPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        await asyncio.gather(*(f.stop() for f in self.kv_events if f is not None))
         await asyncio.gather(*(w.engine.aclose() for w in self.workers))
 
     async def _probe(self, w: Worker) -> None:

@@ -36,9 +36,14 @@ def chain(
     keys = list(known)
     h = keys[-1] if keys else 0
     for start in range(len(keys) * block, len(token_ids) - block + 1, block):
-        h = hash((h, tuple(token_ids[start : start + block])))
+        h = next_key(h, token_ids[start : start + block])
         keys.append(h)
     return keys
+
+
+def next_key(parent_key: int, block_tokens: Sequence[int]) -> int:
+    """The key of a block: its parent prefix's key (0 at the root) and its tokens."""
+    return hash((parent_key, tuple(block_tokens)))
 
 
 class PrefixIndex:

@@ -20,7 +20,7 @@ from service.engines.sglang_chunks import SGLANG_PREEMPTION_THRESHOLD
 from service.engines.simulator import vocab
 from service.engines.simulator.hardware import CostModel
 from service.engines.simulator.kv import KvPool
-from service.engines.simulator.radix import Node
+from service.engines.simulator.radix import CacheObserver, Node
 from service.engines.stop import StopMatcher
 
 
@@ -132,6 +132,7 @@ class SimCore:
         self.running: list[SimRequest] = []
         self._by_rid: dict[str, SimRequest] = {}
         self.kv = KvPool(self.capacity, prefix_cache=config.prefix_cache)
+        self.kv_observer: CacheObserver | None = None  # `observe_cache`
         self.preemptions = 0
         self._eos_p = 1.0 / config.mean_output_tokens if config.mean_output_tokens else 0.0
         self._seed_rng = random.Random(config.seed)
@@ -211,7 +212,14 @@ class SimCore:
         if not self.idle:
             return False
         self.kv = KvPool(self.capacity, prefix_cache=self.config.prefix_cache)
+        self.kv.tree.observer = self.kv_observer
+        if self.kv_observer is not None:
+            self.kv_observer.cleared()
         return True
+
+    def observe_cache(self, observer: CacheObserver) -> None:
+        """Tell `observer` what the prefix cache stores and evicts from now on."""
+        self.kv_observer = self.kv.tree.observer = observer
 
     # -- one iteration ------------------------------------------------------
     @staticmethod

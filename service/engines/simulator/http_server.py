@@ -433,6 +433,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--priority-scheduling-preemption-threshold", type=int, default=SGLANG_PREEMPTION_THRESHOLD
     )
+    p.add_argument(
+        "--kv-events-config",
+        default="",
+        help='SGLang\'s flag: publish KV cache events, e.g. {"publisher":"zmq","endpoint":"tcp://*:5557"}',
+    )
     p.add_argument("--announce", action="store_true", help="print PORT n; exit when stdin closes")
     # Fault switches for tests with real processes (see `Faults`).
     p.add_argument("--fault-garble-after-chunks", type=int, default=None)
@@ -453,6 +458,10 @@ def main(argv: list[str] | None = None) -> None:
 
     async def run() -> None:
         engine = SimulatedEngine(config, time_scale=a.time_scale)
+        if a.kv_events_config:
+            from service.engines.simulator.kv_events import SimKvEventsPublisher
+
+            engine.core.observe_cache(SimKvEventsPublisher(a.kv_events_config))
         server = SimServer(
             engine,
             incremental_output=a.incremental_streaming_output,

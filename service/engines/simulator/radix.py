@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from typing import Protocol
 
 # Prefix comparison goes block by block with C-speed slice equality first.
 _BLOCK = 64
@@ -46,8 +47,19 @@ class Node:
         self.id = node_id
 
 
+class CacheObserver(Protocol):
+    """Told of each node the tree stores and evicts (the KV events publisher)."""
+
+    def stored(self, node: Node) -> None: ...
+
+    def removed(self, node: Node) -> None: ...
+
+    def cleared(self) -> None: ...
+
+
 class RadixCache:
-    def __init__(self) -> None:
+    def __init__(self, observer: CacheObserver | None = None) -> None:
+        self.observer = observer
         self._ids = 0
         self.root = self._node([], None)
         self.root.lock_ref = 1  # never evicted, never counted
@@ -99,6 +111,8 @@ class RadixCache:
                 new = self._node(list(key[done:]), node)
                 self._touch(new)
                 node.children[key[done]] = new
+                if self.observer is not None:
+                    self.observer.stored(new)
                 self.evictable_size += len(new.key)
                 self._update_leaf(node)
                 self._update_leaf(new)
@@ -161,6 +175,8 @@ class RadixCache:
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
+            if self.observer is not None:
+                self.observer.removed(leaf)
             del parent.children[leaf.key[0]]
             self._evictable_leaves.discard(leaf)
             self.evictable_size -= len(leaf.key)
