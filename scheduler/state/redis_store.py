@@ -80,6 +80,17 @@ from scheduler.tenancy.tenants import TenantConfig
 _STEP, _RESERVE, _SNAPSHOT = Script.of(STEP), Script.of(RESERVE), Script.of(SNAPSHOT)
 
 
+def _seen_levels(row: list[Any], now_ms: float) -> dict[str, SeenLevel]:
+    """One bucket hash's (rl, rts, tl, tts) as levels by kind, aged to `now_ms`; a
+    kind never written (a full bucket) is absent."""
+    rl, rts, tl, tts = row
+    return {
+        kind: SeenLevel(float(text(lvl)), max(0.0, (now_ms - float(text(ts))) / 1000))
+        for kind, lvl, ts in (("r", rl, rts), ("t", tl, tts))
+        if lvl is not None and ts is not None
+    }
+
+
 def _num(x: float | None) -> str:
     return repr(NO_LIMIT if x is None else float(x))
 
@@ -295,30 +306,20 @@ class RedisStore:
                 res = await pipe.execute()
         except UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
-        now_ms = now * 1000
         levels: dict[tuple[str, str], SeenLevel] = {}
-        for t, (rl, rts, tl, tts) in zip(names, res[4 : 4 + len(names)], strict=True):
-            for kind, lvl, ts in (("r", rl, rts), ("t", tl, tts)):
-                if lvl is not None and ts is not None:
-                    age_s = max(0.0, (now_ms - float(text(ts))) / 1000)
-                    levels[(t, kind)] = SeenLevel(float(text(lvl)), age_s)
+        for t, row in zip(names, res[4 : 4 + len(names)], strict=True):
+            for kind, seen in _seen_levels(row, now * 1000).items():
+                levels[(t, kind)] = seen
         return FleetSeen(int(res[2]), levels)
 
     async def bucket_levels(self, tenant_id: str) -> dict[str, SeenLevel]:
         """One tenant's buckets as stored now: one HMGET (aged by the wall clock,
         as in `observe`)."""
         try:
-            rl, rts, tl, tts = await self._r.hmget(
-                f"{self.base}:b:{tenant_id}", "rl", "rts", "tl", "tts"
-            )
+            row = await self._r.hmget(f"{self.base}:b:{tenant_id}", "rl", "rts", "tl", "tts")
         except UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
-        now_ms = time.time() * 1000
-        return {
-            kind: SeenLevel(float(text(lvl)), max(0.0, (now_ms - float(text(ts))) / 1000))
-            for kind, lvl, ts in (("r", rl, rts), ("t", tl, tts))
-            if lvl is not None and ts is not None
-        }
+        return _seen_levels(row, time.time() * 1000)
 
     async def fleet_usage(self) -> dict[str, bytes]:
         """The live replicas' published usage (one round trip); drops the dead ones'."""

@@ -7,10 +7,8 @@ the burst carries them too, and gRPC calls carry the same in trailing metadata.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +19,8 @@ import pytest
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
 
+from tests.integration.serve_process import start_serve
+
 BURST = 6  # requests; the rate is slow enough that nothing refills within the test
 TENANTS = f"""
 tenants:
@@ -30,20 +30,6 @@ tenants:
       {{requests_per_s: 0.001, requests_burst: {BURST}, tokens_per_min: 6, tokens_burst: 5000}}
 """
 HEADER = {"x-fairgate-tenant": "t"}
-
-
-async def _replica(env: dict[str, str]) -> tuple[asyncio.subprocess.Process, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "fairgate.cli.main", "serve", env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    while True:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-        assert line, "replica exited before listening"
-        m = re.search(r"listening on (\S+), OpenAI API on (\S+) ", line)
-        if m:
-            return proc, m.group(1), m.group(2)
 
 
 @pytest.fixture
@@ -63,7 +49,7 @@ async def replicas(redis_url: str, tmp_path: Path) -> AsyncIterator[list[tuple[s
     procs = []
     try:
         for _ in range(2):
-            proc, grpc_address, http_base = await _replica(env)
+            proc, grpc_address, http_base = await start_serve(env)
             procs.append((proc, grpc_address, http_base))
         yield [(g, h) for _, g, h in procs]
     finally:

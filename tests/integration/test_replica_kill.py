@@ -21,7 +21,8 @@ from service.engines.simulator.core import SimConfig
 from service.engines.simulator.engine import SimulatedEngine
 from service.engines.simulator.hardware import preset
 from tests.helpers import eventually
-from tests.integration.test_replicas import CountingSim, _replica
+from tests.integration.serve_process import start_serve
+from tests.integration.test_replicas import CountingSim
 
 SLOTS = 4
 LEASE_TTL_S = 2.0
@@ -47,8 +48,8 @@ async def test_a_killed_replica_gives_its_engine_room_back(redis_url: str, tmp_p
         "FAIRGATE_LOG_LEVEL": "WARNING",
         "FAIRGATE_SHUTDOWN_GRACE_S": "1",
     }
-    (doomed, doomed_addr), (survivor, survivor_addr) = await asyncio.gather(
-        _replica(env), _replica(env)
+    (doomed, doomed_addr, _), (survivor, survivor_addr, _) = await asyncio.gather(
+        start_serve(env), start_serve(env)
     )
     store = RedisStore.from_url(redis_url, domain=DOMAIN)
     tasks: list[asyncio.Task[object]] = []

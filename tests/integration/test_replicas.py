@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
-import sys
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -36,6 +34,7 @@ from service.engines.simulator.core import SimConfig
 from service.engines.simulator.engine import SimulatedEngine
 from service.engines.simulator.hardware import preset
 from service.engines.simulator.http_server import SimServer
+from tests.integration.serve_process import start_serve
 
 REPLICAS = 3
 SLOTS = 8
@@ -88,25 +87,6 @@ class Record:
     errors: list[str] = field(default_factory=list)
 
 
-async def _replica(env: dict[str, str]) -> tuple[asyncio.subprocess.Process, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "fairgate.cli.main",
-        "serve",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    assert proc.stdout is not None
-    while True:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-        assert line, "replica exited before listening"
-        m = re.search(r"listening on (\S+)", line)
-        if m:
-            return proc, m.group(1)
-
-
 @pytest.fixture
 async def fleet(redis_url: str, tmp_path: Path) -> AsyncIterator[tuple[list[str], CountingSim]]:
     sim = CountingSim(
@@ -130,10 +110,10 @@ async def fleet(redis_url: str, tmp_path: Path) -> AsyncIterator[tuple[list[str]
         "FAIRGATE_LOG_LEVEL": "WARNING",
         "FAIRGATE_SHUTDOWN_GRACE_S": "1",
     }
-    started = await asyncio.gather(*(_replica(env) for _ in range(REPLICAS)))
-    procs = [p for p, _ in started]
+    started = await asyncio.gather(*(start_serve(env) for _ in range(REPLICAS)))
+    procs = [p for p, _, _ in started]
     try:
-        yield [a for _, a in started], sim
+        yield [a for _, a, _ in started], sim
     finally:
         for p in procs:
             with contextlib.suppress(ProcessLookupError):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 import uuid
@@ -22,22 +21,9 @@ from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
 
 from tests.integration.admin.conftest import ADMIN_TOKEN
+from tests.integration.serve_process import start_serve
 
 HEADER = (("x-fairgate-tenant", "acme"),)
-
-
-async def _start(env: dict[str, str]) -> tuple[asyncio.subprocess.Process, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "fairgate.cli.main", "serve", env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    while True:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-        assert line, "server exited before listening"
-        m = re.search(r"listening on (\S+)", line)
-        if m:
-            return proc, m.group(1)
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
@@ -81,7 +67,7 @@ def env(redis_url: str) -> dict[str, str]:
 
 @pytest.fixture
 async def two(env: dict[str, str]) -> AsyncIterator[list[tuple[asyncio.subprocess.Process, str]]]:
-    servers = [await _start(env), await _start(env)]
+    servers = [(await start_serve(env))[:2], (await start_serve(env))[:2]]
     yield servers
     for proc, _ in servers:
         if proc.returncode is None:
@@ -108,7 +94,7 @@ async def test_every_request_once_across_replicas_and_restarts(
 
     # A server restarts; more requests, through the restarted one and the other.
     await _stop(proc_a)
-    proc_c, c = await _start(env)
+    proc_c, c, _ = await start_serve(env)
     try:
         second = {f"s{i}": 2 for i in range(5)}
         for i, rid in enumerate(second):
@@ -126,7 +112,7 @@ async def test_the_in_memory_log_says_it_is_not_durable(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     env = {**env, "FAIRGATE_STORE": "memory"}
-    proc, address = await _start(env)
+    proc, address, _ = await start_serve(env)
     try:
         await _generate(address, "m1", 3)
         await asyncio.sleep(0.1)
