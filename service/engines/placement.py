@@ -13,9 +13,10 @@ output), and the lifecycle: `first_token` (the prefill routed there is done; the
 worker's reported `cached_tokens` corrects the prefix index), `finished`
 (SGLang caches the whole sequence), `released` (it left the worker). Per worker
 it keeps the prefix index (`prefix_index.py`), the prefill routed there that has
-not streamed yet, and the replicas' share (`on_routed` / `learn`,
-`prefix_share.py`). The targets say how large and healthy they are; the
-placement never waits on them. The clock is injected.
+not streamed yet (its own, and the other replicas' as they announce it:
+`prefill_pending`), and the replicas' share (`on_routed` / `learn`,
+`on_prefill` / `learn_prefill`, `prefix_share.py`). The targets say how large
+and healthy they are; the placement never waits on them. The clock is injected.
 
 Admission's locality estimate (`cached_prefix`, `QueuedRequest.cached_estimate`)
 is the placement's own choice at that moment: the worker routing would pick for
@@ -26,6 +27,7 @@ full, counting each time it cannot (`LocalityStats`).
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +39,14 @@ from service.engines.kv_view import CacheView
 from service.engines.prefix_index import PrefixIndex
 from service.engines.protocol import EngineRequest, SamplingOptions
 from service.engines.routing import Routing, WorkerView, fullness, route
+
+# How long another replica's prefill counts when its end never arrives (that
+# replica died, or the stream dropped the entry): far longer than a prefill
+# waits and runs, short enough that a lost one does not steer routing for long.
+REMOTE_PREFILL_TTL_S = 30.0
+# Shorter prefills are not announced to the other replicas: they take a few
+# milliseconds of a step, not worth two stream entries per request.
+SHARED_PREFILL_MIN_TOKENS = 512
 
 
 class Target(Protocol):
@@ -108,6 +118,8 @@ class Placed:
     released: bool = False
     # Its prompt counts as held on the worker while it is being computed (`held`).
     computing: bool = False
+    # Its prefill as announced to the other replicas (`Placement.on_prefill`); "": not.
+    prefill_id: str = ""
 
 
 @dataclass(slots=True)
@@ -189,6 +201,13 @@ class Placement:
         # Replicas: each sequence routed (worker URL, its deepest prefix key) goes to
         # the others (prefix_share.py), whose routes come back through `learn`.
         self.on_routed: Callable[[str, int], None] | None = None
+        # Replicas: each prefill routed (worker URL, an id, its uncached tokens; 0 when
+        # it is over) goes to the others, whose prefills come back through
+        # `learn_prefill`, per worker: id -> (tokens, counted until).
+        self.on_prefill: Callable[[str, str, int], None] | None = None
+        self.remote_prefill: list[dict[str, tuple[int, float]]] = [{} for _ in range(n)]
+        self.remote_prefill_ttl_s = REMOTE_PREFILL_TTL_S
+        self._prefills = itertools.count(1)
 
     # -- load -----------------------------------------------------------------------
     def load(self, i: int, now_s: float, kv_tokens: int = 0, requests: int = 0) -> float:
@@ -199,6 +218,17 @@ class Placement:
         return fullness(busy, self.kv_in_flight[i], t.slots(), t.kv_capacity(), requests, kv_tokens)
 
     # -- what admission asks ----------------------------------------------------------
+    def prefill_pending(self, i: int) -> int:
+        """Uncached prompt tokens routed to worker `i` that have not streamed yet:
+        this replica's, and the other replicas' still counted (`learn_prefill`)."""
+        remote = self.remote_prefill[i]
+        if not remote:
+            return self.pending_prefill[i]
+        now_s = self.clock()
+        for pid in [pid for pid, (_, until_s) in remote.items() if until_s <= now_s]:
+            del remote[pid]
+        return self.pending_prefill[i] + sum(n for n, _ in remote.values())
+
     def prefix_keys(self, prompt_token_ids: Sequence[int]) -> list[int]:
         """The keys locality matches a prompt by ([] with least_full)."""
         return self.index.chain(prompt_token_ids) if self.routing == "locality" else []
@@ -253,6 +283,9 @@ class Placement:
         self.pending_prefill[i] += pending
         self._routed(i, keys)
         placed = Placed(i, priority, view.matched, kv, pending, keys)
+        if self.on_prefill is not None and pending >= self._shared_prefill_tokens():
+            placed.prefill_id = str(next(self._prefills))
+            self.on_prefill(self.targets[i].url, placed.prefill_id, pending)
         if keys:
             computing = self._computing[i]
             computing[keys[-1]] = computing.get(keys[-1], 0) + 1
@@ -294,9 +327,7 @@ class Placement:
         """Its first chunk: its prefill is done; the worker says how much of the
         prompt it had cached. Fewer tokens than the index matched means it evicted
         more than the index did (or restarted)."""
-        self.pending_prefill[p.worker] -= p.pending
-        p.pending = 0
-        self._computed(p)
+        self._prefilled(p)
         reported = min(max(0, cached), prompt_tokens)
         self.cached_tokens_total += reported
         self.predicted_cached_total += p.matched
@@ -318,9 +349,22 @@ class Placement:
         i = p.worker
         self.in_flight[i] -= 1
         self.kv_in_flight[i] -= p.kv_tokens
-        self.pending_prefill[i] -= p.pending
+        self._prefilled(p)
+
+    def _shared_prefill_tokens(self) -> int:
+        """The shortest prefill announced to the other replicas: one the stagger
+        counts as long, and any of `SHARED_PREFILL_MIN_TOKENS` (a light request's
+        routing weighs them)."""
+        return min(SHARED_PREFILL_MIN_TOKENS, self.stagger.min_tokens or SHARED_PREFILL_MIN_TOKENS)
+
+    def _prefilled(self, p: Placed) -> None:
+        """`p`'s prefill is over (its first token, or it left): it no longer counts."""
+        self.pending_prefill[p.worker] -= p.pending
         p.pending = 0
         self._computed(p)
+        if p.prefill_id and self.on_prefill is not None:
+            self.on_prefill(self.targets[p.worker].url, p.prefill_id, 0)
+        p.prefill_id = ""
 
     # -- internals ---------------------------------------------------------------------
     def _candidates(self, tried: set[int]) -> list[int]:
@@ -335,7 +379,7 @@ class Placement:
             matched = self.held(i, keys) if local else 0
             # A held prefix is shared: the request adds only the rest to its KV.
             load = self.load(i, now_s, rules.kv_tokens(prompt_tokens - matched, max_tokens), 1)
-            views.append((i, WorkerView(load, self.pending_prefill[i], matched)))
+            views.append((i, WorkerView(load, self.prefill_pending(i), matched)))
         return views
 
     def _follow(
@@ -392,14 +436,14 @@ class Placement:
         kept = [
             (i, v)
             for i, v in views
-            if i != last or self.pending_prefill[i] + req.prompt_tokens - v.matched < st.min_tokens
+            if i != last or self.prefill_pending(i) + req.prompt_tokens - v.matched < st.min_tokens
         ]
         if kept and len(kept) < len(views):
             st.kept_free += 1
         return kept or views
 
     def _short(self, i: int) -> bool:
-        return self.pending_prefill[i] < self.stagger.min_tokens
+        return self.prefill_pending(i) < self.stagger.min_tokens
 
     def _affinity(self, prompt: Sequence[int], candidates: list[int]) -> tuple[int | None, float]:
         """The worker the prompt's first tokens hash to, and how far from the least
@@ -421,6 +465,17 @@ class Placement:
         for i, t in enumerate(self.targets):
             if t.url == url:
                 self.index.insert(i, [key])
+                return
+
+    def learn_prefill(self, url: str, prefill_id: str, tokens: int) -> None:
+        """Another replica routed a prefill of `tokens` to `url` (0: it is over)."""
+        for i, t in enumerate(self.targets):
+            if t.url == url:
+                if tokens > 0:
+                    until_s = self.clock() + self.remote_prefill_ttl_s
+                    self.remote_prefill[i][prefill_id] = (tokens, until_s)
+                else:
+                    self.remote_prefill[i].pop(prefill_id, None)
                 return
 
     def set_capacity(self, i: int, kv_tokens: int) -> None:

@@ -13,6 +13,13 @@ Redis faults cost locality only: entries not sent or not read are not retried,
 routing goes on from the local index, and a warning is logged once per outage.
 The stream is capped (`maxlen`, approximately); a replica that starts reads what
 is still there.
+
+The same stream carries each long prefill a replica routes and its end (the
+first token, or the request leaving): staggered prefill keeps one worker on
+short steps and routes a light request where its first step ends soonest
+(`Placement._staggered`, `routing.route`), which two replicas can only do when
+each counts the prefill the other sent (`Placement.learn_prefill`). A prefill
+whose end is lost (its replica died) stops counting after the placement's TTL.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ class PrefixShare:
         replica_id: str,
         learn: Callable[[str, int], None],
         *,
+        learn_prefill: Callable[[str, str, int], None] | None = None,
         interval_s: float = 0.05,
         maxlen: int = 50_000,
         batch: int = 2_000,
@@ -44,10 +52,11 @@ class PrefixShare:
         self.stream = stream
         self.replica_id = replica_id
         self.learn = learn
+        self.learn_prefill = learn_prefill
         self.interval_s = interval_s
         self.maxlen = maxlen
         self.batch = batch
-        self._out: list[tuple[str, int]] = []
+        self._out: list[dict[str, str]] = []
         self._last_id = "0-0"
         self._task: asyncio.Task[None] | None = None
         self._failing = False
@@ -57,8 +66,17 @@ class PrefixShare:
 
     def publish(self, url: str, key: int) -> None:
         """This replica routed the sequence `key` stands for to worker `url`."""
+        self._send({"u": url, "k": str(key)})
+
+    def publish_prefill(self, url: str, prefill_id: str, tokens: int) -> None:
+        """This replica routed `tokens` uncached prompt tokens to worker `url` under
+        `prefill_id` (0: that prefill is over)."""
+        self._send({"u": url, "p": prefill_id, "n": str(tokens)})
+
+    def _send(self, fields: dict[str, str]) -> None:
         if len(self._out) < self.batch:
-            self._out.append((url, key))
+            fields["r"] = self.replica_id
+            self._out.append(fields)
 
     async def start(self) -> None:
         if self._task is None:
@@ -93,8 +111,7 @@ class PrefixShare:
         out, self._out = self._out, []
         if out:
             pipe = self.client.pipeline(transaction=False)
-            for url, key in out:
-                fields = {"r": self.replica_id, "u": url, "k": str(key)}
+            for fields in out:
                 pipe.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
             await pipe.execute()
             self.sent_total += len(out)
@@ -104,9 +121,18 @@ class PrefixShare:
             for entry_id, fields in entries:
                 self._last_id = text(entry_id)
                 f = {text(k): text(v) for k, v in fields.items()}
-                if f.get("r") != self.replica_id and "u" in f and "k" in f:
-                    with contextlib.suppress(ValueError):
-                        self.learn(f["u"], int(f["k"]))
-                        self.learned_total += 1
+                if f.get("r") != self.replica_id and "u" in f:
+                    self._learn(f)
             if len(entries) < self.batch:
                 return
+
+    def _learn(self, f: dict[str, str]) -> None:
+        """One entry of another replica's (a malformed one is skipped)."""
+        with contextlib.suppress(ValueError):
+            if "k" in f:
+                self.learn(f["u"], int(f["k"]))
+            elif "p" in f and "n" in f and self.learn_prefill is not None:
+                self.learn_prefill(f["u"], f"{f['r']}:{f['p']}", int(f["n"]))
+            else:
+                return
+            self.learned_total += 1

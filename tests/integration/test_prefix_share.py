@@ -63,3 +63,33 @@ async def test_redis_down_costs_locality_only(caplog: pytest.LogCaptureFixture) 
     assert heard == []
     warnings = [r for r in caplog.records if "Redis failed" in r.message]
     assert len(warnings) == 1
+
+
+async def test_prefills_reach_the_other_replica_and_end_there(redis_url: str) -> None:
+    """A prefill one replica announces reaches the other, named by its replica,
+    and so does its end; a replica never hears its own."""
+    ended: list[tuple[str, str, int]] = []
+    heard: list[tuple[str, str, int]] = []
+    a = _share(redis_url, "a", [])
+    b = PrefixShare(
+        connect(redis_url, timeout_s=0.5),
+        "t:{d}:routes",
+        "b",
+        lambda u, k: None,
+        learn_prefill=lambda u, pid, n: heard.append((u, pid, n)),
+    )
+    a.learn_prefill = lambda u, pid, n: ended.append((u, pid, n))
+    try:
+        a.publish_prefill("http://w1", "7", 3000)
+        a.publish("http://w1", 42)  # routes and prefills share the stream
+        await a.sync()
+        await b.sync()
+        assert heard == [("http://w1", "a:7", 3000)]
+        a.publish_prefill("http://w1", "7", 0)
+        await a.sync()
+        await b.sync()
+        await a.sync()
+        assert heard[-1] == ("http://w1", "a:7", 0) and ended == []
+    finally:
+        await a.aclose()
+        await b.aclose()

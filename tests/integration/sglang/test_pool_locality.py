@@ -325,3 +325,35 @@ async def test_two_replicas_send_a_conversation_where_its_history_is(
         assert misses
     for app in apps:
         await assert_no_sglang_leaks(app, *workers)
+
+
+async def test_a_replica_counts_the_long_prefill_the_other_sent(
+    start_server: StartServer, start_sim: StartSim, redis_url: str
+) -> None:
+    """Two replicas over Redis in front of the same two workers: a long prompt
+    replica A sends to a worker counts as that worker's prefill on replica B too
+    (prefix_share.py carries it) until it ends (here: its caller leaves), so B's
+    light requests and its staggered long prompts see the worker busy."""
+    workers = [await start_sim(time_scale=0.0) for _ in range(2)]
+    apps = [
+        await start_server(
+            **sglang_settings(
+                *workers, store="redis", redis_url=redis_url, sglang_stagger_prefill_tokens=1024
+            )
+        )
+        for _ in range(2)
+    ]
+    a, b = (_pool(app).placement for app in apps)
+    for w in workers:
+        w.faults.first_chunk_delay_s = 30.0
+    async with AsyncClient(apps[0].address) as c:
+        long = asyncio.create_task(c.complete([5] * 3000, max_tokens=4, ignore_eos=True))
+        await eventually(lambda: sum(a.pending_prefill) == 3000, what="long routed on A")
+        i = a.pending_prefill.index(3000)
+        await eventually(lambda: b.prefill_pending(i) == 3000, what="B counts it")
+        assert b.pending_prefill == [0, 0]  # B's own count is untouched
+        await _cancel([long])
+    await eventually(lambda: b.prefill_pending(i) == 0, what="B hears it is over")
+    for app, p in zip(apps, (a, b), strict=True):
+        await _all_ended(app, _pool(app), workers)
+        assert p.remote_prefill == [{}, {}]

@@ -194,3 +194,45 @@ def test_staggered_prefill_keeps_the_last_worker_on_short_steps(light_active: bo
     p.pending_prefill[:] = [0, 5000, 5000]
     late = p.place(_request(3000, light=False), [], set())
     assert late is not None and late.worker == 0
+
+
+def test_two_replicas_stagger_with_each_others_prefills() -> None:
+    """Replica B counts the long prefill replica A routed (as the prefix share
+    carries it): B keeps its light tenant's worker free and sends the light
+    request where no prefill runs, until A's first token says the prefill is
+    over; an announcement whose end never arrives stops counting after the TTL."""
+    now = [0.0]
+    a = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    b = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    sent: list[tuple[str, str, int]] = []
+    a.on_prefill = lambda url, pid, n: sent.append((url, pid, n))
+    for p in (a, b):
+        p.stagger = Stagger(min_tokens=1024, light_window_s=10.0)
+        p.released(p.place(_request(40, light=True), [], set()) or pytest.fail())
+    long_a = a.place(_request(3000, light=False), [], set())
+    assert long_a is not None and long_a.worker == 0
+    pid_a = long_a.prefill_id
+    assert sent == [("w0", pid_a, 3000)]
+    for url, pid, n in sent:
+        b.learn_prefill(url, f"a:{pid}", n)
+    assert (b.prefill_pending(0), b.pending_prefill[0]) == (3000, 0)
+    # Without A's prefill, B's long prompt would take w0 (the rule's tie); with it,
+    # w1 is the last worker on short steps and is kept for the light tenant.
+    long_b = b.place(_request(3000, light=False), [], set())
+    assert long_b is not None and long_b.worker == 0 and b.stagger.kept_free == 1
+    b.released(long_b)
+    light = b.place(_request(40, light=True), [], set())
+    assert light is not None and light.worker == 1
+    b.released(light)
+    a.first_token(long_a, 3000, 0)
+    assert sent[-1] == ("w0", pid_a, 0)
+    b.learn_prefill("w0", f"a:{pid_a}", 0)
+    assert b.prefill_pending(0) == 0
+    a.released(long_a)
+    assert len(sent) == 2  # its end is announced once
+    # A lost end: counted for the TTL only.
+    b.learn_prefill("w1", "a:99", 5000)
+    now[0] += b.remote_prefill_ttl_s - 1
+    assert b.prefill_pending(1) == 5000
+    now[0] += 1
+    assert b.prefill_pending(1) == 0 and b.remote_prefill == [{}, {}]
