@@ -304,6 +304,10 @@ def bench_stagger(
     seeds: Annotated[str, typer.Option(help="comma-separated trace seeds")] = "1,2,3",
     sizes: Annotated[str, typer.Option(help="comma-separated min_tokens to try")] = "1024,2048",
     seconds: Annotated[float, typer.Option(min=1, help="simulated seconds per trace")] = 30.0,
+    replicas: Annotated[int, typer.Option(min=1, help="fairgate replicas placing requests")] = 1,
+    share: Annotated[
+        bool, typer.Option(help="replicas hear each other's long prefills (prefix share)")
+    ] = True,
 ) -> None:
     """Staggered prefill on the virtual fleet: the light tenant's TTFT beside long
     cold prompts, off vs each min_tokens, and what it costs in tokens/s."""
@@ -314,4 +318,6 @@ def bench_stagger(
         [int(s) for s in seeds.split(",") if s.strip()],
         [int(s) for s in sizes.split(",") if s.strip()],
         seconds,
+        replicas,
+        share,
     )

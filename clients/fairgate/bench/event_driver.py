@@ -14,6 +14,7 @@ machine's load and repeat exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -155,11 +156,36 @@ class _Worker:
         return 0
 
 
+def _share(placements: list[Placement]) -> None:
+    """Each placement hears the others' routes and long prefills as they happen
+    (what prefix_share.py carries between live replicas)."""
+    for k, p in enumerate(placements):
+        others = [q for q in placements if q is not p]
+
+        def routed(url: str, key: int, others: list[Placement] = others) -> None:
+            for q in others:
+                q.learn(url, key)
+
+        def prefill(
+            url: str, pid: str, n: int, k: int = k, others: list[Placement] = others
+        ) -> None:
+            for q in others:
+                q.learn_prefill(url, f"{k}:{pid}", n)
+
+        p.on_routed, p.on_prefill = routed, prefill
+
+
 class Driver:
     """`engines` simulated engines of one config; with more than one (or a
     `routing`), requests go where `placement.Placement` puts them (what a pool
     of SGLang workers does live), and with `locality` routing admission asks the
-    placement (unless `locality` is given)."""
+    placement (unless `locality` is given).
+
+    `replicas`: that many placements over the same engines, each request placed
+    by the one of its replica (arrival i: replica i mod N), as N fairgate
+    replicas in front of one pool; admission stays one fleet-wide decision (the
+    shared store's). `share`: the replicas hear each other's routes and long
+    prefills at once (prefix_share.py, live: within its ~50 ms read interval)."""
 
     def __init__(
         self,
@@ -179,22 +205,31 @@ class Driver:
         routing: Routing | None = None,
         stagger: Stagger | None = None,
         staged_prefill: StagedPrefill | None = None,
+        replicas: int = 1,
+        share: bool = True,
     ) -> None:
         self.clock = clock or FakeClock()
         self.timers = ManualTimers(self.clock)
         self.workers = [_Worker(SimCore(sim), f"sim://{i}") for i in range(engines)]
         # One engine without a routing is no pool (as the live server: no placement).
         self.placement: Placement | None = None
+        self.placements: list[Placement] = []
         if engines > 1 or routing is not None:
-            self.placement = Placement(
-                self.workers,
-                routing=routing or "locality",
-                clock=self.clock.now_s,
-                kv_tokens=[w.core.capacity for w in self.workers],
-                stagger=stagger,
-            )
+            self.placements = [
+                Placement(
+                    self.workers,
+                    routing=routing or "locality",
+                    clock=self.clock.now_s,
+                    kv_tokens=[w.core.capacity for w in self.workers],
+                    stagger=dataclasses.replace(stagger) if stagger else None,
+                )
+                for _ in range(replicas)
+            ]
+            self.placement = self.placements[0]
+            if share:
+                _share(self.placements)
             if locality is None and self.placement.routing == "locality":
-                locality = self.placement.cached_prefix
+                locality = self._cached_prefix
         self.dispatcher = Dispatcher(
             policy,
             AdmissionBudget(limits),
@@ -228,7 +263,15 @@ class Driver:
         self.max_batch_streak = 0
         self.steps = 0
         self.staged_prefill = staged_prefill or StagedPrefill()
+        self._replica: dict[str, int] = {}  # request id -> its replica (more than one)
         self._stages: dict[str, _Call] = {}  # stage rid -> its request
+
+    def _cached_prefix(self, req: QueuedRequest) -> int:
+        """Admission's locality estimate, from the placement of the request's replica."""
+        return self._placement_of(req).cached_prefix(req)
+
+    def _placement_of(self, req: QueuedRequest) -> Placement:
+        return self.placements[self._replica.get(req.request_id, 0)]
 
     @property
     def core(self) -> SimCore:
@@ -333,6 +376,8 @@ class Driver:
             call.prompt_ids = list(a.prompt_ids)
         else:
             call.prompt_ids = distinct_prompt_ids(call.index, a.prompt_tokens, vocab)
+        if len(self.placements) > 1:
+            self._replica[req.request_id] = call.index % len(self.placements)
         if self.placement is not None:
             req.prefix_keys = self.placement.prefix_keys(call.prompt_ids)
         self.calls.append(call)
@@ -381,7 +426,7 @@ class Driver:
             priority = ereq.priority
             if self.placement is not None:
                 keys = list(call.req.prefix_keys)
-                call.placed = self.placement.place(ereq, keys, set())
+                call.placed = self._placement_of(call.req).place(ereq, keys, set())
                 assert call.placed is not None
                 call.worker, priority = call.placed.worker, call.placed.priority
             w = self.workers[call.worker]
@@ -453,7 +498,7 @@ class Driver:
         # Its own stages' prefill is charged as prompt tokens (generation.py does the same).
         charged_cached = cached - (call.staging.staged_tokens(cached) if call.staging else 0)
         if self.placement is not None and call.placed is not None:
-            self.placement.first_token(call.placed, call.req.prompt_tokens, cached)
+            self._placement_of(call.req).first_token(call.placed, call.req.prompt_tokens, cached)
         est = call.req.cached_estimate
         short = cached_shortfall(self.w_in, self.w_cached, est, charged_cached, 1.0)
         self.monitor.service[call.req.tenant_id] += short
@@ -470,7 +515,8 @@ class Driver:
         if call.staging is not None:
             self._lane_free(call)
         if self.placement is not None and call.placed is not None:
-            self.placement.released(call.placed)
+            self._placement_of(call.req).released(call.placed)
+            self._replica.pop(call.req.request_id, None)
         del self._running[call.req.request_id]
         call.state = "done"
         call.done_s = self.clock.now_s()
@@ -525,8 +571,8 @@ class Driver:
                 self.monitor.update(self.backlogged())
                 fail = call.arrival.fail_after_tokens
                 if em.finish is not None and call.placed is not None:
-                    assert self.placement is not None
-                    self.placement.finished(call.placed, call.prompt_ids, call.output_ids)
+                    placement = self._placement_of(call.req)
+                    placement.finished(call.placed, call.prompt_ids, call.output_ids)
                 if em.finish is not None or (fail is not None and call.output_tokens >= fail):
                     self._end(call)
         if until_s == math.inf:

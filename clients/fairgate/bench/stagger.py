@@ -7,6 +7,9 @@ with 200-1500, beside a light chat tenant at 2 requests/s; the same trace with
 staggered prefill off and at each `min_tokens`, and the light tenant alone (its
 solo TTFT) on the same fleet. Reports the light tenant's TTFT p50/p99, p99 over
 solo, and tokens/s (prompt + output over the run) against staggering off.
+`replicas`: as many fairgate replicas in front of the pool, each placing its
+share of the requests; `share`: they hear each other's long prefills (and
+routes), as prefix_share.py carries them live.
 """
 
 from __future__ import annotations
@@ -47,7 +50,13 @@ def long_prompt_mix(
     return sorted(out, key=lambda a: a.at_s)
 
 
-def fleet(arrivals: list[Arrival], engines: int, stagger: Stagger | None) -> Driver:
+def fleet(
+    arrivals: list[Arrival],
+    engines: int,
+    stagger: Stagger | None,
+    replicas: int = 1,
+    share: bool = True,
+) -> Driver:
     reg = TenantRegistry([TenantConfig(t) for t in TENANTS])
     drv = Driver(
         VtcPolicy(reg.weight_of),
@@ -57,6 +66,8 @@ def fleet(arrivals: list[Arrival], engines: int, stagger: Stagger | None) -> Dri
         engines=engines,
         routing="locality",
         stagger=stagger,
+        replicas=replicas,
+        share=share,
     )
     drv.run(arrivals)
     return drv
@@ -80,8 +91,18 @@ def tokens_per_s(drv: Driver) -> float:
     return done / max(ends)
 
 
-def main(engines: int, seeds: Sequence[int], sizes: Sequence[int], seconds: float) -> None:
-    print(f"virtual fleet: {engines} x rtx-4090 / llama-3.1-8b-int4, {seconds:g} s per trace")
+def main(
+    engines: int,
+    seeds: Sequence[int],
+    sizes: Sequence[int],
+    seconds: float,
+    replicas: int = 1,
+    share: bool = True,
+) -> None:
+    shared = "" if replicas == 1 else f", {replicas} replicas " + ("sharing" if share else "apart")
+    print(
+        f"virtual fleet: {engines} x rtx-4090 / llama-3.1-8b-int4, {seconds:g} s per trace{shared}"
+    )
     print(f"{'seed':>4} | {'min_tokens':>10} | {'p50 ms':>7} | {'p99 ms':>7} | "
           f"{'p99/solo':>8} | {'tok/s':>7} | {'x off':>5} | kept")  # fmt: skip
     for seed in seeds:
@@ -89,11 +110,13 @@ def main(engines: int, seeds: Sequence[int], sizes: Sequence[int], seconds: floa
         solo = quantile(
             light_ttft_s(fleet(long_prompt_mix(seed, seconds, engines, False), engines, None)), 0.99
         )
-        off = fleet(arrivals, engines, None)
+        off = fleet(arrivals, engines, None, replicas, share)
         for size in (0, *sizes):
-            drv = fleet(arrivals, engines, Stagger(min_tokens=size)) if size else off
+            drv = (
+                fleet(arrivals, engines, Stagger(min_tokens=size), replicas, share) if size else off
+            )
             ttft, rate = light_ttft_s(drv), tokens_per_s(drv)
-            kept = drv.placement.stagger.kept_free if drv.placement else 0
+            kept = sum(p.stagger.kept_free for p in drv.placements)
             print(
                 f"{seed:>4} | {size or 'off':>10} | {quantile(ttft, 0.5) * 1e3:>7.1f} | "
                 f"{quantile(ttft, 0.99) * 1e3:>7.1f} | {quantile(ttft, 0.99) / solo:>8.2f} | "

@@ -37,3 +37,24 @@ def test_a_worker_kept_on_short_steps_shortens_the_light_tenants_tail(seed: int)
     assert on.monitor.worst <= bound + 1e-6
     assert all(c.state == "done" for c in on.calls)
     assert on.placement.pending_prefill == [0] * ENGINES == on.placement.in_flight
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_two_replicas_keep_the_gain_only_by_hearing_each_others_prefills(seed: int) -> None:
+    """Two replicas place half the requests each over the same four engines. Apart,
+    each keeps its own view of which engine is on short steps and the light
+    tenant's tail stays where no stagger left it; sharing their long prefills (as
+    prefix_share.py does live) they keep one engine free together."""
+    arrivals = long_prompt_mix(seed, 20.0)
+    p99 = {}
+    for share in (True, False):
+        drv = fleet(arrivals, ENGINES, Stagger(min_tokens=1024), replicas=2, share=share)
+        assert len(drv.placements) == 2 and all(c.state == "done" for c in drv.calls)
+        for p in drv.placements:
+            assert p.pending_prefill == [0] * ENGINES == p.in_flight
+            assert p.remote_prefill == [{}] * ENGINES
+        p99[share] = quantile(light_ttft_s(drv), 0.99)
+    one = quantile(light_ttft_s(fleet(arrivals, ENGINES, Stagger(min_tokens=1024))), 0.99)
+    assert p99[True] < p99[False]
+    assert p99[True] < 1.5 * one
