@@ -21,6 +21,7 @@ from fairgate.v1 import admin_pb2_grpc as apb_grpc
 
 from scheduler.errors import StoreUnavailable
 from scheduler.gate_stats import BucketStats, TenantStats
+from scheduler.tenancy.key_limits import KeyLimits
 from scheduler.tenancy.tenant_store import (
     MUST_NOT_EXIST,
     ApiKeyRecord,
@@ -49,6 +50,7 @@ from service.admin_convert import (
     tenant_violations,
     usage_record,
 )
+from service.admin_key_limits import limits_from_proto, masked
 from service.api_keys import generate_key
 from service.errors import FieldViolation, InvalidRequest
 from service.models import ModelRegistry
@@ -268,15 +270,23 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     ) -> apb.IssueApiKeyResponse:
         async def work() -> apb.IssueApiKeyResponse:
             tid = require_tenant_id(request.tenant_id)
-            _check_display_name(request.display_name)
-            record, secret = self._new_key(tid, request.display_name)
+            tenant = (await self.store.snapshot()).tenants.get(tid)
+            if tenant is None:
+                raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
+            limits, problems = limits_from_proto(request.limits, tenant.config)
+            problems = _display_name_problems(request.display_name) + problems
+            if problems:
+                raise InvalidRequest(problems)
+            record, secret = self._new_key(tid, request.display_name, limits)
             await self.store.add_key(record)
             await self._refresh()
             return apb.IssueApiKeyResponse(key=key_to_proto(record, self._now()), secret=secret)
 
         return await self._run(context, work())
 
-    def _new_key(self, tenant_id: str, display_name: str) -> tuple[ApiKeyRecord, str]:
+    def _new_key(
+        self, tenant_id: str, display_name: str, limits: KeyLimits
+    ) -> tuple[ApiKeyRecord, str]:
         new = generate_key()
         record = ApiKeyRecord(
             key_id=new.key_id,
@@ -284,8 +294,33 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
             secret_hash=self.directory.hasher.hash(new.secret),
             display_name=display_name,
             created_at_s=self._now(),
+            limits=limits,
         )
         return record, new.secret
+
+    async def UpdateApiKey(
+        self, request: apb.UpdateApiKeyRequest, context: Ctx
+    ) -> apb.UpdateApiKeyResponse:
+        async def work() -> apb.UpdateApiKeyResponse:
+            snap = await self.store.snapshot()
+            old = snap.keys.get(request.key_id)
+            if old is None:
+                raise NotFound(f"no API key {request.key_id!r}", key_id=request.key_id)
+            tenant = snap.tenants[old.tenant_id]
+            patch, problems = limits_from_proto(request.limits, None)
+            if problems:
+                raise InvalidRequest(problems)
+            paths = list(request.update_mask.paths)
+            limits = masked(old.limits, patch, paths) if paths else patch
+            # Judged whole, against the tenant: every problem of the result listed.
+            problems = [FieldViolation(f"limits.{f}", m) for f, m in limits.problems(tenant.config)]
+            if problems:
+                raise InvalidRequest(problems)
+            record = await self.store.set_key_limits(old.key_id, limits)
+            await self._refresh()
+            return apb.UpdateApiKeyResponse(key=key_to_proto(record, self._now()))
+
+        return await self._run(context, work())
 
     async def RotateApiKey(
         self, request: apb.RotateApiKeyRequest, context: Ctx
@@ -310,7 +345,8 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                     f"API key {old.key_id!r} no longer works; issue a new key instead",
                     key_id=old.key_id,
                 )
-            record, secret = self._new_key(old.tenant_id, old.display_name)
+            # The same key, a new secret: its limits carry over.
+            record, secret = self._new_key(old.tenant_id, old.display_name, old.limits)
             retired = await self.store.rotate_key(old.key_id, record, now + grace)
             await self._refresh()
             return apb.RotateApiKeyResponse(
@@ -389,15 +425,11 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         return await self._run(context, work())
 
 
-def _check_display_name(name: str) -> None:
+def _display_name_problems(name: str) -> list[FieldViolation]:
     if len(name) > MAX_DISPLAY_NAME_CHARS or not name.isprintable():
-        raise InvalidRequest(
-            [
-                FieldViolation(
-                    "display_name", f"at most {MAX_DISPLAY_NAME_CHARS} printable characters"
-                )
-            ]
-        )
+        what = f"at most {MAX_DISPLAY_NAME_CHARS} printable characters"
+        return [FieldViolation("display_name", what)]
+    return []
 
 
 def _bucket(b: BucketStats | None) -> apb.BucketLevel | None:

@@ -12,7 +12,8 @@ the write fails with VersionConflict and nothing in the batch is applied.
 The store keeps only hashes of API keys, never their secrets.
 
 The rules live once, in the pure functions below (`apply_writes`,
-`with_key`, `with_expiry`, `with_rotation`); both stores apply them.
+`with_key`, `with_expiry`, `with_rotation`, `with_key_limits`); both stores
+apply them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from scheduler.tenancy.key_limits import NO_KEY_LIMITS, KeyLimits
 from scheduler.tenancy.tenants import TenantConfig
 
 # expected_version for "must not exist yet" (versions start at 1).
@@ -93,6 +95,8 @@ class ApiKeyRecord:
     created_at_s: float
     # Wall-clock time the key stops working (revoked, or rotated with grace).
     expires_at_s: float | None = None
+    # Its own limits within its tenant's (scheduler/tenancy/key_limits.py).
+    limits: KeyLimits = NO_KEY_LIMITS
 
     def active(self, now_s: float) -> bool:
         return self.expires_at_s is None or now_s < self.expires_at_s
@@ -165,6 +169,10 @@ class TenantStore(Protocol):
         """Add `new` and expire the old key, atomically; returns the old key's record."""
         ...
 
+    async def set_key_limits(self, key_id: str, limits: KeyLimits) -> ApiKeyRecord:
+        """Replace a key's own limits (judged by the caller against its tenant)."""
+        ...
+
 
 class InMemoryTenantStore:
     """The single-replica store: a snapshot replaced on every write."""
@@ -204,6 +212,11 @@ class InMemoryTenantStore:
     ) -> ApiKeyRecord:
         async with self._lock:
             self._snap, record = with_rotation(self._snap, old_key_id, new, old_expires_at_s)
+            return record
+
+    async def set_key_limits(self, key_id: str, limits: KeyLimits) -> ApiKeyRecord:
+        async with self._lock:
+            self._snap, record = with_key_limits(self._snap, key_id, limits)
             return record
 
 
@@ -286,6 +299,21 @@ def with_expiry(
     if old.expires_at_s is not None and old.expires_at_s <= at_s:
         return snap, old
     new = dataclasses.replace(old, expires_at_s=at_s)
+    return (
+        dataclasses.replace(snap, revision=snap.revision + 1, keys={**snap.keys, key_id: new}),
+        new,
+    )
+
+
+def with_key_limits(
+    snap: TenantSnapshot, key_id: str, limits: KeyLimits
+) -> tuple[TenantSnapshot, ApiKeyRecord]:
+    old = snap.keys.get(key_id)
+    if old is None:
+        raise NotFound(f"no API key {key_id!r}", key_id=key_id)
+    if old.limits == limits:
+        return snap, old
+    new = dataclasses.replace(old, limits=limits)
     return (
         dataclasses.replace(snap, revision=snap.revision + 1, keys={**snap.keys, key_id: new}),
         new,

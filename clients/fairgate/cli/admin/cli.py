@@ -28,7 +28,7 @@ from fairgate.cli.admin.conn import (
     session,
     shared,
 )
-from fairgate.cli.admin.tenant_args import FlagErrors, tenant_from_flags
+from fairgate.cli.admin.tenant_args import FlagErrors, key_limits_from_flags, tenant_from_flags
 from fairgate.cli.admin.usage_export import usage_export
 
 admin_app = typer.Typer(
@@ -211,17 +211,66 @@ def _print_tenant(conn: Conn, tenant: Any, message: str) -> None:
 
 
 # -- keys ---------------------------------------------------------------------
+KeyQuotaOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--quota",
+        "-q",
+        help="the key's own limit NAME=VALUE, within its tenant's: requests_per_s, "
+        "requests_burst, tokens_per_min, tokens_burst, max_concurrent (none: no limit)",
+    ),
+]
+KeyPriorityOpt = Annotated[
+    list[str] | None,
+    typer.Option("--priority", help="a class the key may send (repeatable; default: its tenant's)"),
+]
+
+
 @keys_app.command("issue")
 @shared
 def keys_issue(
     ctx: typer.Context,
     tenant_id: str,
     name: Annotated[str, typer.Option(help="a label for the key")] = "",
+    quota: KeyQuotaOpt = None,
+    priority: KeyPriorityOpt = None,
 ) -> None:
     """Issue an API key; the secret is printed once and never again."""
+    try:
+        limits, _ = key_limits_from_flags(quota, priority)
+    except FlagErrors as exc:
+        raise _bad_flags(exc) from None
     with session(ctx) as (conn, client):
-        resp = client.issue_key(tenant_id, name)
+        resp = client.issue_key(tenant_id, name, limits)
         _print_secret(conn, resp.key, resp.secret)
+
+
+@keys_app.command("update")
+@shared
+def keys_update(
+    ctx: typer.Context,
+    key_id: str,
+    quota: KeyQuotaOpt = None,
+    priority: KeyPriorityOpt = None,
+    any_priority: Annotated[
+        bool, typer.Option(help="drop the key's own priorities (its tenant's apply)")
+    ] = False,
+) -> None:
+    """Change a key's own limits (the ones given; others stay as they are)."""
+    try:
+        limits, paths = key_limits_from_flags(quota, priority, any_priority)
+    except FlagErrors as exc:
+        raise _bad_flags(exc) from None
+    if not paths:
+        die(EXIT_INPUT, "nothing to change: give --quota, --priority or --any-priority")
+    with session(ctx) as (conn, client):
+        key = client.update_key(key_id, limits, paths)
+        if conn.json:
+            _out(conn, render.to_dict(key))
+        else:
+            typer.echo(
+                f"updated key {key.key_id}: {render.key_limits_text(key).replace(chr(10), ', ')}"
+            )
 
 
 @keys_app.command("rotate")
