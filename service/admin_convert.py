@@ -10,6 +10,7 @@ from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import inference_pb2 as pb
 from google.protobuf import timestamp_pb2
 
+from scheduler.gate_stats import BucketStats, TenantStats
 from scheduler.request import Priority
 from scheduler.tenancy.key_limits import KeyLimits
 from scheduler.tenancy.tenant_check import config_of, read_tenant
@@ -250,3 +251,34 @@ def usage_record(r: UsageRecord) -> apb.UsageRecord:
         finish_reason=r.finish_reason,
         finished_at=timestamp(r.finished_at_s),
     )
+
+
+def _bucket_proto(b: BucketStats | None) -> apb.BucketLevel | None:
+    if b is None:
+        return None
+    return apb.BucketLevel(level=b.level, burst=b.burst, rate_per_s=b.rate_per_s)
+
+
+def usage_to_proto(t: TenantStats, model: str) -> apb.TenantUsage:
+    out = apb.TenantUsage(
+        tenant_id=t.tenant_id,
+        model=model,
+        charged_tokens_total=t.charged_tokens,
+        charged_requests_total=t.charged_requests,
+        in_flight=t.in_flight,
+        queued=t.queued,
+        rejected_total=t.rejected_total,
+        finished_total=t.finished_total,
+        paused=t.paused,
+    )
+    if t.virtual_counter is not None:
+        out.virtual_counter = t.virtual_counter
+    request_bucket, token_bucket = _bucket_proto(t.request_bucket), _bucket_proto(t.token_bucket)
+    if request_bucket is not None:
+        out.request_bucket.CopyFrom(request_bucket)
+    if token_bucket is not None and t.token_bucket is not None:
+        out.token_bucket.CopyFrom(token_bucket)
+        out.tokens_used_in_window = t.token_bucket.used
+    for limit, n in t.rejections.items():
+        out.rejections[limit] = n
+    return out

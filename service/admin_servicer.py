@@ -20,7 +20,6 @@ from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import admin_pb2_grpc as apb_grpc
 
 from scheduler.errors import StoreUnavailable
-from scheduler.gate_stats import BucketStats, TenantStats
 from scheduler.tenancy.key_limits import KeyLimits
 from scheduler.tenancy.tenant_store import (
     MUST_NOT_EXIST,
@@ -49,6 +48,7 @@ from service.admin_convert import (
     tenant_from_proto,
     tenant_violations,
     usage_record,
+    usage_to_proto,
 )
 from service.admin_key_limits import limits_from_proto, masked
 from service.api_keys import generate_key
@@ -401,7 +401,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                     found = known.get(tid)
                     if found is None:
                         raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
-                    resp.usage.append(_usage(found, model.name))
+                    resp.usage.append(usage_to_proto(found, model.name))
             return resp
 
         return await self._run(context, work())
@@ -430,34 +430,3 @@ def _display_name_problems(name: str) -> list[FieldViolation]:
         what = f"at most {MAX_DISPLAY_NAME_CHARS} printable characters"
         return [FieldViolation("display_name", what)]
     return []
-
-
-def _bucket(b: BucketStats | None) -> apb.BucketLevel | None:
-    if b is None:
-        return None
-    return apb.BucketLevel(level=b.level, burst=b.burst, rate_per_s=b.rate_per_s)
-
-
-def _usage(t: TenantStats, model: str) -> apb.TenantUsage:
-    out = apb.TenantUsage(
-        tenant_id=t.tenant_id,
-        model=model,
-        charged_tokens_total=t.charged_tokens,
-        charged_requests_total=t.charged_requests,
-        in_flight=t.in_flight,
-        queued=t.queued,
-        rejected_total=t.rejected_total,
-        finished_total=t.finished_total,
-        paused=t.paused,
-    )
-    if t.virtual_counter is not None:
-        out.virtual_counter = t.virtual_counter
-    request_bucket, token_bucket = _bucket(t.request_bucket), _bucket(t.token_bucket)
-    if request_bucket is not None:
-        out.request_bucket.CopyFrom(request_bucket)
-    if token_bucket is not None and t.token_bucket is not None:
-        out.token_bucket.CopyFrom(token_bucket)
-        out.tokens_used_in_window = t.token_bucket.used
-    for limit, n in t.rejections.items():
-        out.rejections[limit] = n
-    return out

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -290,34 +290,37 @@ def with_key(snap: TenantSnapshot, record: ApiKeyRecord) -> TenantSnapshot:
     )
 
 
-def with_expiry(
-    snap: TenantSnapshot, key_id: str, at_s: float
+def _key_changed(
+    snap: TenantSnapshot, key_id: str, change: Callable[[ApiKeyRecord], ApiKeyRecord]
 ) -> tuple[TenantSnapshot, ApiKeyRecord]:
+    """`snap` with key `key_id`'s record changed (the same snapshot if it is not)."""
     old = snap.keys.get(key_id)
     if old is None:
         raise NotFound(f"no API key {key_id!r}", key_id=key_id)
-    if old.expires_at_s is not None and old.expires_at_s <= at_s:
+    new = change(old)
+    if new == old:
         return snap, old
-    new = dataclasses.replace(old, expires_at_s=at_s)
     return (
         dataclasses.replace(snap, revision=snap.revision + 1, keys={**snap.keys, key_id: new}),
         new,
     )
+
+
+def with_expiry(
+    snap: TenantSnapshot, key_id: str, at_s: float
+) -> tuple[TenantSnapshot, ApiKeyRecord]:
+    def expire(old: ApiKeyRecord) -> ApiKeyRecord:
+        if old.expires_at_s is not None and old.expires_at_s <= at_s:
+            return old  # never extended
+        return dataclasses.replace(old, expires_at_s=at_s)
+
+    return _key_changed(snap, key_id, expire)
 
 
 def with_key_limits(
     snap: TenantSnapshot, key_id: str, limits: KeyLimits
 ) -> tuple[TenantSnapshot, ApiKeyRecord]:
-    old = snap.keys.get(key_id)
-    if old is None:
-        raise NotFound(f"no API key {key_id!r}", key_id=key_id)
-    if old.limits == limits:
-        return snap, old
-    new = dataclasses.replace(old, limits=limits)
-    return (
-        dataclasses.replace(snap, revision=snap.revision + 1, keys={**snap.keys, key_id: new}),
-        new,
-    )
+    return _key_changed(snap, key_id, lambda old: dataclasses.replace(old, limits=limits))
 
 
 def with_rotation(

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import inference_pb2 as pb
 from typer.testing import CliRunner
 
-from tests.integration.serve_process import start_serve
+from tests.integration.serve_process import redis_env, serve_replicas
 
 ADMIN_TOKEN = "key-limits-admin-token-0123"
 TENANTS = """
@@ -47,31 +45,16 @@ Replica = tuple[str, str]  # gRPC address, OpenAI base URL
 async def replicas(redis_url: str, tmp_path: Path) -> AsyncIterator[list[Replica]]:
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(TENANTS)
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("FAIRGATE_", "OTEL_"))},
-        "FAIRGATE_LISTEN": "127.0.0.1:0",
-        "FAIRGATE_HTTP_LISTEN": "127.0.0.1:0",
-        "FAIRGATE_STORE": "redis",
-        "FAIRGATE_REDIS_URL": redis_url,
-        "FAIRGATE_REDIS_DOMAIN": f"keys-{uuid.uuid4().hex[:8]}",
-        "FAIRGATE_TENANTS_FILE": str(tenants),
-        "FAIRGATE_ADMIN_TOKEN": ADMIN_TOKEN,
-        "FAIRGATE_API_KEY_PEPPER": "key-limits-pepper-0123456789",
-        "FAIRGATE_AUTH_MODE": "api-key",
-        "FAIRGATE_TENANT_SYNC_INTERVAL_S": "0.1",
-        "FAIRGATE_LOG_LEVEL": "WARNING",
-    }
-    procs = []
-    try:
-        for _ in range(2):
-            proc, grpc_address, http_base = await start_serve(env)
-            procs.append((proc, grpc_address, http_base))
-        yield [(g, h) for _, g, h in procs]
-    finally:
-        for proc, _, _ in procs:
-            proc.terminate()
-        for proc, _, _ in procs:
-            await proc.wait()
+    env = redis_env(
+        redis_url,
+        str(tenants),
+        FAIRGATE_ADMIN_TOKEN=ADMIN_TOKEN,
+        FAIRGATE_API_KEY_PEPPER="key-limits-pepper-0123456789",
+        FAIRGATE_AUTH_MODE="api-key",
+        FAIRGATE_TENANT_SYNC_INTERVAL_S="0.1",
+    )
+    async with serve_replicas(env) as addresses:
+        yield addresses
 
 
 async def cli(address: str, *args: str) -> Any:

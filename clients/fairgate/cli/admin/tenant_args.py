@@ -57,6 +57,14 @@ def _quota_items(items: Sequence[str], problems: list[str]) -> dict[str, str]:
     return out
 
 
+def _set_quotas(quotas: apb.TenantQuotas, values: dict[str, Any]) -> list[str]:
+    """The quotas `read_tenant` read set on `quotas` (None: cleared); their mask paths."""
+    for name, value in values.get("quotas", {}).items():
+        if value is not None:
+            setattr(quotas, name, value)
+    return [f"quotas.{name}" for name in values.get("quotas", {})]
+
+
 def tenant_from_flags(
     tenant_id: str,
     weight: float | None,
@@ -103,10 +111,7 @@ def tenant_from_flags(
     if "enabled" in values:
         t.enabled = values["enabled"]
         paths.append("enabled")
-    for name, value in values.get("quotas", {}).items():
-        if value is not None:
-            setattr(t.quotas, name, value)
-        paths.append(f"quotas.{name}")
+    paths += _set_quotas(t.quotas, values)
     return t, paths
 
 
@@ -135,10 +140,7 @@ def key_limits_from_flags(
     if "priorities" in values or any_priority:
         limits.priorities.extend(PRIORITIES[p] for p in dict.fromkeys(priorities or ()))
         paths.append("priorities")
-    for name, value in values.get("quotas", {}).items():
-        if value is not None:
-            setattr(limits.quotas, name, value)
-        paths.append(f"quotas.{name}")
+    paths += _set_quotas(limits.quotas, values)
     return limits, paths
 
 
