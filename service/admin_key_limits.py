@@ -20,9 +20,10 @@ KEY_MASK_PATHS = frozenset({"priorities", "quotas", *(f"quotas.{q}" for q in KEY
 
 
 def limits_from_proto(
-    msg: apb.ApiKeyLimits, tenant: TenantConfig | None, path: str = "limits"
+    msg: apb.ApiKeyLimits, path: str = "limits"
 ) -> tuple[KeyLimits, list[FieldViolation]]:
-    """The limits `msg` declares, and every violation (judged against `tenant`)."""
+    """The limits `msg` declares, and what is wrong with its enums (the values are
+    judged by `judged`, once whole)."""
     out: list[FieldViolation] = []
     priorities = []
     for i, p in enumerate(msg.priorities):
@@ -36,9 +37,12 @@ def limits_from_proto(
         for name in QUOTA_FIELDS
         if msg.quotas.HasField(name)  # type: ignore[arg-type]
     }
-    limits = KeyLimits(TenantQuotas(**quotas), frozenset(priorities) if priorities else None)
-    out.extend(FieldViolation(f"{path}.{f}", m) for f, m in limits.problems(tenant))
-    return limits, out
+    return KeyLimits(TenantQuotas(**quotas), frozenset(priorities) if priorities else None), out
+
+
+def judged(limits: KeyLimits, tenant: TenantConfig, path: str = "limits") -> list[FieldViolation]:
+    """Every problem of `limits` for a key of `tenant` (KeyLimits.problems)."""
+    return [FieldViolation(f"{path}.{f}", m) for f, m in limits.problems(tenant)]
 
 
 def masked(current: KeyLimits, patch: KeyLimits, paths: Iterable[str]) -> KeyLimits:

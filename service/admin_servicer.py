@@ -50,7 +50,7 @@ from service.admin_convert import (
     usage_record,
     usage_to_proto,
 )
-from service.admin_key_limits import limits_from_proto, masked
+from service.admin_key_limits import judged, limits_from_proto, masked
 from service.api_keys import generate_key
 from service.errors import FieldViolation, InvalidRequest
 from service.models import ModelRegistry
@@ -273,8 +273,9 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
             tenant = (await self.store.snapshot()).tenants.get(tid)
             if tenant is None:
                 raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
-            limits, problems = limits_from_proto(request.limits, tenant.config)
-            problems = _display_name_problems(request.display_name) + problems
+            limits, problems = limits_from_proto(request.limits)
+            problems += judged(limits, tenant.config)
+            problems += _display_name_problems(request.display_name)
             if problems:
                 raise InvalidRequest(problems)
             record, secret = self._new_key(tid, request.display_name, limits)
@@ -307,13 +308,11 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
             if old is None:
                 raise NotFound(f"no API key {request.key_id!r}", key_id=request.key_id)
             tenant = snap.tenants[old.tenant_id]
-            patch, problems = limits_from_proto(request.limits, None)
-            if problems:
-                raise InvalidRequest(problems)
+            patch, problems = limits_from_proto(request.limits)
             paths = list(request.update_mask.paths)
             limits = masked(old.limits, patch, paths) if paths else patch
-            # Judged whole, against the tenant: every problem of the result listed.
-            problems = [FieldViolation(f"limits.{f}", m) for f, m in limits.problems(tenant.config)]
+            # The result judged whole, against the tenant: every problem listed.
+            problems += judged(limits, tenant.config)
             if problems:
                 raise InvalidRequest(problems)
             record = await self.store.set_key_limits(old.key_id, limits)
