@@ -22,6 +22,7 @@ once its buckets are full and nothing is open.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Iterable
@@ -38,12 +39,54 @@ from scheduler.errors import (
 )
 from scheduler.gate_stats import BucketStats, TenantBuckets
 from scheduler.quotas import BucketLimits
-from scheduler.request import QueuedRequest
-from scheduler.tenancy.key_limits import EffectiveKeyLimits
+from scheduler.request import Priority, QueuedRequest
+from scheduler.tenancy.key_limits import KeyLimits
+from scheduler.tenancy.tenants import TenantConfig
 from scheduler.token_bucket import TokenBucket
 
 log = logging.getLogger(__name__)
 MAX_CONCURRENT = "max_concurrent"
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveKeyLimits:
+    """A key's limits as enforced now (`effective_limits`)."""
+
+    buckets: BucketLimits
+    max_concurrent: int | None
+    priorities: frozenset[Priority]
+
+
+def _lower(a: float | None, b: float | None) -> float | None:
+    """The tighter of two limits (None: no limit)."""
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def effective_limits(key: KeyLimits, tenant: TenantConfig) -> EffectiveKeyLimits:
+    """What is enforced now: the tighter of the key's and its tenant's."""
+    mine, theirs = BucketLimits.of(key.quotas), BucketLimits.of(tenant.quotas)
+    buckets = BucketLimits()
+    if mine.requests_per_s is not None:
+        buckets = dataclasses.replace(
+            buckets,
+            requests_per_s=_lower(mine.requests_per_s, theirs.requests_per_s),
+            requests_burst=_lower(mine.requests_burst, theirs.requests_burst),
+        )
+    if mine.tokens_per_s is not None:
+        buckets = dataclasses.replace(
+            buckets,
+            tokens_per_s=_lower(mine.tokens_per_s, theirs.tokens_per_s),
+            tokens_burst=_lower(mine.tokens_burst, theirs.tokens_burst),
+        )
+    concurrent = None
+    if key.quotas.max_concurrent is not None:
+        concurrent = int(_lower(key.quotas.max_concurrent, tenant.quotas.max_concurrent) or 0)
+    priorities = tenant.priorities
+    if key.priorities is not None:
+        priorities = key.priorities & tenant.priorities
+    return EffectiveKeyLimits(buckets, concurrent, priorities)
 
 
 @dataclass(frozen=True, slots=True)

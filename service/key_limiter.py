@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 from scheduler.errors import StoreUnavailable
 from scheduler.gate_stats import TenantBuckets
-from scheduler.key_gate import KeyGate
-from scheduler.tenancy.key_limits import EffectiveKeyLimits
+from scheduler.key_gate import EffectiveKeyLimits, KeyGate, effective_limits
 from service.identity import Identity
 from service.tenant_directory import TenantDirectory
 
@@ -45,4 +44,4 @@ class KeyLimiter:
         tenant = self.directory.registry.get(identity.tenant_id)
         if record is None or tenant is None or record.limits.empty:
             return None
-        return KeyCheck(self.gate, identity.key_id, record.limits.effective(tenant))
+        return KeyCheck(self.gate, identity.key_id, effective_limits(record.limits, tenant))

@@ -8,7 +8,8 @@ as `TenantQuotas`, so they are a `TenantQuotas` with only those set), a
 - at issue/update a key limit above its tenant's, or a priority the tenant does
   not allow, is refused (`problems`, every one listed);
 - the tenant may be lowered later: what is enforced is the tighter of the two
-  (`effective`), so a key never gets more than its tenant.
+  (`scheduler/key_gate.py: effective_limits`), so a key never gets more than
+  its tenant.
 
 Fair sharing stays per tenant; a key's limits are an extra gate
 (scheduler/key_gate.py) in front of its tenant's.
@@ -16,10 +17,8 @@ Fair sharing stays per tenant; a key's limits are an extra gate
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
-from scheduler.quotas import BucketLimits
 from scheduler.request import Priority
 from scheduler.tenancy.tenants import TenantConfig, TenantQuotas
 
@@ -32,13 +31,6 @@ KEY_QUOTA_FIELDS = (
     "max_concurrent",
 )
 Problem = tuple[str, str]
-
-
-def _lower(a: float | None, b: float | None) -> float | None:
-    """The tighter of two limits (None: no limit)."""
-    if a is None:
-        return b
-    return a if b is None else min(a, b)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,38 +88,5 @@ class KeyLimits:
                 )
         return out
 
-    def effective(self, tenant: TenantConfig) -> EffectiveKeyLimits:
-        """What is enforced now: the tighter of the key's and its tenant's."""
-        mine, theirs = BucketLimits.of(self.quotas), BucketLimits.of(tenant.quotas)
-        buckets = BucketLimits()
-        if mine.requests_per_s is not None:
-            buckets = dataclasses.replace(
-                buckets,
-                requests_per_s=_lower(mine.requests_per_s, theirs.requests_per_s),
-                requests_burst=_lower(mine.requests_burst, theirs.requests_burst),
-            )
-        if mine.tokens_per_s is not None:
-            buckets = dataclasses.replace(
-                buckets,
-                tokens_per_s=_lower(mine.tokens_per_s, theirs.tokens_per_s),
-                tokens_burst=_lower(mine.tokens_burst, theirs.tokens_burst),
-            )
-        concurrent = None
-        if self.quotas.max_concurrent is not None:
-            concurrent = int(_lower(self.quotas.max_concurrent, tenant.quotas.max_concurrent) or 0)
-        priorities = tenant.priorities
-        if self.priorities is not None:
-            priorities = self.priorities & tenant.priorities
-        return EffectiveKeyLimits(buckets, concurrent, priorities)
-
 
 NO_KEY_LIMITS = KeyLimits()
-
-
-@dataclass(frozen=True, slots=True)
-class EffectiveKeyLimits:
-    """A key's limits as enforced now (see `KeyLimits.effective`)."""
-
-    buckets: BucketLimits
-    max_concurrent: int | None
-    priorities: frozenset[Priority]

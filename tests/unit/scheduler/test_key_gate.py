@@ -10,10 +10,17 @@ import redis as redis_lib
 
 from scheduler.clock import FakeClock
 from scheduler.errors import KeyPriorityNotAllowed, KeyQuotaExceeded, RequestTooLarge
-from scheduler.key_gate import KeyGate, KeyHold, KeyState, MemoryKeyState
+from scheduler.key_gate import (
+    EffectiveKeyLimits,
+    KeyGate,
+    KeyHold,
+    KeyState,
+    MemoryKeyState,
+    effective_limits,
+)
 from scheduler.request import Priority, QueuedRequest
 from scheduler.state.redis_key_state import RedisKeyState
-from scheduler.tenancy.key_limits import EffectiveKeyLimits, KeyLimits
+from scheduler.tenancy.key_limits import KeyLimits
 from scheduler.tenancy.tenants import TenantConfig, TenantQuotas
 
 TENANT = TenantConfig("t")
@@ -33,7 +40,7 @@ def req(
 def limits(
     quotas: TenantQuotas, priorities: frozenset[Priority] | None = None
 ) -> EffectiveKeyLimits:
-    return KeyLimits(quotas, priorities).effective(TENANT)
+    return effective_limits(KeyLimits(quotas, priorities), TENANT)
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from scheduler.key_gate import effective_limits
 from scheduler.request import Priority
 from scheduler.tenancy.key_limits import KeyLimits
 from scheduler.tenancy.tenants import TenantConfig, TenantQuotas
@@ -71,17 +72,17 @@ def test_a_tenant_lowered_later_binds_the_key() -> None:
             requests_per_s=2.0, requests_burst=4.0, tokens_per_min=60.0, max_concurrent=1
         ),
     )
-    now = key.effective(lowered)
+    now = effective_limits(key, lowered)
     assert (now.buckets.requests_per_s, now.buckets.requests_burst) == (2.0, 4.0)
     assert now.buckets.tokens_per_s == 1.0  # 60 tokens/min
     assert now.buckets.tokens_burst == 60.0
     assert now.max_concurrent == 1
     assert now.priorities == frozenset()  # the key's only class is gone: nothing passes
     # Where the key is the tighter one, it stays.
-    before = key.effective(TENANT)
+    before = effective_limits(key, TENANT)
     assert (before.buckets.requests_per_s, before.buckets.tokens_per_s) == (5.0, 10.0)
     assert before.max_concurrent == 3
     # A kind the key does not limit is left to the tenant's own bucket.
-    only_tokens = KeyLimits(TenantQuotas(tokens_per_min=600.0)).effective(TENANT)
+    only_tokens = effective_limits(KeyLimits(TenantQuotas(tokens_per_min=600.0)), TENANT)
     assert only_tokens.buckets.requests_per_s is None
     assert only_tokens.priorities == TENANT.priorities
