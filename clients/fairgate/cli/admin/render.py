@@ -99,9 +99,9 @@ def _num(v: float) -> str:
     return f"{v:g}"
 
 
-def quotas_text(q: apb.TenantQuotas, sep: str = ", ") -> str:
+def quotas_text(q: apb.TenantQuotas, sep: str = ", ", num: Any = _num) -> str:
     parts = [
-        f"{short}={_num(getattr(q, name))}"
+        f"{short}={num(getattr(q, name))}"
         for name, short in _QUOTA_SHORT.items()
         if q.HasField(name)  # type: ignore[arg-type]
     ]
@@ -117,7 +117,8 @@ def key_limits_text(k: apb.ApiKey) -> str:
     if not k.HasField("limits"):
         return "-"
     parts = [] if not k.limits.priorities else [priorities_text(k.limits)]
-    quotas = quotas_text(k.limits.quotas, "\n")
+    # A narrow column: 60000 → 60k.
+    quotas = quotas_text(k.limits.quotas, "\n", lambda v: _short(v).replace(".0", ""))
     return "\n".join(parts + ([quotas] if quotas != "-" else [])) or "-"
 
 
