@@ -62,6 +62,29 @@ class QuotaExceeded(RequestRejected):
         return {"tenant": self.tenant_id, "limit": self.limit}
 
 
+class KeyQuotaExceeded(QuotaExceeded):
+    """An API key's own limit refused the request (its tenant's other keys go on)."""
+
+    def __init__(
+        self,
+        tenant_id: str,
+        key_id: str,
+        limit: str,
+        description: str,
+        *,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(tenant_id, limit, description, retry_after_s=retry_after_s)
+        self.key_id = key_id
+
+    @property
+    def subject(self) -> str:
+        return f"key:{self.key_id}"
+
+    def metadata(self) -> dict[str, str]:
+        return {**super().metadata(), "key_id": self.key_id}
+
+
 class QueueTimeout(QuotaExceeded):
     """The request waited in the queue longer than its tenant's max_queue_wait_s."""
 
@@ -117,6 +140,17 @@ class TenantDisabled(TenantRefused):
 
 class PriorityNotAllowed(TenantRefused):
     reason = "PRIORITY_NOT_ALLOWED"
+
+
+class KeyPriorityNotAllowed(PriorityNotAllowed):
+    """The API key's own priorities (within its tenant's) exclude this class."""
+
+    def __init__(self, tenant_id: str, key_id: str, message: str) -> None:
+        super().__init__(tenant_id, message)
+        self.key_id = key_id
+
+    def metadata(self) -> dict[str, str]:
+        return {**super().metadata(), "key_id": self.key_id}
 
 
 class DeadlineExpired(SchedulingError):

@@ -10,7 +10,9 @@ from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import inference_pb2 as pb
 from google.protobuf import timestamp_pb2
 
+from scheduler.gate_stats import BucketStats, TenantStats
 from scheduler.request import Priority
+from scheduler.tenancy.key_limits import KeyLimits
 from scheduler.tenancy.tenant_check import config_of, read_tenant
 from scheduler.tenancy.tenant_store import ApiKeyRecord, TenantRecord
 from scheduler.tenancy.tenants import (
@@ -35,11 +37,11 @@ MASK_PATHS = frozenset(
         *(f"quotas.{q}" for q in QUOTA_FIELDS),
     }
 )
-_PRIORITY_FROM_PB = {
+PRIORITY_FROM_PB = {
     pb.PRIORITY_CLASS_INTERACTIVE: Priority.INTERACTIVE,
     pb.PRIORITY_CLASS_BATCH: Priority.BATCH,
 }
-_PRIORITY_TO_PB = {v: k for k, v in _PRIORITY_FROM_PB.items()}
+PRIORITY_TO_PB = {v: k for k, v in PRIORITY_FROM_PB.items()}
 _MODE_FROM_PB: dict[int, OverQuotaMode] = {
     apb.OVER_QUOTA_MODE_UNSPECIFIED: "reject",
     apb.OVER_QUOTA_MODE_REJECT: "reject",
@@ -72,14 +74,14 @@ def tenant_violations(t: apb.Tenant, path: str) -> tuple[TenantConfig | None, li
     out = check_tenant_id(t.id, f"{path}.id")
     priorities: list[str] = []
     for i, p in enumerate(t.priorities):
-        if p not in _PRIORITY_FROM_PB:
+        if p not in PRIORITY_FROM_PB:
             out.append(
                 FieldViolation(
                     f"{path}.priorities[{i}]", "use PRIORITY_CLASS_INTERACTIVE or _BATCH"
                 )
             )
         else:
-            priorities.append(_PRIORITY_FROM_PB[p].name.lower())
+            priorities.append(PRIORITY_FROM_PB[p].name.lower())
     mode = _MODE_FROM_PB.get(t.over_quota)
     if mode is None:
         out.append(FieldViolation(f"{path}.over_quota", f"unknown mode {t.over_quota}"))
@@ -114,7 +116,7 @@ def config_to_proto(cfg: TenantConfig) -> apb.Tenant:
         weight=cfg.weight,
         enabled=cfg.enabled,
         over_quota=_MODE_TO_PB[cfg.over_quota],
-        priorities=[_PRIORITY_TO_PB[p] for p in sorted(cfg.priorities)],
+        priorities=[PRIORITY_TO_PB[p] for p in sorted(cfg.priorities)],
     )
     for name in QUOTA_FIELDS:
         value = getattr(cfg.quotas, name)
@@ -220,7 +222,20 @@ def key_to_proto(rec: ApiKeyRecord, now_s: float) -> apb.ApiKey:
     k.create_time.CopyFrom(timestamp(rec.created_at_s))
     if rec.expires_at_s is not None:
         k.expire_time.CopyFrom(timestamp(rec.expires_at_s))
+    if not rec.limits.empty:
+        k.limits.CopyFrom(limits_to_proto(rec.limits))
     return k
+
+
+def limits_to_proto(limits: KeyLimits) -> apb.ApiKeyLimits:
+    msg = apb.ApiKeyLimits()
+    if limits.priorities is not None:
+        msg.priorities.extend(PRIORITY_TO_PB[p] for p in sorted(limits.priorities))
+    for name in QUOTA_FIELDS:
+        value = getattr(limits.quotas, name)
+        if value is not None:
+            setattr(msg.quotas, name, value)
+    return msg
 
 
 def usage_record(r: UsageRecord) -> apb.UsageRecord:
@@ -236,3 +251,34 @@ def usage_record(r: UsageRecord) -> apb.UsageRecord:
         finish_reason=r.finish_reason,
         finished_at=timestamp(r.finished_at_s),
     )
+
+
+def _bucket_proto(b: BucketStats | None) -> apb.BucketLevel | None:
+    if b is None:
+        return None
+    return apb.BucketLevel(level=b.level, burst=b.burst, rate_per_s=b.rate_per_s)
+
+
+def usage_to_proto(t: TenantStats, model: str) -> apb.TenantUsage:
+    out = apb.TenantUsage(
+        tenant_id=t.tenant_id,
+        model=model,
+        charged_tokens_total=t.charged_tokens,
+        charged_requests_total=t.charged_requests,
+        in_flight=t.in_flight,
+        queued=t.queued,
+        rejected_total=t.rejected_total,
+        finished_total=t.finished_total,
+        paused=t.paused,
+    )
+    if t.virtual_counter is not None:
+        out.virtual_counter = t.virtual_counter
+    request_bucket, token_bucket = _bucket_proto(t.request_bucket), _bucket_proto(t.token_bucket)
+    if request_bucket is not None:
+        out.request_bucket.CopyFrom(request_bucket)
+    if token_bucket is not None and t.token_bucket is not None:
+        out.token_bucket.CopyFrom(token_bucket)
+        out.tokens_used_in_window = t.token_bucket.used
+    for limit, n in t.rejections.items():
+        out.rejections[limit] = n
+    return out

@@ -20,7 +20,7 @@ from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import admin_pb2_grpc as apb_grpc
 
 from scheduler.errors import StoreUnavailable
-from scheduler.gate_stats import BucketStats, TenantStats
+from scheduler.tenancy.key_limits import KeyLimits
 from scheduler.tenancy.tenant_store import (
     MUST_NOT_EXIST,
     ApiKeyRecord,
@@ -48,7 +48,9 @@ from service.admin_convert import (
     tenant_from_proto,
     tenant_violations,
     usage_record,
+    usage_to_proto,
 )
+from service.admin_key_limits import judged, limits_from_proto, masked
 from service.api_keys import generate_key
 from service.errors import FieldViolation, InvalidRequest
 from service.models import ModelRegistry
@@ -268,15 +270,24 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     ) -> apb.IssueApiKeyResponse:
         async def work() -> apb.IssueApiKeyResponse:
             tid = require_tenant_id(request.tenant_id)
-            _check_display_name(request.display_name)
-            record, secret = self._new_key(tid, request.display_name)
+            tenant = (await self.store.snapshot()).tenants.get(tid)
+            if tenant is None:
+                raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
+            limits, problems = limits_from_proto(request.limits)
+            problems += judged(limits, tenant.config)
+            problems += _display_name_problems(request.display_name)
+            if problems:
+                raise InvalidRequest(problems)
+            record, secret = self._new_key(tid, request.display_name, limits)
             await self.store.add_key(record)
             await self._refresh()
             return apb.IssueApiKeyResponse(key=key_to_proto(record, self._now()), secret=secret)
 
         return await self._run(context, work())
 
-    def _new_key(self, tenant_id: str, display_name: str) -> tuple[ApiKeyRecord, str]:
+    def _new_key(
+        self, tenant_id: str, display_name: str, limits: KeyLimits
+    ) -> tuple[ApiKeyRecord, str]:
         new = generate_key()
         record = ApiKeyRecord(
             key_id=new.key_id,
@@ -284,8 +295,31 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
             secret_hash=self.directory.hasher.hash(new.secret),
             display_name=display_name,
             created_at_s=self._now(),
+            limits=limits,
         )
         return record, new.secret
+
+    async def UpdateApiKey(
+        self, request: apb.UpdateApiKeyRequest, context: Ctx
+    ) -> apb.UpdateApiKeyResponse:
+        async def work() -> apb.UpdateApiKeyResponse:
+            snap = await self.store.snapshot()
+            old = snap.keys.get(request.key_id)
+            if old is None:
+                raise NotFound(f"no API key {request.key_id!r}", key_id=request.key_id)
+            tenant = snap.tenants[old.tenant_id]
+            patch, problems = limits_from_proto(request.limits)
+            paths = list(request.update_mask.paths)
+            limits = masked(old.limits, patch, paths) if paths else patch
+            # The result judged whole, against the tenant: every problem listed.
+            problems += judged(limits, tenant.config)
+            if problems:
+                raise InvalidRequest(problems)
+            record = await self.store.set_key_limits(old.key_id, limits)
+            await self._refresh()
+            return apb.UpdateApiKeyResponse(key=key_to_proto(record, self._now()))
+
+        return await self._run(context, work())
 
     async def RotateApiKey(
         self, request: apb.RotateApiKeyRequest, context: Ctx
@@ -310,7 +344,8 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                     f"API key {old.key_id!r} no longer works; issue a new key instead",
                     key_id=old.key_id,
                 )
-            record, secret = self._new_key(old.tenant_id, old.display_name)
+            # The same key, a new secret: its limits carry over.
+            record, secret = self._new_key(old.tenant_id, old.display_name, old.limits)
             retired = await self.store.rotate_key(old.key_id, record, now + grace)
             await self._refresh()
             return apb.RotateApiKeyResponse(
@@ -365,7 +400,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                     found = known.get(tid)
                     if found is None:
                         raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
-                    resp.usage.append(_usage(found, model.name))
+                    resp.usage.append(usage_to_proto(found, model.name))
             return resp
 
         return await self._run(context, work())
@@ -389,43 +424,8 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         return await self._run(context, work())
 
 
-def _check_display_name(name: str) -> None:
+def _display_name_problems(name: str) -> list[FieldViolation]:
     if len(name) > MAX_DISPLAY_NAME_CHARS or not name.isprintable():
-        raise InvalidRequest(
-            [
-                FieldViolation(
-                    "display_name", f"at most {MAX_DISPLAY_NAME_CHARS} printable characters"
-                )
-            ]
-        )
-
-
-def _bucket(b: BucketStats | None) -> apb.BucketLevel | None:
-    if b is None:
-        return None
-    return apb.BucketLevel(level=b.level, burst=b.burst, rate_per_s=b.rate_per_s)
-
-
-def _usage(t: TenantStats, model: str) -> apb.TenantUsage:
-    out = apb.TenantUsage(
-        tenant_id=t.tenant_id,
-        model=model,
-        charged_tokens_total=t.charged_tokens,
-        charged_requests_total=t.charged_requests,
-        in_flight=t.in_flight,
-        queued=t.queued,
-        rejected_total=t.rejected_total,
-        finished_total=t.finished_total,
-        paused=t.paused,
-    )
-    if t.virtual_counter is not None:
-        out.virtual_counter = t.virtual_counter
-    request_bucket, token_bucket = _bucket(t.request_bucket), _bucket(t.token_bucket)
-    if request_bucket is not None:
-        out.request_bucket.CopyFrom(request_bucket)
-    if token_bucket is not None and t.token_bucket is not None:
-        out.token_bucket.CopyFrom(token_bucket)
-        out.tokens_used_in_window = t.token_bucket.used
-    for limit, n in t.rejections.items():
-        out.rejections[limit] = n
-    return out
+        what = f"at most {MAX_DISPLAY_NAME_CHARS} printable characters"
+        return [FieldViolation("display_name", what)]
+    return []

@@ -18,7 +18,9 @@ from scheduler.budget import AdmissionLimits
 from scheduler.clock import Clock, MonotonicClock
 from scheduler.errors import StoreUnavailable
 from scheduler.gate import AdmissionGate
+from scheduler.key_gate import KeyGate
 from scheduler.ordering.policies import PolicyOptions
+from scheduler.state.redis_key_state import RedisKeyState
 from scheduler.tenancy.tenant_file import load_tenants
 from scheduler.tenancy.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
@@ -30,12 +32,14 @@ from service.drain import CUT_WAIT_S, Drain
 from service.engine_factory import build_engine
 from service.engines.pool import WorkerPool
 from service.engines.protocol import Engine, EngineCapacity
+from service.key_limiter import KeyLimiter
 from service.models import ModelRegistry, ServedModel
 from service.openai_http import OpenAIFront
 from service.servicer import InferenceServicer
 from service.settings import Settings
 from service.shared_state import (
     build_dispatcher,
+    build_key_state,
     build_prefix_share,
     build_tenant_store,
     build_usage_log,
@@ -136,6 +140,7 @@ class App:
         # The OpenAI-compatible HTTP front (settings.http_listen), when on.
         self.http: OpenAIFront | None = None
         self.usage: UsageLog | None = None
+        self.keys: KeyLimiter | None = None
 
     @property
     def address(self) -> str:
@@ -249,12 +254,17 @@ class App:
                 DecodeGuardInterceptor(),
             ],
         )
+        key_state = build_key_state(settings, clock)
+        undo.push_async_callback(key_state.aclose)
+        keys = KeyLimiter(
+            KeyGate(key_state, fail_open=settings.redis_failure_mode != "closed"), directory
+        )
         drain = Drain()
         usage = build_usage_log(settings)
         undo.push_async_callback(usage.aclose)
         observers = (*telemetry.observers, observer_factory(usage))
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(
-            InferenceServicer(settings, models, telemetry, drain, observers), server
+            InferenceServicer(settings, models, telemetry, drain, observers, keys), server
         )
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             AdminServicer(directory, models, settings.policy, usage), server
@@ -295,8 +305,9 @@ class App:
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         app = cls(settings, server, engine, models, health, port, directory, telemetry, drain)
         app.usage = usage
+        app.keys = keys
         if settings.http_listen:
-            app.http = OpenAIFront(settings, models, auth, telemetry, drain, observers)
+            app.http = OpenAIFront(settings, models, auth, telemetry, drain, observers, keys)
             undo.push_async_callback(app.http.stop)
             try:
                 await app.http.start()
@@ -312,6 +323,10 @@ class App:
                     directory.run(settings.tenant_sync_interval_s), name="tenant-sync"
                 )
             )
+        if isinstance(key_state, RedisKeyState):
+            # Open requests' leases outlive a renewal by two intervals.
+            renew_s = settings.redis_lease_ttl_s / 3
+            app._tasks.append(asyncio.create_task(key_state.run(renew_s), name="key-leases"))
         if settings.capacity_refresh_s > 0:
             app._refresh = asyncio.create_task(
                 _follow_capacity(engine, dispatcher, settings), name="capacity-refresh"
@@ -364,6 +379,8 @@ class App:
                 await task
         if self.usage is not None:
             await self.usage.aclose()  # the last records, written before the store closes
+        if self.keys is not None:
+            await self.keys.gate.state.aclose()  # the last refunds, then its connection
         for model in self.models:
             await model.dispatcher.aclose()  # a shared one hands Redis the last settlements
         if self.directory is not None:

@@ -33,6 +33,7 @@ from scheduler.rules import Isolation
 from service.drain import Drain, ServerDraining
 from service.engines.placement import engine_request
 from service.engines.protocol import EngineError, FinishKind
+from service.key_limiter import KeyCheck
 from service.lifecycle import Lifecycle, ObserverFactory
 from service.validation import GenerateParams
 
@@ -93,8 +94,11 @@ class Generation:
         prompt_field: str,
         observers: Sequence[ObserverFactory],
         drain: Drain,
+        key: KeyCheck | None = None,
     ) -> None:
         self.params = params
+        # The calling API key's own limits, passed before its tenant's queue.
+        self.key = key
         self.request_id = request_id
         self.received_s = received_s
         self.prompt_field = prompt_field
@@ -134,70 +138,81 @@ class Generation:
         failure: Exception | None = None
         finish: FinishKind | None = None
         stop_matched = message = ""
-        # Leaving this block settles the admission exactly once, however it is left.
-        async with AsyncExitStack() as admission:
-            try:
-                async with self.drain.queued():
-                    ticket = await admission.enter_async_context(dispatcher.admitted(queued))
-            except RequestTooLarge as exc:
-                if exc.field == "prompt":
-                    exc.field = self.prompt_field
-                raise
-            admitted_s = time.monotonic()
+        # The key's own limits first: a key over them never reaches its tenant's queue.
+        own, key_hold = self.key, None
+        if own is not None:
+            key_hold = await own.gate.open(own.key_id, own.limits, queued)
+        started = False
+        try:
+            # Leaving this block settles the admission exactly once, however it is left.
+            async with AsyncExitStack() as admission:
+                try:
+                    async with self.drain.queued():
+                        ticket = await admission.enter_async_context(dispatcher.admitted(queued))
+                    started = True
+                except RequestTooLarge as exc:
+                    if exc.field == "prompt":
+                        exc.field = self.prompt_field
+                    raise
+                admitted_s = time.monotonic()
 
-            engine_req = engine_request(
-                queued,
-                self.request_id,
-                params.prompt_ids,
-                params.sampling,
-                params.model.preempt_threshold,
-                params.model.isolation is Isolation.PREEMPT,
-                params.prompt_text,
-            )
-            lifecycle.admitted(engine_req, dispatcher.budget)
-            drain, key = self.drain, id(queued)
-            drain.stream_started(key, self.request_id, params.model.engine)
-            try:
-                async with aclosing(params.model.engine.generate(engine_req)) as chunks:
-                    async for chunk in chunks:
-                        new_tokens = chunk.completion_tokens - sent_tokens
-                        if new_tokens > 0:
-                            ticket.charge(new_tokens)
-                        prompt_tokens = chunk.prompt_tokens or prompt_tokens
-                        if first_token_s is None and (chunk.text or chunk.token_ids):
-                            # What the engine had cached: admission charged an estimate.
-                            # Its own stages' prefill is charged in full (staged_prefill.py).
-                            ticket.cached(chunk.cached_tokens - chunk.staged_tokens)
-                        cached_tokens = chunk.cached_tokens
-                        retractions = max(retractions, chunk.retractions)
-                        if chunk.text or chunk.token_ids:
-                            if first_token_s is None:
-                                first_token_s = time.monotonic()
-                                lifecycle.first_token()
-                            if lifecycle.wants_text:
-                                lifecycle.text(chunk.text)
-                            yield Delta(chunk.text, chunk.token_ids, sent_tokens)
-                        sent_tokens = max(sent_tokens, chunk.completion_tokens)
-                        if chunk.finish is not None:
-                            message = chunk.message
-                            cut = chunk.finish is FinishKind.ABORT and drain.draining
-                            if cut:
-                                message = "the server is shutting down"  # by Drain.cut
-                            if chunk.finish is FinishKind.ABORT and sent_tokens == 0:
-                                failure = (
-                                    ServerDraining()
-                                    if cut
-                                    else EngineError(message or "aborted", retryable=True)
-                                )
+                engine_req = engine_request(
+                    queued,
+                    self.request_id,
+                    params.prompt_ids,
+                    params.sampling,
+                    params.model.preempt_threshold,
+                    params.model.isolation is Isolation.PREEMPT,
+                    params.prompt_text,
+                )
+                lifecycle.admitted(engine_req, dispatcher.budget)
+                drain, key = self.drain, id(queued)
+                drain.stream_started(key, self.request_id, params.model.engine)
+                try:
+                    async with aclosing(params.model.engine.generate(engine_req)) as chunks:
+                        async for chunk in chunks:
+                            new_tokens = chunk.completion_tokens - sent_tokens
+                            if new_tokens > 0:
+                                ticket.charge(new_tokens)
+                            prompt_tokens = chunk.prompt_tokens or prompt_tokens
+                            if first_token_s is None and (chunk.text or chunk.token_ids):
+                                # What the engine had cached: admission charged an estimate.
+                                # Its own stages' prefill is charged in full (staged_prefill.py).
+                                ticket.cached(chunk.cached_tokens - chunk.staged_tokens)
+                            cached_tokens = chunk.cached_tokens
+                            retractions = max(retractions, chunk.retractions)
+                            if chunk.text or chunk.token_ids:
+                                if first_token_s is None:
+                                    first_token_s = time.monotonic()
+                                    lifecycle.first_token()
+                                if lifecycle.wants_text:
+                                    lifecycle.text(chunk.text)
+                                yield Delta(chunk.text, chunk.token_ids, sent_tokens)
+                            sent_tokens = max(sent_tokens, chunk.completion_tokens)
+                            if chunk.finish is not None:
+                                message = chunk.message
+                                cut = chunk.finish is FinishKind.ABORT and drain.draining
+                                if cut:
+                                    message = "the server is shutting down"  # by Drain.cut
+                                if chunk.finish is FinishKind.ABORT and sent_tokens == 0:
+                                    failure = (
+                                        ServerDraining()
+                                        if cut
+                                        else EngineError(message or "aborted", retryable=True)
+                                    )
+                                    break
+                                finish = chunk.finish
+                                stop_matched = chunk.stop_matched
                                 break
-                            finish = chunk.finish
-                            stop_matched = chunk.stop_matched
-                            break
-            except EngineError as exc:
-                failure = exc
-            finally:
-                drain.stream_ended(key)
-                lifecycle.engine_ended(prompt_tokens, sent_tokens, cached_tokens, retractions)
+                except EngineError as exc:
+                    failure = exc
+                finally:
+                    drain.stream_ended(key)
+                    lifecycle.engine_ended(prompt_tokens, sent_tokens, cached_tokens, retractions)
+        finally:
+            # Exactly once, however the stream is left (GeneratorExit included: sync).
+            if own is not None:
+                own.gate.settle(key_hold, started, sent_tokens)
         if finish is None:
             if failure is None:
                 failure = EngineError("the engine ended the stream without a finish reason")

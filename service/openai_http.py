@@ -39,10 +39,11 @@ from opentelemetry.trace import SpanKind
 from scheduler.errors import SchedulingError
 from service import errors
 from service.api_keys import KEY_PREFIX
-from service.auth import Authenticator
+from service.auth import Authenticator, Identity
 from service.drain import CUT_WAIT_S, Drain
 from service.engines.protocol import EngineError
 from service.generation import Delta, Generation, Outcome
+from service.key_limiter import KeyLimiter
 from service.lifecycle import ObserverFactory
 from service.models import ModelRegistry
 from service.openai_errors import http_error
@@ -100,8 +101,11 @@ class OpenAIFront:
         telemetry: Telemetry,
         drain: Drain,
         observers: Sequence[ObserverFactory] | None = None,
+        keys: KeyLimiter | None = None,
     ) -> None:
         host, _, port = settings.http_listen.rpartition(":")
+        # API keys' own limits (service/key_limiter.py); None: not enforced.
+        self.keys = keys
         self.host = host.strip("[]") or "0.0.0.0"
         self.port = int(port)
         self.settings = settings
@@ -158,6 +162,9 @@ class OpenAIFront:
 
     # -- routes ---------------------------------------------------------------------
     def _tenant(self, request: web.Request) -> str:
+        return self._identity(request).tenant_id
+
+    def _identity(self, request: web.Request) -> Identity:
         h = request.headers
         md = {k: v for k in ("authorization", self.auth.tenant_header) if (v := h.get(k))}
         token = md.get("authorization", "").partition(" ")[2].strip()
@@ -165,7 +172,7 @@ class OpenAIFront:
             # OpenAI SDKs must send some key ("EMPTY", "sk-…"): on a server that
             # requires none, a token that is not a fairgate key means "no key".
             del md["authorization"]
-        return self.auth.tenant(md).tenant_id
+        return self.auth.tenant(md)
 
     async def _health(self, request: web.Request) -> web.Response:
         """For HTTP load balancers and probes (as SGLang and vLLM offer): 503 while draining."""
@@ -203,7 +210,9 @@ class OpenAIFront:
     async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         received_s = time.monotonic()
         try:
-            tenant_id = self._tenant(request)
+            identity = self._identity(request)
+            tenant_id = identity.tenant_id
+            key = self.keys.check(identity) if self.keys else None
             request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
             body = await self._body(request)
             converted = to_generate_request(
@@ -225,6 +234,7 @@ class OpenAIFront:
                 prompt_field="messages" if chat else "prompt",
                 observers=self.observers,
                 drain=self.drain,
+                key=key,
             )
         except (errors.ServiceError, SchedulingError) as exc:
             return error_response(exc)
@@ -241,9 +251,9 @@ class OpenAIFront:
                 first = await anext(events)
             except (errors.ServiceError, SchedulingError, EngineError) as exc:
                 # ServiceError: ServerDraining (refused, failed in the queue, cut early).
-                return error_response(exc, await tenant_headers(gate, tenant_id))
+                return error_response(exc, await tenant_headers(gate, tenant_id, key))
             # The tenant's buckets with this request charged (OpenAI's headers).
-            headers.update(await tenant_headers(gate, tenant_id))
+            headers.update(await tenant_headers(gate, tenant_id, key))
             if converted.stream:
                 return await self._stream(request, writer, first, events, headers)
             return await self._complete(writer, first, events, headers)

@@ -8,6 +8,10 @@ again, in Go's duration format ("1s", "6m0s", "20ms"). A tenant without a bucket
 of that kind gets none of its three headers. The levels come from
 `AdmissionGate.tenant_buckets`: with a shared store, read from it for this
 response, so every replica reports the fleet-wide buckets.
+
+A request made with an API key that has limits of its own gets, per kind, the
+tighter of its key's bucket and its tenant's: the one with less remaining (on
+a tie, the smaller limit), all three headers of a kind from that one bucket.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import math
 
 from scheduler.gate import AdmissionGate
 from scheduler.gate_stats import BucketStats, TenantBuckets
+from service.key_limiter import KeyCheck
 
 Headers = list[tuple[str, str]]
 
@@ -50,6 +55,22 @@ def ratelimit_headers(buckets: TenantBuckets) -> Headers:
     return _three("requests", requests) + _three("tokens", tokens)
 
 
-async def tenant_headers(gate: AdmissionGate, tenant_id: str) -> Headers:
-    """The headers for `tenant_id` as its buckets stand now."""
-    return ratelimit_headers(await gate.tenant_buckets(tenant_id))
+def _tighter(a: BucketStats | None, b: BucketStats | None) -> BucketStats | None:
+    if a is None or b is None:
+        return a or b
+    return min(a, b, key=lambda x: (max(0.0, x.level), x.burst))
+
+
+def tighter(tenant: TenantBuckets, key: TenantBuckets) -> TenantBuckets:
+    """Per kind, the bucket that binds first (see the module's docstring)."""
+    return _tighter(tenant[0], key[0]), _tighter(tenant[1], key[1])
+
+
+async def tenant_headers(
+    gate: AdmissionGate, tenant_id: str, key: KeyCheck | None = None
+) -> Headers:
+    """The headers for `tenant_id` (and the calling key) as the buckets stand now."""
+    buckets = await gate.tenant_buckets(tenant_id)
+    if key is not None:
+        buckets = tighter(buckets, await key.buckets())
+    return ratelimit_headers(buckets)

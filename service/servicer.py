@@ -21,6 +21,7 @@ from service.auth import current_identity
 from service.drain import Drain
 from service.engines.protocol import EngineError, FinishKind
 from service.generation import Delta, Generation, Outcome
+from service.key_limiter import KeyLimiter
 from service.lifecycle import ObserverFactory
 from service.models import ModelRegistry
 from service.ratelimit_headers import tenant_headers
@@ -73,8 +74,11 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         telemetry: Telemetry | None = None,
         drain: Drain | None = None,
         observers: Sequence[ObserverFactory] | None = None,
+        keys: KeyLimiter | None = None,
     ) -> None:
         self.settings = settings
+        # API keys' own limits (service/key_limiter.py); None: not enforced (tests).
+        self.keys = keys
         self.models = models
         self.telemetry = telemetry or Telemetry.disabled()
         # What watches each generation: telemetry's, and the usage log's (app.py).
@@ -98,6 +102,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         try:
             params = validate_generate(request, self.models, self.settings.max_request_bytes)
             tenant_id = self._tenant(context)
+            key = self.keys.check(current_identity.get()) if self.keys else None
             generation = Generation(
                 params,
                 request_id=request_id,
@@ -108,6 +113,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 prompt_field=request.WhichOneof("input") or "text",
                 observers=self.observers,
                 drain=self.drain,
+                key=key,
             )
         except (errors.ServiceError, SchedulingError) as exc:
             await errors.abort(context, exc)
@@ -129,11 +135,11 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                         outcome = event
         except (errors.ServiceError, SchedulingError, EngineError) as exc:
             # ServiceError: ServerDraining (refused, failed in the queue, cut early).
-            limits = await tenant_headers(params.model.dispatcher, tenant_id)
+            limits = await tenant_headers(params.model.dispatcher, tenant_id, key)
             await errors.abort(context, exc, limits)
         assert outcome is not None  # the stream ends with an Outcome or raises
         # The tenant's buckets after this request, for its next one (OpenAI's headers).
-        limits = await tenant_headers(params.model.dispatcher, tenant_id)
+        limits = await tenant_headers(params.model.dispatcher, tenant_id, key)
         context.set_trailing_metadata(limits)
         yield pb.GenerateResponse(result=_result(outcome))
         if outcome.failure is not None:

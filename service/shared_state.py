@@ -1,5 +1,5 @@
-"""Settings → the dispatcher and the tenant store: in memory (one replica), or shared
-by every replica in Redis (store=redis)."""
+"""Settings → the dispatcher, the tenant store and the API keys' limit state: in
+memory (one replica), or shared by every replica in Redis (store=redis)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.dispatcher import Dispatcher
 from scheduler.gate import AdmissionGate
+from scheduler.key_gate import KeyState, MemoryKeyState
 from scheduler.ordering.policies import PolicyOptions, make_policy
 from scheduler.redis_io import connect
 from scheduler.request import Locality
 from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
+from scheduler.state.redis_key_state import RedisKeyState
 from scheduler.state.redis_store import RedisStore
 from scheduler.tenancy.redis_tenant_store import RedisTenantStore
 from scheduler.tenancy.tenant_store import InMemoryTenantStore, TenantStore
@@ -46,6 +48,19 @@ def build_tenant_store(settings: Settings) -> TenantStore:
             settings.redis_url, timeout_s=settings.redis_timeout_s, prefix=settings.redis_prefix
         )
     return InMemoryTenantStore()
+
+
+def build_key_state(settings: Settings, clock: Clock) -> KeyState:
+    """API keys' own buckets and open requests: per process, or in Redis (exact for
+    the whole fleet)."""
+    if settings.store == "redis":
+        return RedisKeyState.from_url(
+            settings.redis_url,
+            timeout_s=settings.redis_timeout_s,
+            prefix=settings.redis_prefix,
+            lease_ttl_s=settings.redis_lease_ttl_s,
+        )
+    return MemoryKeyState(clock)
 
 
 async def close_tenant_store(store: TenantStore) -> None:

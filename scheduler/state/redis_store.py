@@ -80,7 +80,7 @@ from scheduler.tenancy.tenants import TenantConfig
 _STEP, _RESERVE, _SNAPSHOT = Script.of(STEP), Script.of(RESERVE), Script.of(SNAPSHOT)
 
 
-def _seen_levels(row: list[Any], now_ms: float) -> dict[str, SeenLevel]:
+def seen_levels(row: list[Any], now_ms: float) -> dict[str, SeenLevel]:
     """One bucket hash's (rl, rts, tl, tts) as levels by kind, aged to `now_ms`; a
     kind never written (a full bucket) is absent."""
     rl, rts, tl, tts = row
@@ -308,7 +308,7 @@ class RedisStore:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
         levels: dict[tuple[str, str], SeenLevel] = {}
         for t, row in zip(names, res[4 : 4 + len(names)], strict=True):
-            for kind, seen in _seen_levels(row, now * 1000).items():
+            for kind, seen in seen_levels(row, now * 1000).items():
                 levels[(t, kind)] = seen
         return FleetSeen(int(res[2]), levels)
 
@@ -319,7 +319,7 @@ class RedisStore:
             row = await self._r.hmget(f"{self.base}:b:{tenant_id}", "rl", "rts", "tl", "tts")
         except UNAVAILABLE as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
-        return _seen_levels(row, time.time() * 1000)
+        return seen_levels(row, time.time() * 1000)
 
     async def fleet_usage(self) -> dict[str, bytes]:
         """The live replicas' published usage (one round trip); drops the dead ones'."""

@@ -6,7 +6,8 @@ tag, so all three keys share one slot and every script may touch them all):
     p:{tenants}:meta  HASH  rev (store revision), default (default tenant id),
                             issued (keys ever issued); absent = revision 0
     p:{tenants}:t     HASH  tenant id -> JSON {config, version, created_at_s, updated_at_s}
-    p:{tenants}:k     HASH  key id -> JSON {tenant, hash, name, created_at_s, expires_at_s}
+    p:{tenants}:k     HASH  key id -> JSON {tenant, hash, name, created_at_s, expires_at_s,
+                            limits: {quotas, priorities?}}
 
 Values are JSON written and read by Python only (Lua never decodes them, so
 floats keep their exact repr). No secret is stored: `hash` is the key's HMAC.
@@ -51,6 +52,7 @@ from redis.exceptions import NoScriptError
 from scheduler.errors import StoreUnavailable
 from scheduler.redis_io import UNAVAILABLE, Script, connect, text
 from scheduler.request import Priority
+from scheduler.tenancy.key_limits import KeyLimits
 from scheduler.tenancy.tenant_store import (
     ApiKeyRecord,
     TenantRecord,
@@ -60,6 +62,7 @@ from scheduler.tenancy.tenant_store import (
     apply_writes,
     with_expiry,
     with_key,
+    with_key_limits,
     with_rotation,
 )
 from scheduler.tenancy.tenants import TenantConfig, TenantQuotas
@@ -96,20 +99,40 @@ MAX_ATTEMPTS = 32
 
 
 # -- JSON codec -----------------------------------------------------------------
+def _quotas_dict(q: TenantQuotas) -> dict[str, Any]:
+    return {
+        name: getattr(q, name)
+        for name in TenantQuotas.__dataclass_fields__
+        if getattr(q, name) is not None
+    }
+
+
 def config_to_dict(cfg: TenantConfig) -> dict[str, Any]:
-    q = cfg.quotas
     return {
         "id": cfg.tenant_id,
         "weight": cfg.weight,
         "priorities": sorted(p.name.lower() for p in cfg.priorities),
         "enabled": cfg.enabled,
         "over_quota": cfg.over_quota,
-        "quotas": {
-            name: getattr(q, name)
-            for name in TenantQuotas.__dataclass_fields__
-            if getattr(q, name) is not None
-        },
+        "quotas": _quotas_dict(cfg.quotas),
     }
+
+
+def _limits_dict(k: KeyLimits) -> dict[str, Any]:
+    out: dict[str, Any] = {"quotas": _quotas_dict(k.quotas)}
+    if k.priorities is not None:
+        out["priorities"] = sorted(p.name.lower() for p in k.priorities)
+    return out
+
+
+def _limits_of(d: dict[str, Any] | None) -> KeyLimits:
+    if not d:
+        return KeyLimits()  # written before keys had limits
+    names = d.get("priorities")
+    return KeyLimits(
+        quotas=TenantQuotas(**d["quotas"]),
+        priorities=None if names is None else frozenset(Priority[p.upper()] for p in names),
+    )
 
 
 def config_from_dict(d: dict[str, Any]) -> TenantConfig:
@@ -153,6 +176,7 @@ def _key_json(k: ApiKeyRecord) -> str:
             "name": k.display_name,
             "created_at_s": k.created_at_s,
             "expires_at_s": k.expires_at_s,
+            "limits": _limits_dict(k.limits),
         },
         sort_keys=True,
     )
@@ -168,6 +192,7 @@ def _key_of(key_id: str, raw: str) -> ApiKeyRecord:
         display_name=d["name"],
         created_at_s=float(d["created_at_s"]),
         expires_at_s=None if exp is None else float(exp),
+        limits=_limits_of(d.get("limits")),
     )
 
 
@@ -281,6 +306,10 @@ class RedisTenantStore:
         _, record = await self._update(
             lambda s: with_rotation(s, old_key_id, new, old_expires_at_s)
         )
+        return record
+
+    async def set_key_limits(self, key_id: str, limits: KeyLimits) -> ApiKeyRecord:
+        _, record = await self._update(lambda s: with_key_limits(s, key_id, limits))
         return record
 
     async def restore(self, last: TenantSnapshot, found: TenantSnapshot) -> TenantSnapshot:

@@ -12,17 +12,19 @@ the write fails with VersionConflict and nothing in the batch is applied.
 The store keeps only hashes of API keys, never their secrets.
 
 The rules live once, in the pure functions below (`apply_writes`,
-`with_key`, `with_expiry`, `with_rotation`); both stores apply them.
+`with_key`, `with_expiry`, `with_rotation`, `with_key_limits`); both stores
+apply them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from scheduler.tenancy.key_limits import NO_KEY_LIMITS, KeyLimits
 from scheduler.tenancy.tenants import TenantConfig
 
 # expected_version for "must not exist yet" (versions start at 1).
@@ -93,6 +95,8 @@ class ApiKeyRecord:
     created_at_s: float
     # Wall-clock time the key stops working (revoked, or rotated with grace).
     expires_at_s: float | None = None
+    # Its own limits within its tenant's (scheduler/tenancy/key_limits.py).
+    limits: KeyLimits = NO_KEY_LIMITS
 
     def active(self, now_s: float) -> bool:
         return self.expires_at_s is None or now_s < self.expires_at_s
@@ -165,6 +169,10 @@ class TenantStore(Protocol):
         """Add `new` and expire the old key, atomically; returns the old key's record."""
         ...
 
+    async def set_key_limits(self, key_id: str, limits: KeyLimits) -> ApiKeyRecord:
+        """Replace a key's own limits (judged by the caller against its tenant)."""
+        ...
+
 
 class InMemoryTenantStore:
     """The single-replica store: a snapshot replaced on every write."""
@@ -204,6 +212,11 @@ class InMemoryTenantStore:
     ) -> ApiKeyRecord:
         async with self._lock:
             self._snap, record = with_rotation(self._snap, old_key_id, new, old_expires_at_s)
+            return record
+
+    async def set_key_limits(self, key_id: str, limits: KeyLimits) -> ApiKeyRecord:
+        async with self._lock:
+            self._snap, record = with_key_limits(self._snap, key_id, limits)
             return record
 
 
@@ -277,19 +290,37 @@ def with_key(snap: TenantSnapshot, record: ApiKeyRecord) -> TenantSnapshot:
     )
 
 
-def with_expiry(
-    snap: TenantSnapshot, key_id: str, at_s: float
+def _key_changed(
+    snap: TenantSnapshot, key_id: str, change: Callable[[ApiKeyRecord], ApiKeyRecord]
 ) -> tuple[TenantSnapshot, ApiKeyRecord]:
+    """`snap` with key `key_id`'s record changed (the same snapshot if it is not)."""
     old = snap.keys.get(key_id)
     if old is None:
         raise NotFound(f"no API key {key_id!r}", key_id=key_id)
-    if old.expires_at_s is not None and old.expires_at_s <= at_s:
+    new = change(old)
+    if new == old:
         return snap, old
-    new = dataclasses.replace(old, expires_at_s=at_s)
     return (
         dataclasses.replace(snap, revision=snap.revision + 1, keys={**snap.keys, key_id: new}),
         new,
     )
+
+
+def with_expiry(
+    snap: TenantSnapshot, key_id: str, at_s: float
+) -> tuple[TenantSnapshot, ApiKeyRecord]:
+    def expire(old: ApiKeyRecord) -> ApiKeyRecord:
+        if old.expires_at_s is not None and old.expires_at_s <= at_s:
+            return old  # never extended
+        return dataclasses.replace(old, expires_at_s=at_s)
+
+    return _key_changed(snap, key_id, expire)
+
+
+def with_key_limits(
+    snap: TenantSnapshot, key_id: str, limits: KeyLimits
+) -> tuple[TenantSnapshot, ApiKeyRecord]:
+    return _key_changed(snap, key_id, lambda old: dataclasses.replace(old, limits=limits))
 
 
 def with_rotation(

@@ -7,9 +7,7 @@ the burst carries them too, and gRPC calls carry the same in trailing metadata.
 
 from __future__ import annotations
 
-import os
 import re
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import pytest
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
 
-from tests.integration.serve_process import start_serve
+from tests.integration.serve_process import redis_env, serve_replicas
 
 BURST = 6  # requests; the rate is slow enough that nothing refills within the test
 TENANTS = f"""
@@ -36,27 +34,8 @@ HEADER = {"x-fairgate-tenant": "t"}
 async def replicas(redis_url: str, tmp_path: Path) -> AsyncIterator[list[tuple[str, str]]]:
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(TENANTS)
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("FAIRGATE_", "OTEL_"))},
-        "FAIRGATE_LISTEN": "127.0.0.1:0",
-        "FAIRGATE_HTTP_LISTEN": "127.0.0.1:0",
-        "FAIRGATE_STORE": "redis",
-        "FAIRGATE_REDIS_URL": redis_url,
-        "FAIRGATE_REDIS_DOMAIN": f"rl-{uuid.uuid4().hex[:8]}",
-        "FAIRGATE_TENANTS_FILE": str(tenants),
-        "FAIRGATE_LOG_LEVEL": "WARNING",
-    }
-    procs = []
-    try:
-        for _ in range(2):
-            proc, grpc_address, http_base = await start_serve(env)
-            procs.append((proc, grpc_address, http_base))
-        yield [(g, h) for _, g, h in procs]
-    finally:
-        for proc, _, _ in procs:
-            proc.terminate()
-        for proc, _, _ in procs:
-            await proc.wait()
+    async with serve_replicas(redis_env(redis_url, str(tenants))) as addresses:
+        yield addresses
 
 
 def _oai(base_url: str) -> openai.AsyncOpenAI:

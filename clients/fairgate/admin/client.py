@@ -85,9 +85,19 @@ class AdminClient:
         return self._call(self._stub.ApplyTenants, req)
 
     # -- keys -----------------------------------------------------------------
-    def issue_key(self, tenant_id: str, display_name: str = "") -> apb.IssueApiKeyResponse:
-        req = apb.IssueApiKeyRequest(tenant_id=tenant_id, display_name=display_name)
+    def issue_key(
+        self, tenant_id: str, display_name: str = "", limits: apb.ApiKeyLimits | None = None
+    ) -> apb.IssueApiKeyResponse:
+        req = apb.IssueApiKeyRequest(tenant_id=tenant_id, display_name=display_name, limits=limits)
         return self._call(self._stub.IssueApiKey, req)
+
+    def update_key(
+        self, key_id: str, limits: apb.ApiKeyLimits, paths: Sequence[str] = ()
+    ) -> apb.ApiKey:
+        """Change a key's own limits: the `paths` given (empty: replace them all)."""
+        req = apb.UpdateApiKeyRequest(key_id=key_id, limits=limits)
+        req.update_mask.paths.extend(paths)
+        return self._call(self._stub.UpdateApiKey, req).key
 
     def rotate_key(self, key_id: str, grace_period_s: float = 0.0) -> apb.RotateApiKeyResponse:
         req = apb.RotateApiKeyRequest(key_id=key_id, grace_period_s=grace_period_s)

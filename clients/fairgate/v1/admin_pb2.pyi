@@ -612,6 +612,7 @@ class ApiKey(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     ACTIVE_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
     key_id: _builtins.str
     """Public identifier (also the part after `fg_` in the secret)."""
     tenant_id: _builtins.str
@@ -625,6 +626,10 @@ class ApiKey(_message.Message):
     def expire_time(self) -> _timestamp_pb2.Timestamp:
         """Set once the key stops working (revoked, or rotated with a grace period)."""
 
+    @_builtins.property
+    def limits(self) -> Global___ApiKeyLimits:
+        """The key's own limits (unset fields: only its tenant's apply)."""
+
     def __init__(
         self,
         *,
@@ -635,14 +640,51 @@ class ApiKey(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         expire_time: _timestamp_pb2.Timestamp | None = ...,
         active: _builtins.bool = ...,
+        limits: Global___ApiKeyLimits | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "expire_time", b"expire_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "expire_time", b"expire_time", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "create_time", b"create_time", "display_name", b"display_name", "expire_time", b"expire_time", "hint", b"hint", "key_id", b"key_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "create_time", b"create_time", "display_name", b"display_name", "expire_time", b"expire_time", "hint", b"hint", "key_id", b"key_id", "limits", b"limits", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ApiKey: _TypeAlias = ApiKey  # noqa: Y015
+
+@_typing.final
+class ApiKeyLimits(_message.Message):
+    """ApiKeyLimits are an API key's own limits, each within its tenant's: a value
+    above the tenant's, or a priority the tenant does not allow, is refused.
+    If the tenant is lowered later, the tighter of the two applies.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUOTAS_FIELD_NUMBER: _builtins.int
+    PRIORITIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def quotas(self) -> Global___TenantQuotas:
+        """Only requests_per_s, requests_burst, tokens_per_min, tokens_burst and
+        max_concurrent (requests open at once: queued or streaming); the same
+        meaning and ranges as the tenant's.
+        """
+
+    @_builtins.property
+    def priorities(self) -> _containers.RepeatedScalarFieldContainer[_inference_pb2.PriorityClass.ValueType]:
+        """Allowed priority classes. Empty: the tenant's."""
+
+    def __init__(
+        self,
+        *,
+        quotas: Global___TenantQuotas | None = ...,
+        priorities: _abc.Iterable[_inference_pb2.PriorityClass.ValueType] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quotas", b"quotas"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["priorities", b"priorities", "quotas", b"quotas"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApiKeyLimits: _TypeAlias = ApiKeyLimits  # noqa: Y015
 
 @_typing.final
 class IssueApiKeyRequest(_message.Message):
@@ -650,17 +692,21 @@ class IssueApiKeyRequest(_message.Message):
 
     TENANT_ID_FIELD_NUMBER: _builtins.int
     DISPLAY_NAME_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     display_name: _builtins.str
+    @_builtins.property
+    def limits(self) -> Global___ApiKeyLimits: ...
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
         display_name: _builtins.str = ...,
+        limits: Global___ApiKeyLimits | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["display_name", b"display_name", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["display_name", b"display_name", "limits", b"limits", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -822,6 +868,57 @@ class ListApiKeysResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListApiKeysResponse: _TypeAlias = ListApiKeysResponse  # noqa: Y015
+
+@_typing.final
+class UpdateApiKeyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    UPDATE_MASK_FIELD_NUMBER: _builtins.int
+    key_id: _builtins.str
+    @_builtins.property
+    def limits(self) -> Global___ApiKeyLimits: ...
+    @_builtins.property
+    def update_mask(self) -> _field_mask_pb2.FieldMask:
+        """Fields of `limits` to change: priorities, quotas or quotas.<name>. Empty:
+        replace all of them.
+        """
+
+    def __init__(
+        self,
+        *,
+        key_id: _builtins.str = ...,
+        limits: Global___ApiKeyLimits | None = ...,
+        update_mask: _field_mask_pb2.FieldMask | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "update_mask", b"update_mask"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_id", b"key_id", "limits", b"limits", "update_mask", b"update_mask"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateApiKeyRequest: _TypeAlias = UpdateApiKeyRequest  # noqa: Y015
+
+@_typing.final
+class UpdateApiKeyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def key(self) -> Global___ApiKey: ...
+    def __init__(
+        self,
+        *,
+        key: Global___ApiKey | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateApiKeyResponse: _TypeAlias = UpdateApiKeyResponse  # noqa: Y015
 
 @_typing.final
 class GetUsageRequest(_message.Message):

@@ -90,6 +90,11 @@ class AdminServiceStub:
                 request_serializer=fairgate_dot_v1_dot_admin__pb2.ListApiKeysRequest.SerializeToString,
                 response_deserializer=fairgate_dot_v1_dot_admin__pb2.ListApiKeysResponse.FromString,
                 _registered_method=True)
+        self.UpdateApiKey = channel.unary_unary(
+                '/fairgate.v1.AdminService/UpdateApiKey',
+                request_serializer=fairgate_dot_v1_dot_admin__pb2.UpdateApiKeyRequest.SerializeToString,
+                response_deserializer=fairgate_dot_v1_dot_admin__pb2.UpdateApiKeyResponse.FromString,
+                _registered_method=True)
         self.GetUsage = channel.unary_unary(
                 '/fairgate.v1.AdminService/GetUsage',
                 request_serializer=fairgate_dot_v1_dot_admin__pb2.GetUsageRequest.SerializeToString,
@@ -185,6 +190,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateApiKey(self, request, context):
+        """UpdateApiKey changes a key's own limits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetUsage(self, request, context):
         """GetUsage reads live usage on this replica.
         """
@@ -259,6 +271,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListApiKeys,
                     request_deserializer=fairgate_dot_v1_dot_admin__pb2.ListApiKeysRequest.FromString,
                     response_serializer=fairgate_dot_v1_dot_admin__pb2.ListApiKeysResponse.SerializeToString,
+            ),
+            'UpdateApiKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateApiKey,
+                    request_deserializer=fairgate_dot_v1_dot_admin__pb2.UpdateApiKeyRequest.FromString,
+                    response_serializer=fairgate_dot_v1_dot_admin__pb2.UpdateApiKeyResponse.SerializeToString,
             ),
             'GetUsage': grpc.unary_unary_rpc_method_handler(
                     servicer.GetUsage,
@@ -569,6 +586,33 @@ class AdminService:
             '/fairgate.v1.AdminService/ListApiKeys',
             fairgate_dot_v1_dot_admin__pb2.ListApiKeysRequest.SerializeToString,
             fairgate_dot_v1_dot_admin__pb2.ListApiKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateApiKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairgate.v1.AdminService/UpdateApiKey',
+            fairgate_dot_v1_dot_admin__pb2.UpdateApiKeyRequest.SerializeToString,
+            fairgate_dot_v1_dot_admin__pb2.UpdateApiKeyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,6 +66,8 @@ class AdminServiceStub:
     """RevokeApiKey stops a key from working at once."""
     ListApiKeys: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListApiKeysRequest, _admin_pb2.ListApiKeysResponse]
     """ListApiKeys lists keys (never their secrets)."""
+    UpdateApiKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpdateApiKeyRequest, _admin_pb2.UpdateApiKeyResponse]
+    """UpdateApiKey changes a key's own limits."""
     GetUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetUsageRequest, _admin_pb2.GetUsageResponse]
     """GetUsage reads live usage on this replica."""
     ExportUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ExportUsageRequest, _admin_pb2.ExportUsageResponse]
@@ -106,6 +108,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """RevokeApiKey stops a key from working at once."""
     ListApiKeys: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListApiKeysRequest, _admin_pb2.ListApiKeysResponse]  # type: ignore[assignment]
     """ListApiKeys lists keys (never their secrets)."""
+    UpdateApiKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.UpdateApiKeyRequest, _admin_pb2.UpdateApiKeyResponse]  # type: ignore[assignment]
+    """UpdateApiKey changes a key's own limits."""
     GetUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetUsageRequest, _admin_pb2.GetUsageResponse]  # type: ignore[assignment]
     """GetUsage reads live usage on this replica."""
     ExportUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.ExportUsageRequest, _admin_pb2.ExportUsageResponse]  # type: ignore[assignment]
@@ -209,6 +213,14 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListApiKeysResponse, _abc.Awaitable[_admin_pb2.ListApiKeysResponse]]:
         """ListApiKeys lists keys (never their secrets)."""
+
+    @_abc_1.abstractmethod
+    def UpdateApiKey(
+        self,
+        request: _admin_pb2.UpdateApiKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.UpdateApiKeyResponse, _abc.Awaitable[_admin_pb2.UpdateApiKeyResponse]]:
+        """UpdateApiKey changes a key's own limits."""
 
     @_abc_1.abstractmethod
     def GetUsage(

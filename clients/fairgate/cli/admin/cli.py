@@ -23,11 +23,14 @@ from fairgate.cli.admin.conn import (
     EXIT_DRIFT,
     EXIT_INPUT,
     Conn,
+    bad_flags,
     connect,
     die,
+    emit,
     session,
     shared,
 )
+from fairgate.cli.admin.keys import keys_app
 from fairgate.cli.admin.tenant_args import FlagErrors, tenant_from_flags
 from fairgate.cli.admin.usage_export import usage_export
 
@@ -39,18 +42,9 @@ admin_app = typer.Typer(
 tenants_app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None, help="Create, show, change and delete tenants."
 )
-keys_app = typer.Typer(
-    no_args_is_help=True, rich_markup_mode=None, help="Issue, rotate, revoke and list API keys."
-)
 admin_app.add_typer(tenants_app, name="tenants")
 admin_app.add_typer(keys_app, name="keys")
 admin_app.callback()(connect)
-
-
-def _bad_flags(exc: FlagErrors) -> typer.Exit:
-    for problem in exc.problems:
-        typer.echo(f"error: {problem}", err=True)
-    raise typer.Exit(EXIT_INPUT)
 
 
 # -- tenants ------------------------------------------------------------------
@@ -72,7 +66,7 @@ def tenants_list(ctx: typer.Context) -> None:
     with session(ctx) as (conn, client):
         resp = client.list_tenants()
         if conn.json:
-            _out(conn, render.to_dict(resp))
+            emit(conn, render.to_dict(resp))
         else:
             render.console().print(render.tenants_table(resp.tenants, resp.default_tenant_id))
 
@@ -84,7 +78,7 @@ def tenants_show(ctx: typer.Context, tenant_id: str) -> None:
     with session(ctx) as (conn, client):
         t = client.get_tenant(tenant_id)
         if conn.json:
-            _out(conn, render.to_dict(t))
+            emit(conn, render.to_dict(t))
         else:
             default = client.list_tenants().default_tenant_id
             render.console().print(render.tenants_table([t], default))
@@ -114,7 +108,7 @@ def tenants_create(
             whole=True,
         )
     except FlagErrors as exc:
-        raise _bad_flags(exc) from None
+        raise bad_flags(exc.problems) from None
     with session(ctx) as (conn, client):
         created = client.create_tenant(tenant)
         if default:
@@ -142,7 +136,7 @@ def tenants_update(
     try:
         tenant, paths = tenant_from_flags(tenant_id, weight, priority, over_quota, quota, enabled)
     except FlagErrors as exc:
-        raise _bad_flags(exc) from None
+        raise bad_flags(exc.problems) from None
     if not paths:
         die(EXIT_INPUT, "nothing to change: give --weight, --priority, --quota, ...")
     tenant.etag = etag or ""
@@ -164,7 +158,7 @@ def tenants_delete(
     with session(ctx) as (conn, client):
         client.delete_tenant(tenant_id, etag or "")
         if conn.json:
-            _out(conn, {"deleted": tenant_id})
+            emit(conn, {"deleted": tenant_id})
         else:
             typer.echo(f"deleted tenant {tenant_id}")
 
@@ -179,13 +173,9 @@ def tenants_set_default(
     with session(ctx) as (conn, client):
         client.set_default_tenant(tenant_id)
         if conn.json:
-            _out(conn, {"default_tenant_id": tenant_id})
+            emit(conn, {"default_tenant_id": tenant_id})
         else:
             typer.echo(f"default tenant: {tenant_id or '(none)'}")
-
-
-def _out(conn: Conn, value: Any) -> None:
-    render.print_data(value, conn.output.value)
 
 
 @tenants_app.command("export")
@@ -205,79 +195,9 @@ def tenants_export(ctx: typer.Context) -> None:
 
 def _print_tenant(conn: Conn, tenant: Any, message: str) -> None:
     if conn.json:
-        _out(conn, render.to_dict(tenant))
+        emit(conn, render.to_dict(tenant))
     else:
         typer.echo(message)
-
-
-# -- keys ---------------------------------------------------------------------
-@keys_app.command("issue")
-@shared
-def keys_issue(
-    ctx: typer.Context,
-    tenant_id: str,
-    name: Annotated[str, typer.Option(help="a label for the key")] = "",
-) -> None:
-    """Issue an API key; the secret is printed once and never again."""
-    with session(ctx) as (conn, client):
-        resp = client.issue_key(tenant_id, name)
-        _print_secret(conn, resp.key, resp.secret)
-
-
-@keys_app.command("rotate")
-@shared
-def keys_rotate(
-    ctx: typer.Context,
-    key_id: str,
-    grace_period: Annotated[float, typer.Option(help="seconds the old key keeps working")] = 0.0,
-) -> None:
-    """Replace a key: a new secret for the same tenant; the old key stops working."""
-    with session(ctx) as (conn, client):
-        resp = client.rotate_key(key_id, grace_period)
-        _print_secret(conn, resp.key, resp.secret, retired=resp.retired)
-
-
-@keys_app.command("revoke")
-@shared
-def keys_revoke(ctx: typer.Context, key_id: str) -> None:
-    """Revoke a key: it stops working at once."""
-    with session(ctx) as (conn, client):
-        key = client.revoke_key(key_id)
-        if conn.json:
-            _out(conn, render.to_dict(key))
-        else:
-            typer.echo(f"revoked key {key.key_id} of tenant {key.tenant_id}")
-
-
-@keys_app.command("list")
-@shared
-def keys_list(
-    ctx: typer.Context,
-    tenant: Annotated[str, typer.Option(help="only this tenant's keys")] = "",
-    all_keys: Annotated[bool, typer.Option("--all", help="include revoked keys")] = False,
-) -> None:
-    """List keys (ids and hints, never secrets)."""
-    with session(ctx) as (conn, client):
-        keys = client.list_keys(tenant, include_inactive=all_keys)
-        if conn.json:
-            _out(conn, [render.to_dict(k) for k in keys])
-        else:
-            render.console().print(render.keys_table(keys))
-
-
-def _print_secret(conn: Conn, key: Any, secret: str, retired: Any = None) -> None:
-    if conn.json:
-        out: dict[str, Any] = {"key": render.to_dict(key), "secret": secret}
-        if retired is not None:
-            out["retired"] = render.to_dict(retired)
-        _out(conn, out)
-        return
-    typer.echo(f"key {key.key_id} for tenant {key.tenant_id}")
-    if retired is not None:
-        until = retired.expire_time.ToJsonString()
-        typer.echo(f"old key {retired.key_id} stops working at {until}")
-    typer.echo("secret (shown once; send it as `authorization: Bearer <secret>`):")
-    typer.echo(secret)
 
 
 # -- usage --------------------------------------------------------------------
@@ -296,7 +216,7 @@ def usage(
         if not watch:
             resp = _current(client, ids)
             if conn.json:
-                _out(conn, render.to_dict(resp))
+                emit(conn, render.to_dict(resp))
             else:
                 render.console().print(render.usage_table(resp))
             return
@@ -366,7 +286,7 @@ def apply(
     try:
         tenants, default = tenants_from_file(file)
     except FlagErrors as exc:
-        raise _bad_flags(exc) from None
+        raise bad_flags(exc.problems) from None
     with session(ctx) as (conn, client):
         # The keys a prune deletes with their tenants, read before they go.
         keys = client.list_keys("") if prune else []
@@ -392,7 +312,7 @@ def apply(
             out["deleted_api_keys"] = {
                 t: [k.key_id for k in ks] for t, ks in sorted(by_tenant.items())
             }
-            _out(conn, out)
+            emit(conn, out)
         else:
             con = render.console()
             for line in render.diff_lines(resp, dry_run, by_tenant):

@@ -25,6 +25,7 @@ import grpc
 import typer
 
 from fairgate.admin.client import AdminClient
+from fairgate.cli.admin import render
 from fairgate.cli.shared import with_shared_options
 from fairgate.errors import FairgateError
 from fairgate.tls import TlsConfig
@@ -161,3 +162,15 @@ def session(ctx: typer.Context) -> Iterator[tuple[Conn, AdminClient]]:
             yield conn, client
     except FairgateError as exc:
         fail(exc, conn.json)
+
+
+def bad_flags(problems: list[str]) -> typer.Exit:
+    """Every bad flag, one `error:` line each; exit code 2 (raise what it returns)."""
+    for problem in problems:
+        typer.echo(f"error: {problem}", err=True)
+    return typer.Exit(EXIT_INPUT)
+
+
+def emit(conn: Conn, value: Any) -> None:
+    """`value` as the chosen output format (JSON or YAML)."""
+    render.print_data(value, conn.output.value)

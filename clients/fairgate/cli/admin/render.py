@@ -99,17 +99,27 @@ def _num(v: float) -> str:
     return f"{v:g}"
 
 
-def quotas_text(q: apb.TenantQuotas, sep: str = ", ") -> str:
+def quotas_text(q: apb.TenantQuotas, sep: str = ", ", num: Any = _num) -> str:
     parts = [
-        f"{short}={_num(getattr(q, name))}"
+        f"{short}={num(getattr(q, name))}"
         for name, short in _QUOTA_SHORT.items()
         if q.HasField(name)  # type: ignore[arg-type]
     ]
     return sep.join(parts) or "-"
 
 
-def priorities_text(t: apb.Tenant) -> str:
+def priorities_text(t: apb.Tenant | apb.ApiKeyLimits) -> str:
     return ",".join(_PRIORITY.get(p, str(p)) for p in t.priorities) or "all"
+
+
+def key_limits_text(k: apb.ApiKey) -> str:
+    """A key's own limits, one per line ("-": only its tenant's apply)."""
+    if not k.HasField("limits"):
+        return "-"
+    parts = [] if not k.limits.priorities else [priorities_text(k.limits)]
+    # A narrow column: 60000 → 60k.
+    quotas = quotas_text(k.limits.quotas, "\n", lambda v: _short(v).replace(".0", ""))
+    return "\n".join(parts + ([quotas] if quotas != "-" else [])) or "-"
 
 
 def _table(title: str, caption: str | None = None) -> Table:
@@ -157,13 +167,15 @@ def tenants_table(tenants: Iterable[apb.Tenant], default_id: str) -> Table:
 def keys_table(keys: Iterable[apb.ApiKey]) -> Table:
     """Key ids (what rotate and revoke take), never secrets; hints: -o json."""
     table = _table("API keys")
-    _columns(table, ("key id", "tenant", "name", "created", "expires"), ("tenant", "name"))
+    names = ("key id", "tenant", "name", "limits", "created", "expires")
+    _columns(table, names, ("tenant", "name", "limits"))
     for k in keys:
         expires = _time(k.expire_time) if k.HasField("expire_time") else "-"
         table.add_row(
             k.key_id,
             k.tenant_id,
             k.display_name or "-",
+            key_limits_text(k),
             _time(k.create_time),
             expires if k.active else "revoked",
         )

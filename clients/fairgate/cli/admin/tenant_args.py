@@ -57,6 +57,14 @@ def _quota_items(items: Sequence[str], problems: list[str]) -> dict[str, str]:
     return out
 
 
+def _set_quotas(quotas: apb.TenantQuotas, values: dict[str, Any]) -> list[str]:
+    """The quotas `read_tenant` read set on `quotas` (None: cleared); their mask paths."""
+    for name, value in values.get("quotas", {}).items():
+        if value is not None:
+            setattr(quotas, name, value)
+    return [f"quotas.{name}" for name in values.get("quotas", {})]
+
+
 def tenant_from_flags(
     tenant_id: str,
     weight: float | None,
@@ -103,11 +111,37 @@ def tenant_from_flags(
     if "enabled" in values:
         t.enabled = values["enabled"]
         paths.append("enabled")
-    for name, value in values.get("quotas", {}).items():
-        if value is not None:
-            setattr(t.quotas, name, value)
-        paths.append(f"quotas.{name}")
+    paths += _set_quotas(t.quotas, values)
     return t, paths
+
+
+def key_limits_from_flags(
+    quotas: Sequence[str] | None, priorities: Sequence[str] | None, any_priority: bool = False
+) -> tuple[apb.ApiKeyLimits, list[str]]:
+    """A key's own limits from `-q NAME=VALUE` and `--priority` flags, and the
+    update-mask paths they touch (`any_priority`: clear the key's priorities, so
+    its tenant's apply). `FlagErrors` lists every bad flag: kinds and ranges by
+    the tenants' validator, the fields a key may set and its tenant's ceilings by
+    the server."""
+    problems: list[str] = []
+    raw: dict[str, Any] = {"id": "key"}
+    if quotas:
+        raw["quotas"] = _quota_items(quotas, problems)
+    if priorities:
+        raw["priorities"] = list(priorities)
+    if priorities and any_priority:
+        problems.append("--priority and --any-priority: give one of them")
+    values, found = read_tenant(raw, text=True, partial=True)
+    problems.extend(f"{_flag(field)}: {message}" for field, message in found)
+    if problems:
+        raise FlagErrors(problems)
+    limits = apb.ApiKeyLimits()
+    paths: list[str] = []
+    if "priorities" in values or any_priority:
+        limits.priorities.extend(PRIORITIES[p] for p in dict.fromkeys(priorities or ()))
+        paths.append("priorities")
+    paths += _set_quotas(limits.quotas, values)
+    return limits, paths
 
 
 def tenants_to_file(tenants: Sequence[apb.Tenant], default_tenant_id: str) -> dict[str, Any]:
