@@ -24,6 +24,7 @@ from scheduler.tenancy.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
 from service.api_keys import KeyHasher
 from service.auth import Authenticator, AuthInterceptor
+from service.budget_check import BudgetCheck
 from service.chat_template import chat_template_for
 from service.decode_guard import DecodeGuardInterceptor
 from service.drain import CUT_WAIT_S, Drain
@@ -253,8 +254,11 @@ class App:
         usage = build_usage_log(settings)
         undo.push_async_callback(usage.aclose)
         observers = (*telemetry.observers, observer_factory(usage))
+        # Budgets read the usage log's counters before a request is queued.
+        budgets = BudgetCheck(usage, fail_closed=settings.redis_failure_mode == "closed")
+        telemetry.watch_budgets(budgets)
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(
-            InferenceServicer(settings, models, telemetry, drain, observers), server
+            InferenceServicer(settings, models, telemetry, drain, observers, budgets), server
         )
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             AdminServicer(directory, models, settings.policy, usage), server
@@ -296,7 +300,7 @@ class App:
         app = cls(settings, server, engine, models, health, port, directory, telemetry, drain)
         app.usage = usage
         if settings.http_listen:
-            app.http = OpenAIFront(settings, models, auth, telemetry, drain, observers)
+            app.http = OpenAIFront(settings, models, auth, telemetry, drain, observers, budgets)
             undo.push_async_callback(app.http.stop)
             try:
                 await app.http.start()

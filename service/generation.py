@@ -27,9 +27,15 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass
 
-from scheduler.errors import RequestTooLarge
+from scheduler.errors import (
+    DeadlineExpired,
+    RequestRejected,
+    RequestTooLarge,
+    StoreUnavailable,
+)
 from scheduler.request import QueuedRequest
 from scheduler.rules import Isolation
+from service.budget_check import BudgetCheck
 from service.drain import Drain, ServerDraining
 from service.engines.placement import engine_request
 from service.engines.protocol import EngineError, FinishKind
@@ -44,6 +50,11 @@ FINISH_NAMES = {
     FinishKind.ABORT: "cancelled",
     FinishKind.ERROR: "error",
 }
+
+
+# Refused at admission, counted as refusals: the request was valid and may be
+# retried (not a bad request, nor a tenant that may not send it at all).
+_REFUSALS = (RequestRejected, DeadlineExpired, StoreUnavailable, ServerDraining)
 
 
 @dataclass(slots=True)
@@ -93,6 +104,8 @@ class Generation:
         prompt_field: str,
         observers: Sequence[ObserverFactory],
         drain: Drain,
+        key_id: str = "",
+        budgets: BudgetCheck | None = None,
     ) -> None:
         self.params = params
         self.request_id = request_id
@@ -100,9 +113,13 @@ class Generation:
         self.prompt_field = prompt_field
         self.observers = observers
         self.drain = drain
+        self.budgets = budgets
+        registry = params.model.dispatcher.quotas.tenants
+        # The default tenant by name, so that its spend is counted and checked as its own.
+        tenant_id = tenant_id or registry.default_tenant_id or ""
         if not max_tokens_set:
             # The server's default must not trip the tenant's own output cap.
-            tenant = params.model.dispatcher.quotas.tenants.resolve(tenant_id, params.priority)
+            tenant = registry.resolve(tenant_id, params.priority)
             cap = tenant.quotas.output_cap_tokens(params.priority)
             if cap is not None:
                 params.max_tokens = max(1, min(params.max_tokens, cap))
@@ -113,10 +130,16 @@ class Generation:
             max_tokens=params.max_tokens,
             priority=params.priority,
             deadline_s=deadline_s,
+            key_id=key_id,
             prefix_keys=(
                 params.model.prefix_keys(params.prompt_ids) if params.model.prefix_keys else ()
             ),
         )
+
+    async def _check_budgets(self, budgets: BudgetCheck) -> None:
+        tenant = self.params.model.dispatcher.quotas.tenants.get(self.queued.tenant_id)
+        if tenant is not None and tenant.budgets:
+            await budgets.check(tenant, self.queued.key_id)
 
     async def stream(self) -> AsyncGenerator[Delta | Outcome, None]:
         """Deltas, then one Outcome. Consume it inside `aclosing` so that a
@@ -137,11 +160,16 @@ class Generation:
         # Leaving this block settles the admission exactly once, however it is left.
         async with AsyncExitStack() as admission:
             try:
+                if self.budgets is not None:
+                    await self._check_budgets(self.budgets)
                 async with self.drain.queued():
                     ticket = await admission.enter_async_context(dispatcher.admitted(queued))
             except RequestTooLarge as exc:
                 if exc.field == "prompt":
                     exc.field = self.prompt_field
+                raise
+            except _REFUSALS as exc:
+                lifecycle.refused(exc.reason)  # in the usage log and the period's refusals
                 raise
             admitted_s = time.monotonic()
 

@@ -39,7 +39,8 @@ from opentelemetry.trace import SpanKind
 from scheduler.errors import SchedulingError
 from service import errors
 from service.api_keys import KEY_PREFIX
-from service.auth import Authenticator
+from service.auth import Authenticator, Identity
+from service.budget_check import BudgetCheck
 from service.drain import CUT_WAIT_S, Drain
 from service.engines.protocol import EngineError
 from service.generation import Delta, Generation, Outcome
@@ -100,6 +101,7 @@ class OpenAIFront:
         telemetry: Telemetry,
         drain: Drain,
         observers: Sequence[ObserverFactory] | None = None,
+        budgets: BudgetCheck | None = None,
     ) -> None:
         host, _, port = settings.http_listen.rpartition(":")
         self.host = host.strip("[]") or "0.0.0.0"
@@ -109,6 +111,7 @@ class OpenAIFront:
         self.auth = auth
         self.telemetry = telemetry
         self.drain = drain
+        self.budgets = budgets
         self.observers = telemetry.observers if observers is None else tuple(observers)
         self._runner: web.AppRunner | None = None
         self._ssl = server_ssl_context(settings)
@@ -157,7 +160,7 @@ class OpenAIFront:
             self._runner = None
 
     # -- routes ---------------------------------------------------------------------
-    def _tenant(self, request: web.Request) -> str:
+    def _identity(self, request: web.Request) -> Identity:
         h = request.headers
         md = {k: v for k in ("authorization", self.auth.tenant_header) if (v := h.get(k))}
         token = md.get("authorization", "").partition(" ")[2].strip()
@@ -165,7 +168,7 @@ class OpenAIFront:
             # OpenAI SDKs must send some key ("EMPTY", "sk-…"): on a server that
             # requires none, a token that is not a fairgate key means "no key".
             del md["authorization"]
-        return self.auth.tenant(md).tenant_id
+        return self.auth.tenant(md)
 
     async def _health(self, request: web.Request) -> web.Response:
         """For HTTP load balancers and probes (as SGLang and vLLM offer): 503 while draining."""
@@ -173,7 +176,7 @@ class OpenAIFront:
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
-            self._tenant(request)
+            self._identity(request)
         except errors.ServiceError as exc:
             return error_response(exc)
         data = [
@@ -203,7 +206,8 @@ class OpenAIFront:
     async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         received_s = time.monotonic()
         try:
-            tenant_id = self._tenant(request)
+            identity = self._identity(request)
+            tenant_id = identity.tenant_id
             request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
             body = await self._body(request)
             converted = to_generate_request(
@@ -219,6 +223,8 @@ class OpenAIFront:
                 params,
                 request_id=request_id,
                 tenant_id=tenant_id,
+                key_id=identity.key_id,
+                budgets=self.budgets,
                 received_s=received_s,
                 deadline_s=None,
                 max_tokens_set=converted.request.sampling.HasField("max_tokens"),

@@ -17,7 +17,8 @@ from google.protobuf import duration_pb2
 
 from scheduler.errors import SchedulingError
 from service import errors
-from service.auth import current_identity
+from service.auth import Identity, current_identity
+from service.budget_check import BudgetCheck
 from service.drain import Drain
 from service.engines.protocol import EngineError, FinishKind
 from service.generation import Delta, Generation, Outcome
@@ -73,8 +74,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         telemetry: Telemetry | None = None,
         drain: Drain | None = None,
         observers: Sequence[ObserverFactory] | None = None,
+        budgets: BudgetCheck | None = None,
     ) -> None:
         self.settings = settings
+        self.budgets = budgets  # checked before queueing (service/budget_check.py)
         self.models = models
         self.telemetry = telemetry or Telemetry.disabled()
         # What watches each generation: telemetry's, and the usage log's (app.py).
@@ -83,11 +86,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         # queued requests, cuts streams.
         self.drain = drain or Drain()
 
-    def _tenant(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    def _identity(self, context: grpc.aio.ServicerContext[Any, Any]) -> Identity:
         # Set by service/auth.py's interceptor (API key, or the header in open
         # and dev modes); "" is resolved by the registry (default tenant or refusal).
-        identity = current_identity.get()
-        return identity.tenant_id if identity is not None else ""
+        return current_identity.get() or Identity("", "anonymous")
 
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
@@ -97,11 +99,14 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         remaining_s = context.time_remaining()
         try:
             params = validate_generate(request, self.models, self.settings.max_request_bytes)
-            tenant_id = self._tenant(context)
+            identity = self._identity(context)
+            tenant_id = identity.tenant_id
             generation = Generation(
                 params,
                 request_id=request_id,
-                tenant_id=tenant_id,
+                tenant_id=identity.tenant_id,
+                key_id=identity.key_id,
+                budgets=self.budgets,
                 received_s=received_s,
                 deadline_s=received_s + remaining_s if remaining_s is not None else None,
                 max_tokens_set=request.sampling.HasField("max_tokens"),

@@ -51,6 +51,7 @@ from redis.exceptions import NoScriptError
 from scheduler.errors import StoreUnavailable
 from scheduler.redis_io import UNAVAILABLE, Script, connect, text
 from scheduler.request import Priority
+from scheduler.tenancy.budgets import budget_of, budget_to_dict
 from scheduler.tenancy.tenant_store import (
     ApiKeyRecord,
     TenantRecord,
@@ -109,6 +110,7 @@ def config_to_dict(cfg: TenantConfig) -> dict[str, Any]:
             for name in TenantQuotas.__dataclass_fields__
             if getattr(q, name) is not None
         },
+        "budgets": [budget_to_dict(b) for b in cfg.budgets],
     }
 
 
@@ -120,6 +122,7 @@ def config_from_dict(d: dict[str, Any]) -> TenantConfig:
         enabled=bool(d["enabled"]),
         quotas=TenantQuotas(**d["quotas"]),
         over_quota=d["over_quota"],
+        budgets=tuple(budget_of(b) for b in d.get("budgets", ())),
     )
 
 

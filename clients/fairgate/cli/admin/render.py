@@ -214,6 +214,14 @@ def usage_table(resp: apb.GetUsageResponse, keep: Iterable[str] | None = None) -
     return table
 
 
+def period_table(title: str) -> Table:
+    """The columns of `admin usage --period` (cli/admin/period_usage.py)."""
+    table = _table(title, "spent: % of the budget; ! at warn_at, x spent (refused until reset)")
+    cols = ("tenant[/key]", "prompt", "cached", "compl", "req", "refused", "budget", "spent")
+    _columns(table, cols, ["tenant[/key]", "budget"], right=True)
+    return table
+
+
 _SIGN = {
     apb.TenantChange.ACTION_CREATE: ("+", "create", "green"),
     apb.TenantChange.ACTION_UPDATE: ("~", "update", "yellow"),
