@@ -217,8 +217,8 @@ def usage_table(resp: apb.GetUsageResponse, keep: Iterable[str] | None = None) -
 def period_table(title: str) -> Table:
     """The columns of `admin usage --period` (cli/admin/period_usage.py)."""
     table = _table(title, "spent: % of the budget; ! at warn_at, x spent (refused until reset)")
-    cols = ("tenant[/key]", "prompt", "cached", "compl", "req", "refused", "budget", "spent")
-    _columns(table, cols, ["tenant[/key]", "budget"], right=True)
+    cols = ("tenant/key", "prompt", "cached", "compl", "req", "refused", "budget", "spent")
+    _columns(table, cols, ["tenant/key", "budget"], right=True)
     return table
 
 
