@@ -7,6 +7,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from fairgate.admin.convert import budget_values
 from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import inference_pb2 as pb
 from google.protobuf import timestamp_pb2
@@ -100,21 +101,10 @@ def tenant_violations(t: apb.Tenant, path: str) -> tuple[TenantConfig | None, li
     if priorities:
         raw["priorities"] = priorities
     if t.budgets:
-        raw["budgets"] = [budget_raw(b) for b in t.budgets]
+        raw["budgets"] = [budget_values(b) for b in t.budgets]
     values, problems = read_tenant(raw)
     out.extend(FieldViolation(f"{path}.{f}", m) for f, m in problems if f != "id")
     return (None, out) if out else (config_of(values), [])
-
-
-def budget_raw(b: apb.Budget) -> dict[str, Any]:
-    """A Budget proto as the plain values the tenant validator reads."""
-    raw: dict[str, Any] = {"period": b.period}
-    for name in ("tokens", "requests", "warn_at"):
-        if b.HasField(name):
-            raw[name] = getattr(b, name)
-    if b.counts:
-        raw["counts"] = list(b.counts)
-    return raw
 
 
 def budget_to_proto(b: Budget) -> apb.Budget:

@@ -127,26 +127,16 @@ class _Observer:
         self._finish = finish_reason
 
     def refused(self, reason: str) -> None:
-        req = self._req
-        self._usage.append(
-            UsageRecord(
-                req.request_id,
-                req.tenant_id,
-                self._model,
-                0,
-                0,
-                0,
-                "refused",
-                time.time(),
-                key_id=req.key_id,
-                refusal=reason,
-                record_id=f"{req.request_id}/refused/{uuid.uuid4().hex[:16]}",
-            )
-        )
+        # Its own record id: the client may retry under the same request id.
+        rid = f"{self._req.request_id}/refused/{uuid.uuid4().hex[:16]}"
+        self._record((0, 0, 0), "refused", refusal=reason, record_id=rid)
 
     def _append(self) -> None:
-        prompt, cached, completion = self._counts
+        self._record(self._counts, self._finish)
+
+    def _record(self, counts: tuple[int, int, int], finish: str, **extra: str) -> None:
         req = self._req
+        prompt, cached, completion = counts
         self._usage.append(
             UsageRecord(
                 req.request_id,
@@ -155,9 +145,10 @@ class _Observer:
                 prompt,
                 cached,
                 completion,
-                self._finish,
+                finish,
                 time.time(),
                 key_id=req.key_id,
+                **extra,
             )
         )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from fairgate.admin.convert import budget_values
 from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import inference_pb2 as pb
 from scheduler.tenancy.budgets import budget_to_dict
@@ -172,23 +173,13 @@ def tenants_to_file(tenants: Sequence[apb.Tenant], default_tenant_id: str) -> di
         if quotas:
             entry["quotas"] = quotas
         if t.budgets:
-            entry["budgets"] = [_budget_entry(b) for b in t.budgets]
+            entry["budgets"] = [budget_values(b) for b in t.budgets]
         out.append(entry)
     doc: dict[str, Any] = {}
     if default_tenant_id:
         doc["default_tenant"] = default_tenant_id
     doc["tenants"] = out
     return doc
-
-
-def _budget_entry(b: apb.Budget) -> dict[str, Any]:
-    entry: dict[str, Any] = {"period": b.period}
-    for name in ("tokens", "requests", "warn_at"):
-        if b.HasField(name):
-            entry[name] = getattr(b, name)
-    if b.counts:
-        entry["counts"] = list(b.counts)
-    return entry
 
 
 def tenants_from_file(path: str) -> tuple[list[apb.Tenant], str]:
