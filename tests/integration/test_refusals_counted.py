@@ -17,6 +17,9 @@ from scheduler.gate import Admission
 from scheduler.request import QueuedRequest
 from tests.conftest import StartServer
 from tests.helpers import eventually
+from tests.telemetry_helpers import Captured, captured
+
+__all__ = ["captured"]
 
 ADMIN = "refusals-admin-token-0123456789"
 TENANTS = """
@@ -41,11 +44,11 @@ async def _refusal(address: str, tenant: str) -> str:
 
 
 async def test_each_refusal_is_counted_and_recorded_once(
-    start_server: StartServer, tmp_path: Path
+    start_server: StartServer, tmp_path: Path, captured: Captured
 ) -> None:
     path = tmp_path / "tenants.yaml"
     path.write_text(TENANTS)
-    app = await start_server(tenants_file=str(path), admin_token=ADMIN)
+    app = await start_server(captured.telemetry, tenants_file=str(path), admin_token=ADMIN)
     addr = app.address
     assert await _refusal(addr, "rated") == ""
     assert await _refusal(addr, "rated") == "QUOTA_EXCEEDED"
@@ -69,8 +72,16 @@ async def test_each_refusal_is_counted_and_recorded_once(
     finally:
         await held.__aexit__(None, None, None)
 
+    budget = {"fairgate.tenant": "capped", "fairgate.budget.period": "month"}
     assert await _refusal(addr, "capped") == ""  # spends its one token and more
+    assert captured.value("fairgate.budget.warning", budget) == 0  # checked before it spent
     assert await _refusal(addr, "capped") == "BUDGET_EXHAUSTED"
+    assert captured.value("fairgate.budget.warning", budget) == 1
+    assert captured.value("fairgate.budget.spent", budget) > 1  # the overshoot of one request
+    assert (
+        captured.value("fairgate.rejections", {"fairgate.rejection.reason": "BUDGET_EXHAUSTED"})
+        == 1
+    )
 
     meta = (("authorization", f"Bearer {ADMIN}"),)
     async with grpc.aio.insecure_channel(addr) as channel:

@@ -36,17 +36,6 @@ COLUMNS = (
 )
 
 
-def budget_text(b: apb.Budget) -> str:
-    """ "1000000 tok (prompt+completion), 500 req" or "-"."""
-    parts = []
-    if b.HasField("tokens"):
-        kinds = f" ({'+'.join(b.counts)})" if b.counts else ""
-        parts.append(f"{b.tokens} tok{kinds}")
-    if b.HasField("requests"):
-        parts.append(f"{b.requests} req")
-    return ", ".join(parts) or "-"
-
-
 def row(u: apb.PeriodUsage) -> dict[str, Any]:
     has_budget = u.HasField("budget")
     return {
@@ -60,7 +49,7 @@ def row(u: apb.PeriodUsage) -> dict[str, Any]:
         "requests": u.requests,
         "refusals": u.refusals,
         "refusals_by_reason": dict(sorted(u.refusals_by_reason.items())),
-        "budget": budget_text(u.budget) if has_budget else "",
+        "budget": render.budget_text(u.budget) if has_budget else "",
         "budget_spent_pct": round(100 * u.budget_spent, 2) if has_budget else None,
         "warning": u.warning,
         "exhausted": u.exhausted,
