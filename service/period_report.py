@@ -49,7 +49,8 @@ async def period_usage_response(
     win = _window(request.period, request.window, usage.utc_offset_min, now_s)
     wanted = list(request.tenant_ids)
     for tid in wanted:
-        if tid not in snap.tenants:
+        # With no tenants configured (open mode) any id may have spent.
+        if snap.tenants and tid not in snap.tenants:
             raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
     (fields,) = await usage.window_fields([win])
     spent = period_usage.spends(fields)
