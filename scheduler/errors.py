@@ -91,6 +91,34 @@ class QueueTimeout(QuotaExceeded):
     reason = "QUEUE_TIMEOUT"
 
 
+class BudgetExhausted(QuotaExceeded):
+    """A budget over a calendar window is spent (scheduler/tenancy/budgets.py):
+    refused before queueing until the window ends (`retry_after_s`). `limit` is
+    the budget's name and what it caps ("budget.day.tokens"); `key_id` is set
+    when it is a key's own budget."""
+
+    reason = "BUDGET_EXHAUSTED"
+
+    def __init__(
+        self,
+        tenant_id: str,
+        limit: str,
+        description: str,
+        *,
+        retry_after_s: float,
+        key_id: str = "",
+    ) -> None:
+        super().__init__(tenant_id, limit, description, retry_after_s=retry_after_s)
+        self.key_id = key_id
+
+    @property
+    def subject(self) -> str:
+        return f"tenant:{self.tenant_id}" + (f"/key:{self.key_id}" if self.key_id else "")
+
+    def metadata(self) -> dict[str, str]:
+        return super().metadata() | ({"key": self.key_id} if self.key_id else {})
+
+
 class RequestTooLarge(SchedulingError):
     """The request exceeds a tenant cap; retrying it unchanged cannot succeed.
 

@@ -31,6 +31,8 @@ class QueuedRequest:
     arrival_s: float = 0.0
     # Absolute monotonic deadline; None means none.
     deadline_s: float | None = None
+    # The API key it came with ("" without one): whose spend it adds to.
+    key_id: str = ""
     # Set by the dispatcher: arrival order, used to break ties.
     seq: int = field(default=0)
     # Set at admission under a fair policy: its tenant was light (`rules.light`),

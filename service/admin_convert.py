@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from typing import Any
 
+from fairgate.admin.convert import budget_values
 from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import inference_pb2 as pb
 from google.protobuf import timestamp_pb2
 
 from scheduler.gate_stats import BucketStats, TenantStats
 from scheduler.request import Priority
+from scheduler.tenancy.budgets import ALL_KINDS, TOKEN_KINDS, Budget, budget_to_dict
 from scheduler.tenancy.key_limits import KeyLimits
 from scheduler.tenancy.tenant_check import config_of, read_tenant
 from scheduler.tenancy.tenant_store import ApiKeyRecord, TenantRecord
@@ -35,6 +38,7 @@ MASK_PATHS = frozenset(
         "over_quota",
         "quotas",
         *(f"quotas.{q}" for q in QUOTA_FIELDS),
+        "budgets",
     }
 )
 PRIORITY_FROM_PB = {
@@ -98,9 +102,22 @@ def tenant_violations(t: apb.Tenant, path: str) -> tuple[TenantConfig | None, li
     }
     if priorities:
         raw["priorities"] = priorities
+    if t.budgets:
+        raw["budgets"] = [budget_values(b) for b in t.budgets]
     values, problems = read_tenant(raw)
     out.extend(FieldViolation(f"{path}.{f}", m) for f, m in problems if f != "id")
     return (None, out) if out else (config_of(values), [])
+
+
+def budget_to_proto(b: Budget) -> apb.Budget:
+    out = apb.Budget(period=b.period, warn_at=b.warn_at)
+    if b.tokens is not None:
+        out.tokens = b.tokens
+    if b.requests is not None:
+        out.requests = b.requests
+    if b.counts != ALL_KINDS:
+        out.counts.extend(k for k in TOKEN_KINDS if k in b.counts)
+    return out
 
 
 def tenant_from_proto(t: apb.Tenant, path: str = "tenant") -> TenantConfig:
@@ -117,6 +134,7 @@ def config_to_proto(cfg: TenantConfig) -> apb.Tenant:
         enabled=cfg.enabled,
         over_quota=_MODE_TO_PB[cfg.over_quota],
         priorities=[PRIORITY_TO_PB[p] for p in sorted(cfg.priorities)],
+        budgets=[budget_to_proto(b) for b in cfg.budgets],
     )
     for name in QUOTA_FIELDS:
         value = getattr(cfg.quotas, name)
@@ -161,6 +179,9 @@ def apply_mask(current: apb.Tenant, patch: apb.Tenant, paths: Iterable[str]) -> 
         elif p == "priorities":
             del out.priorities[:]
             out.priorities.extend(patch.priorities)
+        elif p == "budgets":
+            del out.budgets[:]
+            out.budgets.extend(patch.budgets)
         elif p == "over_quota":
             out.over_quota = patch.over_quota
         elif p.startswith("quotas."):
@@ -198,6 +219,7 @@ def flatten(cfg: TenantConfig) -> dict[str, str]:
     }
     for name in QUOTA_FIELDS:
         out[f"quotas.{name}"] = _text(getattr(cfg.quotas, name))
+    out["budgets"] = json.dumps([budget_to_dict(b) for b in cfg.budgets]) if cfg.budgets else ""
     return out
 
 
@@ -250,6 +272,8 @@ def usage_record(r: UsageRecord) -> apb.UsageRecord:
         completion_tokens=r.completion_tokens,
         finish_reason=r.finish_reason,
         finished_at=timestamp(r.finished_at_s),
+        key_id=r.key_id,
+        refusal=r.refusal,
     )
 
 

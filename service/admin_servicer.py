@@ -54,6 +54,7 @@ from service.admin_key_limits import judged, limits_from_proto, masked
 from service.api_keys import generate_key
 from service.errors import FieldViolation, InvalidRequest
 from service.models import ModelRegistry
+from service.period_report import period_usage_response
 from service.tenant_directory import TenantDirectory
 from service.usage_log import MAX_EXPORT, MemoryUsageLog, UsageLog
 
@@ -420,6 +421,17 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                 next_cursor=cursor,
                 durable=self.usage.durable,
             )
+
+        return await self._run(context, work())
+
+    async def GetPeriodUsage(
+        self, request: apb.GetPeriodUsageRequest, context: Ctx
+    ) -> apb.GetPeriodUsageResponse:
+        async def work() -> apb.GetPeriodUsageResponse:
+            for i, tid in enumerate(request.tenant_ids):
+                require_tenant_id(tid, f"tenant_ids[{i}]")
+            snap = await self.store.snapshot()
+            return await period_usage_response(request, self.usage, snap)
 
         return await self._run(context, work())
 

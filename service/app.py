@@ -26,6 +26,7 @@ from scheduler.tenancy.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
 from service.api_keys import KeyHasher
 from service.auth import Authenticator, AuthInterceptor
+from service.budget_check import BudgetCheck
 from service.chat_template import chat_template_for
 from service.decode_guard import DecodeGuardInterceptor
 from service.drain import CUT_WAIT_S, Drain
@@ -263,8 +264,12 @@ class App:
         usage = build_usage_log(settings)
         undo.push_async_callback(usage.aclose)
         observers = (*telemetry.observers, observer_factory(usage))
+        # Budgets read the usage log's counters before a request is queued.
+        budgets = BudgetCheck(usage, fail_closed=settings.redis_failure_mode == "closed")
+        telemetry.watch_budgets(budgets)
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(
-            InferenceServicer(settings, models, telemetry, drain, observers, keys), server
+            InferenceServicer(settings, models, telemetry, drain, observers, keys, budgets),
+            server,
         )
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             AdminServicer(directory, models, settings.policy, usage), server
@@ -307,7 +312,9 @@ class App:
         app.usage = usage
         app.keys = keys
         if settings.http_listen:
-            app.http = OpenAIFront(settings, models, auth, telemetry, drain, observers, keys)
+            app.http = OpenAIFront(
+                settings, models, auth, telemetry, drain, observers, keys, budgets
+            )
             undo.push_async_callback(app.http.stop)
             try:
                 await app.http.start()

@@ -27,9 +27,15 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass
 
-from scheduler.errors import RequestTooLarge
+from scheduler.errors import (
+    DeadlineExpired,
+    RequestRejected,
+    RequestTooLarge,
+    StoreUnavailable,
+)
 from scheduler.request import QueuedRequest
 from scheduler.rules import Isolation
+from service.budget_check import BudgetCheck
 from service.drain import Drain, ServerDraining
 from service.engines.placement import engine_request
 from service.engines.protocol import EngineError, FinishKind
@@ -45,6 +51,11 @@ FINISH_NAMES = {
     FinishKind.ABORT: "cancelled",
     FinishKind.ERROR: "error",
 }
+
+
+# Refused at admission, counted as refusals: the request was valid and may be
+# retried (not a bad request, nor a tenant that may not send it at all).
+_REFUSALS = (RequestRejected, DeadlineExpired, StoreUnavailable, ServerDraining)
 
 
 @dataclass(slots=True)
@@ -95,6 +106,8 @@ class Generation:
         observers: Sequence[ObserverFactory],
         drain: Drain,
         key: KeyCheck | None = None,
+        key_id: str = "",
+        budgets: BudgetCheck | None = None,
     ) -> None:
         self.params = params
         # The calling API key's own limits, passed before its tenant's queue.
@@ -104,9 +117,13 @@ class Generation:
         self.prompt_field = prompt_field
         self.observers = observers
         self.drain = drain
+        self.budgets = budgets
+        registry = params.model.dispatcher.quotas.tenants
+        # The default tenant by name, so that its spend is counted and checked as its own.
+        tenant_id = tenant_id or registry.default_tenant_id or ""
         if not max_tokens_set:
             # The server's default must not trip the tenant's own output cap.
-            tenant = params.model.dispatcher.quotas.tenants.resolve(tenant_id, params.priority)
+            tenant = registry.resolve(tenant_id, params.priority)
             cap = tenant.quotas.output_cap_tokens(params.priority)
             if cap is not None:
                 params.max_tokens = max(1, min(params.max_tokens, cap))
@@ -117,10 +134,16 @@ class Generation:
             max_tokens=params.max_tokens,
             priority=params.priority,
             deadline_s=deadline_s,
+            key_id=key_id,
             prefix_keys=(
                 params.model.prefix_keys(params.prompt_ids) if params.model.prefix_keys else ()
             ),
         )
+
+    async def _check_budgets(self, budgets: BudgetCheck) -> None:
+        tenant = self.params.model.dispatcher.quotas.tenants.get(self.queued.tenant_id)
+        if tenant is not None and tenant.budgets:
+            await budgets.check(tenant, self.queued.key_id)
 
     async def stream(self) -> AsyncGenerator[Delta | Outcome, None]:
         """Deltas, then one Outcome. Consume it inside `aclosing` so that a
@@ -138,21 +161,27 @@ class Generation:
         failure: Exception | None = None
         finish: FinishKind | None = None
         stop_matched = message = ""
-        # The key's own limits first: a key over them never reaches its tenant's queue.
         own, key_hold = self.key, None
-        if own is not None:
-            key_hold = await own.gate.open(own.key_id, own.limits, queued)
         started = False
         try:
             # Leaving this block settles the admission exactly once, however it is left.
             async with AsyncExitStack() as admission:
                 try:
+                    if self.budgets is not None:
+                        await self._check_budgets(self.budgets)
+                    # The key's own limits next: a key over them never reaches its
+                    # tenant's queue (nothing is taken from a spent budget's key).
+                    if own is not None:
+                        key_hold = await own.gate.open(own.key_id, own.limits, queued)
                     async with self.drain.queued():
                         ticket = await admission.enter_async_context(dispatcher.admitted(queued))
                     started = True
                 except RequestTooLarge as exc:
                     if exc.field == "prompt":
                         exc.field = self.prompt_field
+                    raise
+                except _REFUSALS as exc:
+                    lifecycle.refused(exc.reason)  # in the usage log and the period's refusals
                     raise
                 admitted_s = time.monotonic()
 

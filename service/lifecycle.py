@@ -5,10 +5,11 @@ sees them (scheduler/gate.py `RequestState`): QUEUED (each `ObserverFactory`
 is asked for an observer), ADMITTED (`admitted`, with the engine request
 before it is sent: the one thing an observer may add to it is
 `trace_headers`), STREAMING (`first_token`), the engine stream's end
-(`engine_ended`, final usage) and SETTLED (`settled`, the result). Refusals
-(REJECTED, EXPIRED, CANCELLED) are the RPC's status: telemetry records them
-through the error mapping (`errors.abort`), which also sees calls refused
-before a generation exists (authentication, validation).
+(`engine_ended`, final usage) and SETTLED (`settled`, the result), or a
+refusal at admission (`refused`, with its reason: REJECTED or EXPIRED, and a
+budget refusal before the queue). The refusal is also the RPC's status:
+telemetry records it through the error mapping (`errors.abort`), which also
+sees calls refused before a generation exists (authentication, validation).
 
 An observer that raises is logged once and not called again for that
 request; the request goes on as if it were not there. Cost: with no observer
@@ -54,6 +55,11 @@ class LifecycleObserver(Protocol):
     def settled(self, finish_reason: str, failure: Exception | None) -> None:
         """The admission is settled and the result is about to be sent (`failure`:
         the engine failed after tokens had reached the client)."""
+        ...
+
+    def refused(self, reason: str) -> None:
+        """Refused before admission (`reason`: the ErrorInfo reason, e.g.
+        BUDGET_EXHAUSTED, QUOTA_EXCEEDED, QUEUE_TIMEOUT); nothing else follows."""
         ...
 
 
@@ -126,6 +132,9 @@ class Lifecycle:
     def settled(self, finish_reason: str, failure: Exception | None) -> None:
         self._tell(lambda o: o.settled(finish_reason, failure))
 
+    def refused(self, reason: str) -> None:
+        self._tell(lambda o: o.refused(reason))
+
 
 class _NoLifecycle(Lifecycle):
     """No observer: every hook returns at once (shared by every such request)."""
@@ -147,6 +156,9 @@ class _NoLifecycle(Lifecycle):
         pass
 
     def settled(self, finish_reason: str, failure: Exception | None) -> None:
+        pass
+
+    def refused(self, reason: str) -> None:
         pass
 
 

@@ -40,6 +40,7 @@ from scheduler.errors import SchedulingError
 from service import errors
 from service.api_keys import KEY_PREFIX
 from service.auth import Authenticator, Identity
+from service.budget_check import BudgetCheck
 from service.drain import CUT_WAIT_S, Drain
 from service.engines.protocol import EngineError
 from service.generation import Delta, Generation, Outcome
@@ -102,6 +103,7 @@ class OpenAIFront:
         drain: Drain,
         observers: Sequence[ObserverFactory] | None = None,
         keys: KeyLimiter | None = None,
+        budgets: BudgetCheck | None = None,
     ) -> None:
         host, _, port = settings.http_listen.rpartition(":")
         # API keys' own limits (service/key_limiter.py); None: not enforced.
@@ -113,6 +115,7 @@ class OpenAIFront:
         self.auth = auth
         self.telemetry = telemetry
         self.drain = drain
+        self.budgets = budgets
         self.observers = telemetry.observers if observers is None else tuple(observers)
         self._runner: web.AppRunner | None = None
         self._ssl = server_ssl_context(settings)
@@ -161,9 +164,6 @@ class OpenAIFront:
             self._runner = None
 
     # -- routes ---------------------------------------------------------------------
-    def _tenant(self, request: web.Request) -> str:
-        return self._identity(request).tenant_id
-
     def _identity(self, request: web.Request) -> Identity:
         h = request.headers
         md = {k: v for k in ("authorization", self.auth.tenant_header) if (v := h.get(k))}
@@ -180,7 +180,7 @@ class OpenAIFront:
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
-            self._tenant(request)
+            self._identity(request)
         except errors.ServiceError as exc:
             return error_response(exc)
         data = [
@@ -228,6 +228,8 @@ class OpenAIFront:
                 params,
                 request_id=request_id,
                 tenant_id=tenant_id,
+                key_id=identity.key_id,
+                budgets=self.budgets,
                 received_s=received_s,
                 deadline_s=None,
                 max_tokens_set=converted.request.sampling.HasField("max_tokens"),

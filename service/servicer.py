@@ -17,7 +17,8 @@ from google.protobuf import duration_pb2
 
 from scheduler.errors import SchedulingError
 from service import errors
-from service.auth import current_identity
+from service.auth import Identity, current_identity
+from service.budget_check import BudgetCheck
 from service.drain import Drain
 from service.engines.protocol import EngineError, FinishKind
 from service.generation import Delta, Generation, Outcome
@@ -75,10 +76,12 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         drain: Drain | None = None,
         observers: Sequence[ObserverFactory] | None = None,
         keys: KeyLimiter | None = None,
+        budgets: BudgetCheck | None = None,
     ) -> None:
         self.settings = settings
         # API keys' own limits (service/key_limiter.py); None: not enforced (tests).
         self.keys = keys
+        self.budgets = budgets  # checked before queueing (service/budget_check.py)
         self.models = models
         self.telemetry = telemetry or Telemetry.disabled()
         # What watches each generation: telemetry's, and the usage log's (app.py).
@@ -87,11 +90,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         # queued requests, cuts streams.
         self.drain = drain or Drain()
 
-    def _tenant(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    def _identity(self, context: grpc.aio.ServicerContext[Any, Any]) -> Identity:
         # Set by service/auth.py's interceptor (API key, or the header in open
         # and dev modes); "" is resolved by the registry (default tenant or refusal).
-        identity = current_identity.get()
-        return identity.tenant_id if identity is not None else ""
+        return current_identity.get() or Identity("", "anonymous")
 
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
@@ -101,12 +103,15 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         remaining_s = context.time_remaining()
         try:
             params = validate_generate(request, self.models, self.settings.max_request_bytes)
-            tenant_id = self._tenant(context)
-            key = self.keys.check(current_identity.get()) if self.keys else None
+            identity = self._identity(context)
+            tenant_id = identity.tenant_id
+            key = self.keys.check(identity) if self.keys else None
             generation = Generation(
                 params,
                 request_id=request_id,
-                tenant_id=tenant_id,
+                tenant_id=identity.tenant_id,
+                key_id=identity.key_id,
+                budgets=self.budgets,
                 received_s=received_s,
                 deadline_s=received_s + remaining_s if remaining_s is not None else None,
                 max_tokens_set=request.sampling.HasField("max_tokens"),

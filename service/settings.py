@@ -29,6 +29,7 @@ from pydantic_settings import (
 from pydantic_settings.sources.utils import parse_env_vars
 
 from scheduler.ordering.policies import POLICIES
+from scheduler.tenancy.budgets import MAX_UTC_OFFSET_MIN
 from scheduler.tenancy.tenants import QUOTA_RANGES, WEIGHT_RANGE
 from service.engines.routing import ROUTINGS
 from service.event_loop import EVENT_LOOPS
@@ -351,6 +352,12 @@ class Settings(BaseSettings):
     )
     default_tenant: str = _s(
         "default", "Tenant for requests that name none, when no tenants file sets one."
+    )
+    budget_utc_offset_min: int = _s(
+        0,
+        "Budgets' days and months begin at midnight at UTC plus this many minutes.",
+        ge=-MAX_UTC_OFFSET_MIN,
+        le=MAX_UTC_OFFSET_MIN,
     )
     tenant_header: str = _s(
         "x-fairgate-tenant",

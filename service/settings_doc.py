@@ -20,6 +20,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scheduler.tenancy.budgets import (
+    BUDGET_REQUESTS_RANGE,
+    BUDGET_TOKENS_RANGE,
+    DEFAULT_WARN_AT,
+    PERIODS,
+    TOKEN_KINDS,
+)
 from scheduler.tenancy.tenant_check import PRIORITY_NAMES, TENANT_FIELD_DOCS
 from scheduler.tenancy.tenants import (
     INTEGER_QUOTAS,
@@ -155,6 +162,7 @@ def tenants_section() -> str:
         "enabled": "true or false",
         "over_quota": f"one of {modes}",
         "quotas": "a mapping of the quotas below",
+        "budgets": "a list of budgets, at most one per period (below)",
     }
     lines = [
         f"{TENANTS_HEADING}\n",
@@ -176,7 +184,49 @@ def tenants_section() -> str:
     for name, doc in _quota_docs().items():
         kind = "an integer" if name in INTEGER_QUOTAS else "a number"
         lines.append(f"| `{name}` | {kind}, {_range(QUOTA_RANGES[name])} | {doc} |")
+    t_lo, t_hi = BUDGET_TOKENS_RANGE
+    r_lo, r_hi = BUDGET_REQUESTS_RANGE
+    lines += [
+        "",
+        "Budgets (each needs `period` and at least one of `tokens`, `requests`):\n",
+        "| field | allowed | meaning |",
+        "|---|---|---|",
+        f"| `period` | one of {', '.join(PERIODS)} | The calendar window (UTC + "
+        "`budget_utc_offset_min`). |",
+        f"| `tokens` | an integer, {t_lo} – {t_hi:.0e} | Tokens per window, of the kinds "
+        "in `counts`. |",
+        f"| `requests` | an integer, {r_lo} – {r_hi:.0e} | Requests that reached the engine "
+        "per window. |",
+        f"| `counts` | a list of {', '.join(TOKEN_KINDS)} | Token kinds `tokens` counts "
+        "(default: all; `prompt` is the prompt tokens the engine computed). |",
+        f"| `warn_at` | a number in (0, 1] | Fraction spent that raises the warning "
+        f"(default {DEFAULT_WARN_AT}). |",
+    ]
     return "\n".join(lines) + "\n"
+
+
+def _helm_budget_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["period"],
+        "anyOf": [{"required": ["tokens"]}, {"required": ["requests"]}],
+        "properties": {
+            "period": {"enum": list(PERIODS)},
+            "tokens": {
+                "type": "integer",
+                "minimum": BUDGET_TOKENS_RANGE[0],
+                "maximum": BUDGET_TOKENS_RANGE[1],
+            },
+            "requests": {
+                "type": "integer",
+                "minimum": BUDGET_REQUESTS_RANGE[0],
+                "maximum": BUDGET_REQUESTS_RANGE[1],
+            },
+            "counts": {"type": "array", "minItems": 1, "items": {"enum": list(TOKEN_KINDS)}},
+            "warn_at": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        },
+    }
 
 
 def helm_tenants_schema() -> dict[str, Any]:
@@ -209,6 +259,7 @@ def helm_tenants_schema() -> dict[str, Any]:
             "enabled": {"type": "boolean"},
             "over_quota": {"enum": list(OVER_QUOTA_MODES)},
             "quotas": {"type": "object", "additionalProperties": False, "properties": quotas},
+            "budgets": {"type": "array", "items": _helm_budget_schema()},
         },
     }
     for name, doc in TENANT_FIELD_DOCS.items():

@@ -153,10 +153,13 @@ def build_prefix_share(settings: Settings, model_name: str, placement: Placement
 def build_usage_log(settings: Settings) -> UsageLog:
     """The usage log billing reads (service/usage_log.py): a Redis stream every
     replica writes with store=redis, else this process's memory."""
+    offset_min = settings.budget_utc_offset_min
     if settings.store != "redis":
-        return MemoryUsageLog()
+        return MemoryUsageLog(utc_offset_min=offset_min)
     usage = RedisUsageLog(
-        connect(settings.redis_url, timeout_s=settings.redis_timeout_s), settings.redis_prefix
+        connect(settings.redis_url, timeout_s=settings.redis_timeout_s),
+        settings.redis_prefix,
+        utc_offset_min=offset_min,
     )
     usage.start()
     return usage

@@ -18,6 +18,12 @@ request: appending is a list append, the writes happen in the background.
   Redis persists it (AOF `appendfsync everysec` loses at most a second of
   records, docs/operations.md). A consumer that resumes from the last
   `next_cursor` it stored sees each record exactly once.
+
+A request refused at admission (budget, quota, queue full, queue timeout,
+deadline, store down, draining) is recorded too, once, with finish reason
+"refused" and its reason (`refusal`), no tokens. Every record also adds to
+the spend per calendar window (service/period_usage.py) that budgets and
+`admin usage --period` read, in the same write.
 """
 
 from __future__ import annotations
@@ -28,10 +34,13 @@ import contextlib
 import dataclasses
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduler.redis_io import UNAVAILABLE, text
+from scheduler.tenancy.budgets import Window
+from service import period_usage
 
 if TYPE_CHECKING:
     from scheduler.budget import AdmissionBudget
@@ -57,12 +66,26 @@ class UsageRecord:
     finish_reason: str
     finished_at_s: float  # Unix time
     cursor: str = ""  # its position in the log, once read back
+    key_id: str = ""  # the API key it came with ("" without one)
+    refusal: str = ""  # set (finish_reason "refused"): the reason it was refused
+    # What makes it once: the request id for a served request; a refusal's own id
+    # (the client may retry under the same request id).
+    record_id: str = ""
 
 
 class UsageLog(Protocol):
     durable: bool
+    # The windows' boundaries: local midnight at UTC + this offset (budget_utc_offset_min).
+    utc_offset_min: int
 
     def append(self, record: UsageRecord) -> None: ...
+
+    async def window_fields(
+        self, wins: list[Window], wanted: list[str] | None = None
+    ) -> list[dict[str, int]]:
+        """Each window's spend counters (service/period_usage.py): `wanted` fields,
+        or all of them."""
+        ...
 
     async def read(self, cursor: str, limit: int) -> tuple[list[UsageRecord], str]:
         """Records after `cursor` ("" = from the start), oldest first, at most
@@ -103,18 +126,29 @@ class _Observer:
     def settled(self, finish_reason: str, failure: Exception | None) -> None:
         self._finish = finish_reason
 
+    def refused(self, reason: str) -> None:
+        # Its own record id: the client may retry under the same request id.
+        rid = f"{self._req.request_id}/refused/{uuid.uuid4().hex[:16]}"
+        self._record((0, 0, 0), "refused", refusal=reason, record_id=rid)
+
     def _append(self) -> None:
-        prompt, cached, completion = self._counts
+        self._record(self._counts, self._finish)
+
+    def _record(self, counts: tuple[int, int, int], finish: str, **extra: str) -> None:
+        req = self._req
+        prompt, cached, completion = counts
         self._usage.append(
             UsageRecord(
-                self._req.request_id,
-                self._req.tenant_id,
+                req.request_id,
+                req.tenant_id,
                 self._model,
                 prompt,
                 cached,
                 completion,
-                self._finish,
+                finish,
                 time.time(),
+                key_id=req.key_id,
+                **extra,
             )
         )
 
@@ -133,13 +167,21 @@ class MemoryUsageLog:
 
     durable = False
 
-    def __init__(self, max_records: int = 100_000) -> None:
+    def __init__(self, max_records: int = 100_000, *, utc_offset_min: int = 0) -> None:
         self._records: collections.deque[UsageRecord] = collections.deque(maxlen=max_records)
         self._next = 1
+        self.utc_offset_min = utc_offset_min
+        self._spend = period_usage.MemorySpend()
 
     def append(self, record: UsageRecord) -> None:
         self._records.append(dataclasses.replace(record, cursor=str(self._next)))
         self._next += 1
+        self._spend.add(record, self.utc_offset_min)
+
+    async def window_fields(
+        self, wins: list[Window], wanted: list[str] | None = None
+    ) -> list[dict[str, int]]:
+        return [self._spend.fields(w, wanted) for w in wins]
 
     async def read(self, cursor: str, limit: int) -> tuple[list[UsageRecord], str]:
         after = int(cursor or 0)
@@ -150,15 +192,36 @@ class MemoryUsageLog:
         pass
 
 
-# KEYS[1]: the stream; ARGV[1]: the marker keys' prefix, ARGV[2]: their TTL (s);
-# then 8 values per record. Markers share the stream's {usage} hash tag (one slot).
+# KEYS[1]: the stream; ARGV[1]: the marker keys' prefix, ARGV[2]: their TTL (s),
+# ARGV[3]: the spend hashes' prefix; then 15 values per record. Markers and spend
+# hashes share the stream's {usage} hash tag (one slot). The spend counted is
+# period_usage.increments' rule, stated again here.
 _APPEND = """
 local n = 0
-for i = 3, #ARGV, 8 do
+for i = 4, #ARGV, 15 do
+  local tenant, key, refusal = ARGV[i + 2], ARGV[i + 9], ARGV[i + 10]
   if redis.call('SET', ARGV[1] .. ARGV[i], '1', 'NX', 'EX', ARGV[2]) then
-    redis.call('XADD', KEYS[1], '*', 'rid', ARGV[i], 'tenant', ARGV[i + 1],
-      'model', ARGV[i + 2], 'prompt', ARGV[i + 3], 'cached', ARGV[i + 4],
-      'completion', ARGV[i + 5], 'finish', ARGV[i + 6], 'at', ARGV[i + 7])
+    redis.call('XADD', KEYS[1], '*', 'rid', ARGV[i + 1], 'tenant', tenant,
+      'model', ARGV[i + 3], 'prompt', ARGV[i + 4], 'cached', ARGV[i + 5],
+      'completion', ARGV[i + 6], 'finish', ARGV[i + 7], 'at', ARGV[i + 8],
+      'key', key, 'refusal', refusal)
+    local subjects = {tenant .. '|'}
+    if key ~= '' then subjects[2] = tenant .. '|' .. key end
+    for w = i + 11, i + 13, 2 do
+      local h = ARGV[3] .. ARGV[w]
+      for _, s in ipairs(subjects) do
+        if refusal == '' then
+          redis.call('HINCRBY', h, s .. '|prompt', ARGV[i + 4])
+          redis.call('HINCRBY', h, s .. '|cached', ARGV[i + 5])
+          redis.call('HINCRBY', h, s .. '|completion', ARGV[i + 6])
+          redis.call('HINCRBY', h, s .. '|requests', 1)
+        else
+          redis.call('HINCRBY', h, s .. '|refusals', 1)
+          redis.call('HINCRBY', h, s .. '|refused.' .. refusal, 1)
+        end
+      end
+      redis.call('EXPIREAT', h, ARGV[w + 1])
+    end
     n = n + 1
   end
 end
@@ -179,10 +242,14 @@ class RedisUsageLog:
         flush_s: float = 0.05,
         max_buffered: int = 100_000,
         dedupe_ttl_s: int = 7 * 86_400,
+        utc_offset_min: int = 0,
     ) -> None:
         self.client = client
+        self.prefix = prefix
+        self.utc_offset_min = utc_offset_min
         self.stream = f"{prefix}:{{usage}}:log"
         self._marker = f"{prefix}:{{usage}}:rid:"
+        self._spend = f"{prefix}:{{usage}}:spend:"
         self.flush_s, self.max_buffered, self.dedupe_ttl_s = flush_s, max_buffered, dedupe_ttl_s
         self._buffer: collections.deque[UsageRecord] = collections.deque()
         self.dropped = 0
@@ -220,11 +287,14 @@ class RedisUsageLog:
         """Write what is buffered; False when Redis refused (nothing is lost)."""
         while self._buffer:
             batch = list(self._buffer)[:500]
-            args: list[Any] = [self._marker, self.dedupe_ttl_s]
+            args: list[Any] = [self._marker, self.dedupe_ttl_s, self._spend]
             for r in batch:
-                args += [r.request_id, r.tenant_id, r.model, r.prompt_tokens]
-                args += [r.cached_tokens, r.completion_tokens, r.finish_reason]
-                args.append(f"{r.finished_at_s:.3f}")
+                args += [r.record_id or r.request_id, r.request_id, r.tenant_id, r.model]
+                args += [r.prompt_tokens, r.cached_tokens, r.completion_tokens]
+                args += [r.finish_reason, f"{r.finished_at_s:.3f}", r.key_id, r.refusal]
+                for win in period_usage.windows_of(r.finished_at_s, self.utc_offset_min):
+                    keep_until = int(win.end_s) + period_usage.KEEP_S[win.period]
+                    args += [f"{win.period}:{win.label}", keep_until]
             try:
                 await self.client.eval(_APPEND, 1, self.stream, *args)
             except UNAVAILABLE as exc:
@@ -255,9 +325,16 @@ class RedisUsageLog:
                     f["finish"],
                     float(f["at"]),
                     text(rid),
+                    key_id=f.get("key", ""),
+                    refusal=f.get("refusal", ""),
                 )
             )
         return out, out[-1].cursor if out else cursor
+
+    async def window_fields(
+        self, wins: list[Window], wanted: list[str] | None = None
+    ) -> list[dict[str, int]]:
+        return await period_usage.redis_fields(self.client, self.prefix, wins, wanted)
 
     async def aclose(self) -> None:
         """Write what is left (a few seconds at most), stop, close the client."""

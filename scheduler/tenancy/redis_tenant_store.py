@@ -52,6 +52,7 @@ from redis.exceptions import NoScriptError
 from scheduler.errors import StoreUnavailable
 from scheduler.redis_io import UNAVAILABLE, Script, connect, text
 from scheduler.request import Priority
+from scheduler.tenancy.budgets import budget_of, budget_to_dict
 from scheduler.tenancy.key_limits import KeyLimits
 from scheduler.tenancy.tenant_store import (
     ApiKeyRecord,
@@ -115,6 +116,7 @@ def config_to_dict(cfg: TenantConfig) -> dict[str, Any]:
         "enabled": cfg.enabled,
         "over_quota": cfg.over_quota,
         "quotas": _quotas_dict(cfg.quotas),
+        "budgets": [budget_to_dict(b) for b in cfg.budgets],
     }
 
 
@@ -143,6 +145,7 @@ def config_from_dict(d: dict[str, Any]) -> TenantConfig:
         enabled=bool(d["enabled"]),
         quotas=TenantQuotas(**d["quotas"]),
         over_quota=d["over_quota"],
+        budgets=tuple(budget_of(b) for b in d.get("budgets", ())),
     )
 
 

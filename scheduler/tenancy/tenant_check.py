@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from scheduler.request import Priority
+from scheduler.tenancy.budgets import DEFAULT_WARN_AT, TOKEN_KINDS, Budget
 from scheduler.tenancy.tenants import (
     INTEGER_QUOTAS,
     OVER_QUOTA_MODES,
@@ -34,7 +35,10 @@ TENANT_FIELD_DOCS = {
     "over_quota": "Over a rate quota: reject at once with a retry delay, or wait queued "
     "(default reject).",
     "quotas": "Limits, each unlimited when left out or null (below).",
+    "budgets": "Spend per calendar window: a list of {period: day|month, tokens, requests, "
+    "counts: [prompt, cached, completion], warn_at} (docs/tenants.md#budgets).",
 }
+BUDGET_FIELDS = ("period", "tokens", "requests", "counts", "warn_at")
 TENANT_FIELDS = tuple(TENANT_FIELD_DOCS)
 PRIORITY_NAMES = {p.name.lower(): p for p in Priority}
 _NO_LIMIT = ("none", "null", "")
@@ -113,6 +117,14 @@ def read_tenant(
             problems.append(("quotas", f"expected a mapping, got {type(quotas).__name__}"))
         else:
             values["quotas"] = _read_quotas(quotas, text, problems)
+    budgets = raw.get("budgets")
+    if budgets is not None:
+        if not isinstance(budgets, list | tuple):
+            problems.append(("budgets", f"expected a list, got {type(budgets).__name__}"))
+        else:
+            values["budgets"] = tuple(
+                _read_budget(b, f"budgets[{i}]", text, problems) for i, b in enumerate(budgets)
+            )
     _judge(values, problems, partial)
     return values, problems
 
@@ -134,6 +146,45 @@ def _read_quotas(raw: Mapping[str, Any], text: bool, problems: list[Problem]) ->
     return out
 
 
+def _read_budget(raw: Any, where: str, text: bool, problems: list[Problem]) -> Budget:
+    """One budget's values of the right kind (the rest left to `Budget.problems`)."""
+    if not isinstance(raw, Mapping):
+        problems.append((where, f"expected a mapping, got {type(raw).__name__}"))
+        return Budget("day", tokens=1)
+    for key in raw:
+        if key not in BUDGET_FIELDS:
+            problems.append(
+                (f"{where}.{key}", f"unknown field (known: {', '.join(BUDGET_FIELDS)})")
+            )
+    period = raw.get("period")
+    if not isinstance(period, str):
+        problems.append((f"{where}.period", f"expected day or month, got {period!r}"))
+        period = "day"
+    limits: dict[str, Any] = {}
+    for name in ("tokens", "requests"):
+        if raw.get(name) is not None:
+            number, wrong = _number(raw[name], True, text)
+            if wrong:
+                problems.append((f"{where}.{name}", wrong))
+                limits[name] = 1  # judged already: a placeholder Budget.problems accepts
+            else:
+                limits[name] = number
+    counts = raw.get("counts")
+    kinds = frozenset(TOKEN_KINDS)
+    if counts is not None:
+        if isinstance(counts, list | tuple) and all(isinstance(k, str) for k in counts):
+            kinds = frozenset(counts)
+        else:
+            problems.append((f"{where}.counts", f"expected a list of {list(TOKEN_KINDS)}"))
+    warn_at: Any = DEFAULT_WARN_AT
+    if raw.get("warn_at") is not None:
+        warn_at, wrong = _number(raw["warn_at"], False, text)
+        if wrong:
+            problems.append((f"{where}.warn_at", wrong))
+            warn_at = DEFAULT_WARN_AT
+    return Budget(period, counts=kinds, warn_at=warn_at, **limits)
+
+
 def _judge(values: dict[str, Any], problems: list[Problem], partial: bool) -> None:
     """The ranges and rules of tenants.py on every value of the right kind."""
     cfg = config_of(values | {"id": values.get("id", "x")})
@@ -142,7 +193,7 @@ def _judge(values: dict[str, Any], problems: list[Problem], partial: bool) -> No
     for field, message in cfg.problems(rules=not partial):
         if field in bad or (field == "id" and "id" not in values):
             continue
-        if partial and field not in given:
+        if partial and field not in given and not field.startswith("budgets"):
             continue
         problems.append((field, message))
 
@@ -157,6 +208,7 @@ def config_of(values: Mapping[str, Any]) -> TenantConfig:
         enabled=values.get("enabled", True),
         quotas=TenantQuotas(**values.get("quotas", {})),
         over_quota=values.get("over_quota", "reject"),
+        budgets=values.get("budgets", ()),
     )
 
 

@@ -21,6 +21,7 @@ from scheduler.errors import (
     UnknownTenant,
 )
 from scheduler.request import Priority
+from scheduler.tenancy.budgets import Budget, budget_problems
 
 OverQuotaMode = Literal["reject", "wait"]
 OVER_QUOTA_MODES: tuple[OverQuotaMode, ...] = ("reject", "wait")
@@ -153,6 +154,8 @@ class TenantConfig:
     quotas: TenantQuotas = field(default_factory=TenantQuotas)
     # Over a rate quota: "reject" at once with a retry delay, or "wait" queued.
     over_quota: OverQuotaMode = "reject"
+    # Spend per calendar window (scheduler/tenancy/budgets.py), checked before queueing.
+    budgets: tuple[Budget, ...] = ()
 
     def problems(self, rules: bool = True) -> list[tuple[str, str]]:
         """(field, what to fix) for every invalid value (see TenantQuotas.problems)."""
@@ -168,6 +171,7 @@ class TenantConfig:
         if self.over_quota not in OVER_QUOTA_MODES:
             out.append(("over_quota", f"must be one of {list(OVER_QUOTA_MODES)}"))
         out.extend((f"quotas.{name}", msg) for name, msg in self.quotas.problems(rules))
+        out.extend(budget_problems(self.budgets))
         return out
 
     def validated(self) -> TenantConfig:

@@ -46,6 +46,8 @@ OUTCOME = "fairgate.outcome"
 QUOTA_RESULT = "fairgate.quota.result"
 IN_FLIGHT_REQUESTS = "fairgate.admission.in_flight_requests"
 IN_FLIGHT_KV_TOKENS = "fairgate.admission.in_flight_kv_tokens"
+BUDGET_PERIOD = "fairgate.budget.period"
+API_KEY_ID = "fairgate.api_key.id"
 PROMPT_CONTENT = "gen_ai.prompt"
 COMPLETION_CONTENT = "gen_ai.completion"
 

@@ -307,6 +307,9 @@ class GenerateObservation:
             engine.end()
             self._engine_span = None
 
+    def refused(self, reason: str) -> None:
+        """Nothing to add: the refusal is the RPC's status (`close`, errors.abort)."""
+
     def close(self, code: grpc.StatusCode) -> None:
         """The RPC is over (called by the server span's scope)."""
         outcome = _outcome(code, self._outcome or "error")

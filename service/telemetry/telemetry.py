@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from scheduler.request import QueuedRequest
     from scheduler.tenancy.tenants import TenantRegistry
+    from service.budget_check import BudgetCheck
     from service.lifecycle import ObserverFactory
     from service.models import ServedModel
     from service.telemetry.prometheus import MetricsEndpoint
@@ -49,6 +50,7 @@ class Telemetry(Instruments):
         self._shutdown = list(shutdown)
         self._models: list[ServedModel] = []
         self.metrics_endpoint = metrics_endpoint
+        self._budgets: BudgetCheck | None = None
         self._create_gauges()
 
     @classmethod
@@ -85,11 +87,28 @@ class Telemetry(Instruments):
             "{token}",
             "KV tokens reserved in the engine (prompt + max output), the limit and capacity",
         )
+        m.create_observable_gauge(
+            "fairgate.budget.spent",
+            [self._budget_spent],
+            "1",
+            "Fraction of each budget spent in its window, as last checked (tokens or requests, "
+            "the larger)",
+        )
+        m.create_observable_gauge(
+            "fairgate.budget.warning",
+            [self._budget_warning],
+            "1",
+            "1 while a budget's spend is at or above its warn_at, else 0",
+        )
 
     # -- wiring -----------------------------------------------------------------
     def watch_model(self, model: ServedModel) -> None:
         """Report this model's dispatcher and engine in the gauges."""
         self._models.append(model)
+
+    def watch_budgets(self, budgets: BudgetCheck) -> None:
+        """Report the budgets' spend as `budgets` last saw it (service/budget_check.py)."""
+        self._budgets = budgets
 
     def watch_tenants(self, registry: Callable[[], TenantRegistry]) -> None:
         """Tenant labels are judged against `registry()` (the live registry)."""
@@ -160,6 +179,20 @@ class Telemetry(Instruments):
                 totals[label] = totals.get(label, 0) + int(getattr(t, field))
         for label, value in totals.items():
             yield Observation(value, {n.TENANT: label})
+
+    def _budget_points(self) -> Iterable[tuple[dict[str, str], float, bool]]:
+        seen = self._budgets.seen if self._budgets is not None else {}
+        for (tenant_id, key_id, period), state in list(seen.items()):
+            attrs = {n.TENANT: self.tenant_labels.of(tenant_id), n.BUDGET_PERIOD: period}
+            if key_id:
+                attrs[n.API_KEY_ID] = key_id
+            yield attrs, state.fraction, state.warning
+
+    def _budget_spent(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(f, attrs) for attrs, f, _ in self._budget_points()]
+
+    def _budget_warning(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(int(w), attrs) for attrs, _, w in self._budget_points()]
 
     def _queue_depth(self, _: CallbackOptions) -> Iterable[Observation]:
         return self._per_tenant("queued")

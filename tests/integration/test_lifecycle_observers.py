@@ -56,6 +56,9 @@ class FailingObserver:
     def settled(self, finish_reason: str, failure: Exception | None) -> None:
         self._fail("settled")
 
+    def refused(self, reason: str) -> None:
+        self._fail("refused")
+
 
 class TelemetryWithFailures(Telemetry):
     """The real telemetry observer, then one observer failing at its first event

@@ -114,6 +114,15 @@ class AdminClient:
     def usage(self, tenant_ids: Sequence[str] = ()) -> apb.GetUsageResponse:
         return self._call(self._stub.GetUsage, apb.GetUsageRequest(tenant_ids=list(tenant_ids)))
 
+    def period_usage(
+        self, period: str, tenant_ids: Sequence[str] = (), by_key: bool = False, window: str = ""
+    ) -> apb.GetPeriodUsageResponse:
+        """Spend per tenant (and key) in a day or month window, with budgets."""
+        req = apb.GetPeriodUsageRequest(
+            period=period, tenant_ids=list(tenant_ids), by_key=by_key, window=window
+        )
+        return self._call(self._stub.GetPeriodUsage, req)
+
     def export_usage(self, cursor: str = "", limit: int = 0) -> apb.ExportUsageResponse:
         """Usage-log records after `cursor` (billing); resume from `next_cursor`."""
         return self._call(

@@ -51,7 +51,7 @@ SECTIONS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     (
         "Tenants and authentication",
         ("tenants_file", "default_tenant", "tenant_header", "auth_mode", "admin_token"),
-        ("api_key_", "tenant_sync_"),
+        ("api_key_", "tenant_sync_", "budget_"),
     ),
     ("Shared state and replicas (store redis)", ("store", "replicas"), ("redis_",)),
     ("Transport limits", ("max_request_bytes", "max_concurrent_streams"), ("max_", "keepalive_")),

@@ -141,6 +141,66 @@ class TenantQuotas(_message.Message):
 Global___TenantQuotas: _TypeAlias = TenantQuotas  # noqa: Y015
 
 @_typing.final
+class Budget(_message.Message):
+    """Budget caps what a tenant spends over a calendar window (docs/tenants.md).
+    A request is refused (RESOURCE_EXHAUSTED, reason BUDGET_EXHAUSTED) before it
+    is queued once the window's spend has reached the budget.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PERIOD_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    WARN_AT_FIELD_NUMBER: _builtins.int
+    period: _builtins.str
+    """"day" or "month": calendar windows in UTC (or the server's
+    budget_utc_offset_min).
+    """
+    tokens: _builtins.int
+    """Tokens per window (the kinds in `counts`); at least one of tokens and
+    requests is set.
+    """
+    requests: _builtins.int
+    """Requests that reached the engine per window."""
+    warn_at: _builtins.float
+    """Fraction spent that raises the warning, in (0, 1]. Unset: 0.8."""
+    @_builtins.property
+    def counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Token kinds the tokens limit counts: "prompt" (prompt tokens computed),
+        "cached" (prompt tokens the engine had cached), "completion". Empty: all.
+        """
+
+    def __init__(
+        self,
+        *,
+        period: _builtins.str = ...,
+        tokens: _builtins.int | None = ...,
+        requests: _builtins.int | None = ...,
+        counts: _abc.Iterable[_builtins.str] | None = ...,
+        warn_at: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_requests", b"_requests", "_tokens", b"_tokens", "_warn_at", b"_warn_at", "requests", b"requests", "tokens", b"tokens", "warn_at", b"warn_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_requests", b"_requests", "_tokens", b"_tokens", "_warn_at", b"_warn_at", "counts", b"counts", "period", b"period", "requests", b"requests", "tokens", b"tokens", "warn_at", b"warn_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__requests: _TypeAlias = _typing.Literal["requests"]  # noqa: Y015
+    _WhichOneofArgType__requests: _TypeAlias = _typing.Literal["_requests", b"_requests"]  # noqa: Y015
+    _WhichOneofReturnType__tokens: _TypeAlias = _typing.Literal["tokens"]  # noqa: Y015
+    _WhichOneofArgType__tokens: _TypeAlias = _typing.Literal["_tokens", b"_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__warn_at: _TypeAlias = _typing.Literal["warn_at"]  # noqa: Y015
+    _WhichOneofArgType__warn_at: _TypeAlias = _typing.Literal["_warn_at", b"_warn_at"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__requests) -> _WhichOneofReturnType__requests | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tokens) -> _WhichOneofReturnType__tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__warn_at) -> _WhichOneofReturnType__warn_at | None: ...
+
+Global___Budget: _TypeAlias = Budget  # noqa: Y015
+
+@_typing.final
 class Tenant(_message.Message):
     """Tenant is who pays for a request; its fair share and quotas."""
 
@@ -156,6 +216,7 @@ class Tenant(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     ACTIVE_API_KEYS_FIELD_NUMBER: _builtins.int
+    BUDGETS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """1-63 characters: letters, digits, '.', '_' and '-', starting with a
     letter or digit.
@@ -183,6 +244,10 @@ class Tenant(_message.Message):
 
     @_builtins.property
     def update_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def budgets(self) -> _containers.RepeatedCompositeFieldContainer[Global___Budget]:
+        """At most one per period."""
+
     def __init__(
         self,
         *,
@@ -196,10 +261,11 @@ class Tenant(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
         active_api_keys: _builtins.int = ...,
+        budgets: _abc.Iterable[Global___Budget] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_weight", b"_weight", "create_time", b"create_time", "enabled", b"enabled", "quotas", b"quotas", "update_time", b"update_time", "weight", b"weight"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_weight", b"_weight", "active_api_keys", b"active_api_keys", "create_time", b"create_time", "enabled", b"enabled", "etag", b"etag", "id", b"id", "over_quota", b"over_quota", "priorities", b"priorities", "quotas", b"quotas", "update_time", b"update_time", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_weight", b"_weight", "active_api_keys", b"active_api_keys", "budgets", b"budgets", "create_time", b"create_time", "enabled", b"enabled", "etag", b"etag", "id", b"id", "over_quota", b"over_quota", "priorities", b"priorities", "quotas", b"quotas", "update_time", b"update_time", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__enabled: _TypeAlias = _typing.Literal["enabled"]  # noqa: Y015
     _WhichOneofArgType__enabled: _TypeAlias = _typing.Literal["_enabled", b"_enabled"]  # noqa: Y015
@@ -342,8 +408,8 @@ class UpdateTenantRequest(_message.Message):
 
     @_builtins.property
     def update_mask(self) -> _field_mask_pb2.FieldMask:
-        """Fields to change: weight, priorities, enabled, over_quota, quotas or
-        quotas.<name>. Empty: replace every field.
+        """Fields to change: weight, priorities, enabled, over_quota, quotas,
+        quotas.<name> or budgets (the list, whole). Empty: replace every field.
         """
 
     def __init__(
@@ -1136,6 +1202,8 @@ class UsageRecord(_message.Message):
     COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    REFUSAL_FIELD_NUMBER: _builtins.int
     cursor: _builtins.str
     """This record's position in the log (a Redis stream id with store=redis)."""
     request_id: _builtins.str
@@ -1146,7 +1214,15 @@ class UsageRecord(_message.Message):
     """Of the prompt tokens, those the engine had cached."""
     completion_tokens: _builtins.int
     finish_reason: _builtins.str
-    """stop, length, cancelled, error, ..."""
+    """stop, length, cancelled, error, ...; "refused": refused at admission
+    (no tokens; the reason in `refusal`).
+    """
+    key_id: _builtins.str
+    """The API key the request came with (empty without one)."""
+    refusal: _builtins.str
+    """Why it was refused (BUDGET_EXHAUSTED, QUOTA_EXCEEDED, QUEUE_TIMEOUT, ...);
+    empty for a request that reached the engine.
+    """
     @_builtins.property
     def finished_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -1161,10 +1237,12 @@ class UsageRecord(_message.Message):
         completion_tokens: _builtins.int = ...,
         finish_reason: _builtins.str = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
+        key_id: _builtins.str = ...,
+        refusal: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "completion_tokens", b"completion_tokens", "cursor", b"cursor", "finish_reason", b"finish_reason", "finished_at", b"finished_at", "model", b"model", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "completion_tokens", b"completion_tokens", "cursor", b"cursor", "finish_reason", b"finish_reason", "finished_at", b"finished_at", "key_id", b"key_id", "model", b"model", "prompt_tokens", b"prompt_tokens", "refusal", b"refusal", "request_id", b"request_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1199,3 +1277,162 @@ class ExportUsageResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExportUsageResponse: _TypeAlias = ExportUsageResponse  # noqa: Y015
+
+@_typing.final
+class GetPeriodUsageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PERIOD_FIELD_NUMBER: _builtins.int
+    TENANT_IDS_FIELD_NUMBER: _builtins.int
+    BY_KEY_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    period: _builtins.str
+    """"day" or "month"."""
+    by_key: _builtins.bool
+    """Also one row per API key that spent in the window."""
+    window: _builtins.str
+    """The window's label ("2026-12-04" for a day, "2026-12" for a month);
+    empty: the current window.
+    """
+    @_builtins.property
+    def tenant_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Empty: every tenant with a budget or with spend in the window."""
+
+    def __init__(
+        self,
+        *,
+        period: _builtins.str = ...,
+        tenant_ids: _abc.Iterable[_builtins.str] | None = ...,
+        by_key: _builtins.bool = ...,
+        window: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["by_key", b"by_key", "period", b"period", "tenant_ids", b"tenant_ids", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPeriodUsageRequest: _TypeAlias = GetPeriodUsageRequest  # noqa: Y015
+
+@_typing.final
+class PeriodUsage(_message.Message):
+    """PeriodUsage is what one tenant (or one of its keys) spent in one window."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RefusalsByReasonEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    PERIOD_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    WINDOW_START_FIELD_NUMBER: _builtins.int
+    WINDOW_END_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    REFUSALS_FIELD_NUMBER: _builtins.int
+    REFUSALS_BY_REASON_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
+    BUDGET_SPENT_FIELD_NUMBER: _builtins.int
+    WARNING_FIELD_NUMBER: _builtins.int
+    EXHAUSTED_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    key_id: _builtins.str
+    """Empty: the tenant's total over all its keys."""
+    period: _builtins.str
+    window: _builtins.str
+    prompt_tokens: _builtins.int
+    """Prompt tokens, cached ones included (as in UsageRecord)."""
+    cached_tokens: _builtins.int
+    completion_tokens: _builtins.int
+    requests: _builtins.int
+    """Requests that reached the engine."""
+    refusals: _builtins.int
+    """Requests refused (budget, quota, queue full, queue timeout ...), by reason."""
+    budget_spent: _builtins.float
+    """Fraction of the budget spent (the larger of tokens and requests)."""
+    warning: _builtins.bool
+    """Spent at least the budget's warn_at."""
+    exhausted: _builtins.bool
+    """Spent the whole budget: new requests are refused until window_end."""
+    @_builtins.property
+    def window_start(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def window_end(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def refusals_by_reason(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def budget(self) -> Global___Budget:
+        """The budget for this period (unset: none)."""
+
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        key_id: _builtins.str = ...,
+        period: _builtins.str = ...,
+        window: _builtins.str = ...,
+        window_start: _timestamp_pb2.Timestamp | None = ...,
+        window_end: _timestamp_pb2.Timestamp | None = ...,
+        prompt_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
+        completion_tokens: _builtins.int = ...,
+        requests: _builtins.int = ...,
+        refusals: _builtins.int = ...,
+        refusals_by_reason: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        budget: Global___Budget | None = ...,
+        budget_spent: _builtins.float = ...,
+        warning: _builtins.bool = ...,
+        exhausted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "window_end", b"window_end", "window_start", b"window_start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "budget_spent", b"budget_spent", "cached_tokens", b"cached_tokens", "completion_tokens", b"completion_tokens", "exhausted", b"exhausted", "key_id", b"key_id", "period", b"period", "prompt_tokens", b"prompt_tokens", "refusals", b"refusals", "refusals_by_reason", b"refusals_by_reason", "requests", b"requests", "tenant_id", b"tenant_id", "warning", b"warning", "window", b"window", "window_end", b"window_end", "window_start", b"window_start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeriodUsage: _TypeAlias = PeriodUsage  # noqa: Y015
+
+@_typing.final
+class GetPeriodUsageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USAGE_FIELD_NUMBER: _builtins.int
+    DURABLE_FIELD_NUMBER: _builtins.int
+    durable: _builtins.bool
+    """False: the counters live in this server's memory only (store=memory)."""
+    @_builtins.property
+    def usage(self) -> _containers.RepeatedCompositeFieldContainer[Global___PeriodUsage]: ...
+    def __init__(
+        self,
+        *,
+        usage: _abc.Iterable[Global___PeriodUsage] | None = ...,
+        durable: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["durable", b"durable", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPeriodUsageResponse: _TypeAlias = GetPeriodUsageResponse  # noqa: Y015

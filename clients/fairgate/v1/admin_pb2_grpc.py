@@ -105,6 +105,11 @@ class AdminServiceStub:
                 request_serializer=fairgate_dot_v1_dot_admin__pb2.ExportUsageRequest.SerializeToString,
                 response_deserializer=fairgate_dot_v1_dot_admin__pb2.ExportUsageResponse.FromString,
                 _registered_method=True)
+        self.GetPeriodUsage = channel.unary_unary(
+                '/fairgate.v1.AdminService/GetPeriodUsage',
+                request_serializer=fairgate_dot_v1_dot_admin__pb2.GetPeriodUsageRequest.SerializeToString,
+                response_deserializer=fairgate_dot_v1_dot_admin__pb2.GetPeriodUsageResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -205,10 +210,19 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ExportUsage(self, request, context):
-        """ExportUsage reads the usage log: one record per finished request, oldest
-        first, from a cursor, for billing. With store=redis the log is a Redis
+        """ExportUsage reads the usage log: one record per finished or refused
+        request, oldest first, from a cursor, for billing. With store=redis the log is a Redis
         stream every replica writes to, so it outlives restarts and a consumer that
         resumes from the last `next_cursor` sees each request exactly once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPeriodUsage(self, request, context):
+        """GetPeriodUsage reads what each tenant (and key) spent in a calendar
+        window (a day or a month), with its budget: the usage log's counters,
+        fleet-wide with store=redis.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -286,6 +300,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ExportUsage,
                     request_deserializer=fairgate_dot_v1_dot_admin__pb2.ExportUsageRequest.FromString,
                     response_serializer=fairgate_dot_v1_dot_admin__pb2.ExportUsageResponse.SerializeToString,
+            ),
+            'GetPeriodUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPeriodUsage,
+                    request_deserializer=fairgate_dot_v1_dot_admin__pb2.GetPeriodUsageRequest.FromString,
+                    response_serializer=fairgate_dot_v1_dot_admin__pb2.GetPeriodUsageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -667,6 +686,33 @@ class AdminService:
             '/fairgate.v1.AdminService/ExportUsage',
             fairgate_dot_v1_dot_admin__pb2.ExportUsageRequest.SerializeToString,
             fairgate_dot_v1_dot_admin__pb2.ExportUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPeriodUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairgate.v1.AdminService/GetPeriodUsage',
+            fairgate_dot_v1_dot_admin__pb2.GetPeriodUsageRequest.SerializeToString,
+            fairgate_dot_v1_dot_admin__pb2.GetPeriodUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

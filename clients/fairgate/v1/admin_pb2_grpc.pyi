@@ -71,10 +71,15 @@ class AdminServiceStub:
     GetUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetUsageRequest, _admin_pb2.GetUsageResponse]
     """GetUsage reads live usage on this replica."""
     ExportUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ExportUsageRequest, _admin_pb2.ExportUsageResponse]
-    """ExportUsage reads the usage log: one record per finished request, oldest
-    first, from a cursor, for billing. With store=redis the log is a Redis
+    """ExportUsage reads the usage log: one record per finished or refused
+    request, oldest first, from a cursor, for billing. With store=redis the log is a Redis
     stream every replica writes to, so it outlives restarts and a consumer that
     resumes from the last `next_cursor` sees each request exactly once.
+    """
+    GetPeriodUsage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetPeriodUsageRequest, _admin_pb2.GetPeriodUsageResponse]
+    """GetPeriodUsage reads what each tenant (and key) spent in a calendar
+    window (a day or a month), with its budget: the usage log's counters,
+    fleet-wide with store=redis.
     """
 
 @_typing.type_check_only
@@ -113,10 +118,15 @@ class AdminServiceAsyncStub(AdminServiceStub):
     GetUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetUsageRequest, _admin_pb2.GetUsageResponse]  # type: ignore[assignment]
     """GetUsage reads live usage on this replica."""
     ExportUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.ExportUsageRequest, _admin_pb2.ExportUsageResponse]  # type: ignore[assignment]
-    """ExportUsage reads the usage log: one record per finished request, oldest
-    first, from a cursor, for billing. With store=redis the log is a Redis
+    """ExportUsage reads the usage log: one record per finished or refused
+    request, oldest first, from a cursor, for billing. With store=redis the log is a Redis
     stream every replica writes to, so it outlives restarts and a consumer that
     resumes from the last `next_cursor` sees each request exactly once.
+    """
+    GetPeriodUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetPeriodUsageRequest, _admin_pb2.GetPeriodUsageResponse]  # type: ignore[assignment]
+    """GetPeriodUsage reads what each tenant (and key) spent in a calendar
+    window (a day or a month), with its budget: the usage log's counters,
+    fleet-wide with store=redis.
     """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -236,10 +246,21 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.ExportUsageRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ExportUsageResponse, _abc.Awaitable[_admin_pb2.ExportUsageResponse]]:
-        """ExportUsage reads the usage log: one record per finished request, oldest
-        first, from a cursor, for billing. With store=redis the log is a Redis
+        """ExportUsage reads the usage log: one record per finished or refused
+        request, oldest first, from a cursor, for billing. With store=redis the log is a Redis
         stream every replica writes to, so it outlives restarts and a consumer that
         resumes from the last `next_cursor` sees each request exactly once.
+        """
+
+    @_abc_1.abstractmethod
+    def GetPeriodUsage(
+        self,
+        request: _admin_pb2.GetPeriodUsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetPeriodUsageResponse, _abc.Awaitable[_admin_pb2.GetPeriodUsageResponse]]:
+        """GetPeriodUsage reads what each tenant (and key) spent in a calendar
+        window (a day or a month), with its budget: the usage log's counters,
+        fleet-wide with store=redis.
         """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

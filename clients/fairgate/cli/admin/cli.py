@@ -31,6 +31,7 @@ from fairgate.cli.admin.conn import (
     shared,
 )
 from fairgate.cli.admin.keys import keys_app
+from fairgate.cli.admin.period_usage import FORMATS, print_period_usage
 from fairgate.cli.admin.tenant_args import FlagErrors, tenant_from_flags
 from fairgate.cli.admin.usage_export import usage_export
 
@@ -56,6 +57,14 @@ OverQuotaOpt = Annotated[str | None, typer.Option(help="reject | wait")]
 QuotaOpt = Annotated[
     list[str] | None,
     typer.Option("--quota", "-q", help="NAME=VALUE, e.g. requests_per_s=5 (none: no limit)"),
+]
+BudgetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--budget",
+        help="PERIOD:NAME=VALUE,..., e.g. day:tokens=1000000,requests=500,"
+        "counts=prompt+completion,warn_at=0.9 (the list, whole; none: no budgets)",
+    ),
 ]
 
 
@@ -93,6 +102,7 @@ def tenants_create(
     priority: PriorityOpt = None,
     over_quota: OverQuotaOpt = None,
     quota: QuotaOpt = None,
+    budget: BudgetOpt = None,
     disabled: Annotated[bool, typer.Option(help="create it disabled")] = False,
     default: Annotated[bool, typer.Option(help="also make it the default tenant")] = False,
 ) -> None:
@@ -105,6 +115,7 @@ def tenants_create(
             over_quota,
             quota,
             None if not disabled else False,
+            budget,
             whole=True,
         )
     except FlagErrors as exc:
@@ -125,6 +136,7 @@ def tenants_update(
     priority: PriorityOpt = None,
     over_quota: OverQuotaOpt = None,
     quota: QuotaOpt = None,
+    budget: BudgetOpt = None,
     enabled: Annotated[
         bool | None, typer.Option("--enable/--disable", help="serve it or refuse it")
     ] = None,
@@ -134,7 +146,9 @@ def tenants_update(
 ) -> None:
     """Change the given fields of a tenant (others stay as they are)."""
     try:
-        tenant, paths = tenant_from_flags(tenant_id, weight, priority, over_quota, quota, enabled)
+        tenant, paths = tenant_from_flags(
+            tenant_id, weight, priority, over_quota, quota, enabled, budget
+        )
     except FlagErrors as exc:
         raise bad_flags(exc.problems) from None
     if not paths:
@@ -209,10 +223,25 @@ def usage(
     watch: Annotated[bool, typer.Option("--watch", "-w", help="refresh until Ctrl-C")] = False,
     interval: Annotated[float, typer.Option(help="seconds between refreshes")] = 1.0,
     iterations: Annotated[int, typer.Option(hidden=True, help="stop after N refreshes")] = 0,
+    period: Annotated[
+        str | None, typer.Option(help="day or month: spend in that calendar window, with budgets")
+    ] = None,
+    tenant: Annotated[list[str] | None, typer.Option(help="only this tenant (repeatable)")] = None,
+    by_key: Annotated[bool, typer.Option("--by-key", help="also a row per API key")] = False,
+    window: Annotated[
+        str, typer.Option(help="with --period: 2026-12-04 (day) or 2026-12 (month); default now")
+    ] = "",
+    fmt: Annotated[
+        str | None, typer.Option("--format", help="with --period: table, json or csv")
+    ] = None,
 ) -> None:
-    """Live usage per tenant: buckets, tokens in the window, in flight, queued, counter."""
+    """Live usage per tenant: buckets, tokens in the window, in flight, queued, counter.
+    With --period: what each tenant (and key) spent in the day or month, its budget."""
+    if period is not None or by_key or window or fmt is not None:
+        _period(ctx, period, [*(tenant_ids or []), *(tenant or [])], by_key, window, fmt)
+        return
     with session(ctx) as (conn, client):
-        ids = tenant_ids or []
+        ids = [*(tenant_ids or []), *(tenant or [])]
         if not watch:
             resp = _current(client, ids)
             if conn.json:
@@ -221,6 +250,23 @@ def usage(
                 render.console().print(render.usage_table(resp))
             return
         _watch(conn, client, ids, interval, iterations)
+
+
+def _period(
+    ctx: typer.Context,
+    period: str | None,
+    ids: list[str],
+    by_key: bool,
+    window: str,
+    fmt: str | None,
+) -> None:
+    if period not in ("day", "month"):
+        die(EXIT_INPUT, f"--period must be day or month (got {period!r})")
+    if fmt is not None and fmt not in FORMATS:
+        die(EXIT_INPUT, f"--format must be one of {', '.join(FORMATS)} (got {fmt!r})")
+    with session(ctx) as (conn, client):
+        resp = client.period_usage(period, ids, by_key, window)
+        print_period_usage(resp, fmt or ("json" if conn.json else "table"))
 
 
 def _current(client: AdminClient, ids: list[str]) -> Any:

@@ -108,6 +108,17 @@ def quotas_text(q: apb.TenantQuotas, sep: str = ", ", num: Any = _num) -> str:
     return sep.join(parts) or "-"
 
 
+def budget_text(b: apb.Budget) -> str:
+    """ "1000000 tok (prompt+completion), 500 req" or "-"."""
+    parts = []
+    if b.HasField("tokens"):
+        kinds = f" ({'+'.join(b.counts)})" if b.counts else ""
+        parts.append(f"{b.tokens} tok{kinds}")
+    if b.HasField("requests"):
+        parts.append(f"{b.requests} req")
+    return ", ".join(parts) or "-"
+
+
 def priorities_text(t: apb.Tenant | apb.ApiKeyLimits) -> str:
     return ",".join(_PRIORITY.get(p, str(p)) for p in t.priorities) or "all"
 
@@ -157,7 +168,9 @@ def tenants_table(tenants: Iterable[apb.Tenant], default_id: str) -> Table:
             "yes" if t.enabled else "NO",
             priorities_text(t).replace(",", "\n"),
             _MODE.get(t.over_quota, "reject"),
-            quotas_text(t.quotas, "\n"),
+            "\n".join(
+                [quotas_text(t.quotas, "\n")] + [f"{b.period}: {budget_text(b)}" for b in t.budgets]
+            ),
             str(t.active_api_keys),
             t.etag,
         )
@@ -223,6 +236,14 @@ def usage_table(resp: apb.GetUsageResponse, keep: Iterable[str] | None = None) -
             str(u.rejected_total),
             str(u.finished_total),
         )
+    return table
+
+
+def period_table(title: str) -> Table:
+    """The columns of `admin usage --period` (cli/admin/period_usage.py)."""
+    table = _table(title, "spent: % of the budget; ! at warn_at, x spent (refused until reset)")
+    cols = ("tenant/key", "prompt", "cached", "compl", "req", "refused", "budget", "spent")
+    _columns(table, cols, ["tenant/key", "budget"], right=True)
     return table
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from fairgate.admin.convert import budget_values
 from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import inference_pb2 as pb
+from scheduler.tenancy.budgets import budget_to_dict
 from scheduler.tenancy.tenant_check import read_tenant
 from scheduler.tenancy.tenants import QUOTA_RANGES
 
@@ -40,6 +42,8 @@ def _flag(field: str) -> str:
     """A tenant field as the flag that sets it: "quotas.max_queued" → "--quota max_queued"."""
     if field.startswith("quotas."):
         return "--quota " + field.removeprefix("quotas.")
+    if field.startswith("budgets"):
+        return "--budget " + field.removeprefix("budgets")
     return _FLAGS.get(field, field)
 
 
@@ -65,6 +69,31 @@ def _set_quotas(quotas: apb.TenantQuotas, values: dict[str, Any]) -> list[str]:
     return [f"quotas.{name}" for name in values.get("quotas", {})]
 
 
+def _budget_items(items: Sequence[str], problems: list[str]) -> list[dict[str, Any]]:
+    """["day:tokens=1000000,counts=prompt+completion", ...] → budgets as plain values
+    (read_tenant judges them); "none" alone: no budgets."""
+    if [i.strip().lower() for i in items] == ["none"]:
+        return []
+    out: list[dict[str, Any]] = []
+    for item in items:
+        period, sep, rest = item.partition(":")
+        budget: dict[str, Any] = {"period": period.strip()}
+        for part in rest.split(",") if sep else []:
+            name, eq, value = part.partition("=")
+            if not eq:
+                problems.append(f"--budget {item!r}: expected PERIOD:NAME=VALUE,... ({part!r})")
+                continue
+            name = name.strip()
+            budget[name] = value.strip().split("+") if name == "counts" else value.strip()
+        if not sep:
+            problems.append(
+                f"--budget {item!r}: expected PERIOD:NAME=VALUE,..., "
+                "e.g. day:tokens=1000000,requests=500 (or none)"
+            )
+        out.append(budget)
+    return out
+
+
 def tenant_from_flags(
     tenant_id: str,
     weight: float | None,
@@ -72,6 +101,7 @@ def tenant_from_flags(
     over_quota: str | None,
     quotas: Sequence[str] | None,
     enabled: bool | None,
+    budgets: Sequence[str] | None = None,
     *,
     whole: bool = False,
 ) -> tuple[apb.Tenant, list[str]]:
@@ -93,6 +123,8 @@ def tenant_from_flags(
         raw["enabled"] = enabled
     if quotas:
         raw["quotas"] = _quota_items(quotas, problems)
+    if budgets:
+        raw["budgets"] = _budget_items(budgets, problems)
     values, found = read_tenant(raw, text=True, partial=not whole)
     problems.extend(f"{_flag(field)}: {message}" for field, message in found)
     if problems:
@@ -112,6 +144,9 @@ def tenant_from_flags(
         t.enabled = values["enabled"]
         paths.append("enabled")
     paths += _set_quotas(t.quotas, values)
+    if "budgets" in values:
+        t.budgets.extend(budget_proto(b) for b in values["budgets"])
+        paths.append("budgets")
     return t, paths
 
 
@@ -144,6 +179,17 @@ def key_limits_from_flags(
     return limits, paths
 
 
+def budget_proto(b: Any) -> apb.Budget:
+    """A validated `Budget` as its proto (unset fields: the defaults)."""
+    d = budget_to_dict(b)
+    out = apb.Budget(period=b.period)
+    for name in ("tokens", "requests", "warn_at"):
+        if name in d:
+            setattr(out, name, d[name])
+    out.counts.extend(d.get("counts", []))  # type: ignore[arg-type]
+    return out
+
+
 def tenants_to_file(tenants: Sequence[apb.Tenant], default_tenant_id: str) -> dict[str, Any]:
     """Tenants as a tenants file (`serve --tenants`, `admin apply -f`): the
     inverse of `tenants_from_file`, so an export applies back unchanged."""
@@ -160,6 +206,8 @@ def tenants_to_file(tenants: Sequence[apb.Tenant], default_tenant_id: str) -> di
         quotas = {n: getattr(t.quotas, n) for n in QUOTA_RANGES if t.quotas.HasField(n)}  # type: ignore[arg-type]
         if quotas:
             entry["quotas"] = quotas
+        if t.budgets:
+            entry["budgets"] = [budget_values(b) for b in t.budgets]
         out.append(entry)
     doc: dict[str, Any] = {}
     if default_tenant_id:
@@ -185,6 +233,7 @@ def tenants_from_file(path: str) -> tuple[list[apb.Tenant], str]:
             enabled=cfg.enabled,
             over_quota=MODES[cfg.over_quota],
             priorities=[PRIORITIES[p.name.lower()] for p in sorted(cfg.priorities)],
+            budgets=[budget_proto(b) for b in cfg.budgets],
         )
         for name in QUOTA_RANGES:
             value = getattr(cfg.quotas, name)

@@ -28,6 +28,8 @@ FIELDS = (
     "cached_tokens",
     "completion_tokens",
     "finish_reason",
+    "key_id",
+    "refusal",
     "finished_at",
 )
 
