@@ -30,6 +30,16 @@ def build_sglang_http(settings: Settings, staged: StagedPrefill) -> Engine:
             DEFAULT_VOCAB_SIZE,
         )
     pooled = len(urls) > 1
+    if settings.sglang_cold_start_hold_s and not settings.sglang_stagger_prefill_tokens:
+        raise SystemExit(
+            "FAIRGATE_SGLANG_COLD_START_HOLD_S holds long prompts: set "
+            "FAIRGATE_SGLANG_STAGGER_PREFILL_TOKENS, the uncached length from which a prompt "
+            "is long"
+        )
+    if settings.sglang_cold_start_hold_s and not pooled:
+        log.warning(
+            "FAIRGATE_SGLANG_COLD_START_HOLD_S applies to a pool of workers: one URL, no hold"
+        )
 
     def one(url: str) -> SglangHttpEngine:
         return SglangHttpEngine(
