@@ -9,6 +9,7 @@ import asyncio
 
 from fairgate import AsyncClient, Completion
 
+from service.app import App
 from service.engines.pool import WorkerPool
 from service.engines.simulator.http_server import SimServer
 from tests.conftest import StartServer
@@ -47,20 +48,43 @@ async def _both_mid_prefill(
     return busy
 
 
+async def _pool_of_two(
+    start_server: StartServer, start_sim: StartSim, hold_s: float
+) -> tuple[App, WorkerPool, list[SimServer]]:
+    workers = [await start_sim(time_scale=0.1, max_running_requests=8) for _ in range(2)]
+    settings = sglang_settings(
+        *workers, sglang_stagger_prefill_tokens=1024, sglang_cold_start_hold_s=hold_s
+    )
+    app = await start_server(**settings)
+    assert isinstance(app.engine, WorkerPool)
+    return app, app.engine, workers
+
+
+async def _held(pool: WorkerPool, c: AsyncClient) -> asyncio.Task[Completion]:
+    """A cold 3 000-token prompt, once the pool holds it."""
+    cold = asyncio.create_task(c.complete([6] * 3000, max_tokens=4, ignore_eos=True))
+    await eventually(lambda: pool.placement.stagger.held == 1, what="held")
+    return cold
+
+
+async def _end(
+    app: App, pool: WorkerPool, workers: list[SimServer], busy: list[asyncio.Task[Completion]]
+) -> None:
+    for t in busy:
+        t.cancel()
+    await asyncio.gather(*busy, return_exceptions=True)
+    await eventually(lambda: pool.in_flight == 0, what="all ended")
+    assert pool.placement.pending_prefill == [0, 0]
+    await assert_no_sglang_leaks(app, *workers)
+
+
 async def test_a_cold_long_prompt_waits_until_a_workers_prefill_ends(
     start_server: StartServer, start_sim: StartSim
 ) -> None:
-    workers = [await start_sim(time_scale=0.1, max_running_requests=8) for _ in range(2)]
-    settings = sglang_settings(
-        *workers, sglang_stagger_prefill_tokens=1024, sglang_cold_start_hold_s=30.0
-    )
-    app = await start_server(**settings)
-    pool = app.engine
-    assert isinstance(pool, WorkerPool)
+    app, pool, workers = await _pool_of_two(start_server, start_sim, 30.0)
     async with AsyncClient(app.address) as c:
         busy = await _both_mid_prefill(pool, workers, c)
-        cold = asyncio.create_task(c.complete([6] * 3000, max_tokens=4, ignore_eos=True))
-        await eventually(lambda: pool.placement.stagger.held == 1, what="held")
+        cold = await _held(pool, c)
         await asyncio.sleep(0.2)
         assert not _sent(workers, 6)  # still held: both workers mid-prefill
         _release_first_chunks(workers)
@@ -69,34 +93,19 @@ async def test_a_cold_long_prompt_waits_until_a_workers_prefill_ends(
         done = await cold
         assert done.result.finish_reason == "length"
         assert pool.placement.stagger.held_to_bound == 0
-        busy[0].cancel()
-        await asyncio.gather(*busy, return_exceptions=True)
-    await eventually(lambda: pool.in_flight == 0, what="all ended")
-    assert pool.placement.pending_prefill == [0, 0]
-    await assert_no_sglang_leaks(app, *workers)
+        await _end(app, pool, workers, busy)
 
 
 async def test_the_bound_sends_a_held_prompt_while_the_workers_stay_busy(
     start_server: StartServer, start_sim: StartSim
 ) -> None:
-    workers = [await start_sim(time_scale=0.1, max_running_requests=8) for _ in range(2)]
-    settings = sglang_settings(
-        *workers, sglang_stagger_prefill_tokens=1024, sglang_cold_start_hold_s=1.0
-    )
-    app = await start_server(**settings)
-    pool = app.engine
-    assert isinstance(pool, WorkerPool)
+    app, pool, workers = await _pool_of_two(start_server, start_sim, 1.0)
     async with AsyncClient(app.address) as c:
         busy = await _both_mid_prefill(pool, workers, c)
-        cold = asyncio.create_task(c.complete([6] * 3000, max_tokens=4, ignore_eos=True))
-        await eventually(lambda: pool.placement.stagger.held == 1, what="held")
+        cold = await _held(pool, c)
         _release_first_chunks(workers)
         done = await cold
         assert done.result.finish_reason == "length"
-        assert pool.placement.stagger.held == 1 and pool.placement.stagger.held_to_bound == 1
-        assert pool.placement.pending_prefill[:] != [0, 0]  # the others still mid-prefill
-        for t in busy:
-            t.cancel()
-        await asyncio.gather(*busy, return_exceptions=True)
-    await eventually(lambda: pool.in_flight == 0, what="all ended")
-    await assert_no_sglang_leaks(app, *workers)
+        assert pool.placement.stagger.held_to_bound == 1
+        assert pool.placement.pending_prefill == [3000, 1200]  # the others still mid-prefill
+        await _end(app, pool, workers, busy)
