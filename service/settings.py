@@ -205,6 +205,15 @@ class Settings(BaseSettings):
         "Pool, staggered prefill: a light tenant is active this long after its last request.",
         gt=0,
     )
+    sglang_cold_start_hold_s: float = _s(
+        0.0,
+        "Pool, with staggered prefill: while every worker is mid-prefill and a light tenant "
+        "is active, a prompt with at least sglang_stagger_prefill_tokens uncached tokens "
+        "waits, unsent, until a worker's prefill ends, for at most this long (0: off; "
+        "measured: docs/benchmarks.md).",
+        ge=0,
+        le=60,
+    )
     sglang_kv_events: str = _s(
         "",
         "Pool: each worker's SGLang KV events (its --kv-events-config zmq endpoint, "

@@ -7,11 +7,11 @@ import logging
 from service.engines import kv_events
 from service.engines.breaker import BreakerPolicy
 from service.engines.kv_events import KvEventsFollower
-from service.engines.placement import Stagger
 from service.engines.pool import WorkerPool
 from service.engines.protocol import Engine
 from service.engines.sglang_http import DEFAULT_VOCAB_SIZE, SglangHttpConfig, SglangHttpEngine
 from service.engines.staged_prefill import StagedPrefill
+from service.engines.stagger import Stagger
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,16 @@ def build_sglang_http(settings: Settings, staged: StagedPrefill) -> Engine:
             DEFAULT_VOCAB_SIZE,
         )
     pooled = len(urls) > 1
+    if settings.sglang_cold_start_hold_s and not settings.sglang_stagger_prefill_tokens:
+        raise SystemExit(
+            "FAIRGATE_SGLANG_COLD_START_HOLD_S holds long prompts: set "
+            "FAIRGATE_SGLANG_STAGGER_PREFILL_TOKENS, the uncached length from which a prompt "
+            "is long"
+        )
+    if settings.sglang_cold_start_hold_s and not pooled:
+        log.warning(
+            "FAIRGATE_SGLANG_COLD_START_HOLD_S applies to a pool of workers: one URL, no hold"
+        )
 
     def one(url: str) -> SglangHttpEngine:
         return SglangHttpEngine(
@@ -68,6 +78,7 @@ def build_sglang_http(settings: Settings, staged: StagedPrefill) -> Engine:
         stagger=Stagger(
             min_tokens=settings.sglang_stagger_prefill_tokens,
             light_window_s=settings.sglang_stagger_light_window_s,
+            hold_max_s=settings.sglang_cold_start_hold_s,
         ),
         breaker=BreakerPolicy(
             consecutive_failures=settings.sglang_eject_after_failures,

@@ -39,6 +39,7 @@ from service.engines.kv_view import CacheView
 from service.engines.prefix_index import PrefixIndex
 from service.engines.protocol import EngineRequest, SamplingOptions
 from service.engines.routing import Routing, WorkerView, fullness, route
+from service.engines.stagger import Stagger
 
 # How long another replica's prefill counts when its end never arrives (that
 # replica died, or the stream dropped the entry): far longer than a prefill
@@ -143,20 +144,6 @@ class LocalityStats:
     @property
     def mismatched(self) -> int:
         return self.unavailable + self.full
-
-
-@dataclass(slots=True)
-class Stagger:
-    """Staggered prefill across engines (`Placement._staggered`): keep one worker
-    on short steps while a light tenant is active. `min_tokens`: an uncached
-    prompt this long is a long prefill (0: off); `light_window_s`: a light
-    tenant is active this long after its last request."""
-
-    min_tokens: int = 0
-    light_window_s: float = 10.0
-    light_seen_s: float = float("-inf")
-    # Long prompts kept off the last worker on short steps.
-    kept_free: int = 0
 
 
 class Placement:
@@ -413,37 +400,40 @@ class Placement:
     def _staggered(
         self, req: EngineRequest, views: list[tuple[int, WorkerView]]
     ) -> list[tuple[int, WorkerView]]:
-        """Staggered prefill: while a light tenant is active, a long uncached prompt
-        may not take the last worker that is on short steps (no long prefill
-        routed there and not yet streamed), so a light request always has a
-        worker whose next step ends soon (`route(soonest)` finds it). Where every
-        worker is mid-prefill there is nothing to keep: the views stand."""
-        st, now_s = self.stagger, self.clock()
-        if not st.min_tokens:
-            return views
-        if req.prompt_tokens < st.min_tokens:
-            # A short request of a light tenant (a light tenant's long prompt, as every
-            # tenant's first ones, is a long prefill like any other).
-            if req.light:
-                st.light_seen_s = now_s
-            return views
-        if now_s - st.light_seen_s > st.light_window_s:
-            return views
-        free = [i for i, t in enumerate(self.targets) if t.healthy and self._short(i)]
-        if len(free) != 1:
-            return views
-        last = free[0]
-        kept = [
-            (i, v)
-            for i, v in views
-            if i != last or self.prefill_pending(i) + req.prompt_tokens - v.matched < st.min_tokens
-        ]
-        if kept and len(kept) < len(views):
-            st.kept_free += 1
-        return kept or views
+        """Staggered prefill (`stagger.py`, lever 1): while a light tenant is active a
+        long prompt never takes the last worker on short steps, so a light request
+        always has one whose next step ends soon (`route(soonest)` finds it)."""
+        now_s = self.clock()
+        self.stagger.saw(req.prompt_tokens, req.light, now_s)
+        healthy = [t.healthy for t in self.targets]
+        pending = self._all_pending()
+        return self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s)
 
-    def _short(self, i: int) -> bool:
-        return self.prefill_pending(i) < self.stagger.min_tokens
+    def hold_until(
+        self, req: EngineRequest, keys: Sequence[int], since_s: float, first: bool
+    ) -> float | None:
+        """Cold-start hold (`stagger.py`, lever 4), asked before `place`: the clock
+        time until which `req` waits unsent (every worker mid-prefill, the light
+        tenant active, the prompt cold and long), or None: place it now. `since_s`:
+        when it was first asked (`first`: this is that time). Ask again once a
+        worker's prefill ends (`first_token`, `released`) or at the time returned."""
+        st, now_s = self.stagger, self.clock()
+        if not (st.min_tokens and st.hold_max_s):
+            return None
+        healthy = [t.healthy for t in self.targets]
+        views = self._views(self._candidates(set()), req.prompt_tokens, req.max_tokens, keys)
+        if not views:
+            return None
+        # Cold where it would go: the worker its first token comes soonest on (what
+        # `route` weighs first): the least prefill ahead of it plus its own there.
+        _, soonest = min(views, key=lambda iv: iv[1].pending_prefill - iv[1].matched)
+        uncached = req.prompt_tokens - soonest.matched
+        pending = self._all_pending()
+        return st.hold_until_s(uncached, pending, healthy, now_s, since_s, first)
+
+    def _all_pending(self) -> list[int]:
+        """Every worker's `prefill_pending` (this replica's and the others')."""
+        return [self.prefill_pending(i) for i in range(len(self.targets))]
 
     def _affinity(self, prompt: Sequence[int], candidates: list[int]) -> tuple[int | None, float]:
         """The worker the prompt's first tokens hash to, and how far from the least

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 from service.engines.breaker import Breaker, BreakerPolicy
 from service.engines.kv_events import KvEventsFollower
-from service.engines.placement import Placement, Stagger
+from service.engines.placement import Placement
 from service.engines.protocol import (
     EngineCapacity,
     EngineChunk,
@@ -56,6 +56,7 @@ from service.engines.protocol import (
 from service.engines.routing import Routing
 from service.engines.sglang_chunks import RequestRefused
 from service.engines.sglang_http import SglangHttpEngine, WorkerDown
+from service.engines.stagger import Stagger
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,8 @@ class WorkerPool:
         self.served_model_name = ""
         self.moved_requests = 0
         self._where: dict[str, Worker] = {}
+        # Set (and replaced) whenever a worker's prefill ends: held prompts look again.
+        self._prefill_ended = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._context_tokens = 0
         self._vocab_size = 0
@@ -226,6 +229,7 @@ class WorkerPool:
         tried: set[int] = set()
         last: EngineError | None = None
         keys = list(req.prefix_keys) or placement.prefix_keys(req.prompt_token_ids)
+        await self._hold(req, keys)
         while True:
             placed = placement.place(req, keys, tried)
             if placed is None:
@@ -249,6 +253,7 @@ class WorkerPool:
                         if not started:
                             started = True
                             placement.first_token(placed, req.prompt_tokens, chunk.cached_tokens)
+                            self._prefill_end()
                         if keys:
                             output.extend(chunk.token_ids)
                         if chunk.finish is not None:
@@ -266,7 +271,22 @@ class WorkerPool:
                 log.info("moving %s off %s: %s", req.request_id, w.url, exc)
             finally:
                 placement.released(placed)
+                self._prefill_end()
                 self._where.pop(req.request_id, None)
+
+    async def _hold(self, req: EngineRequest, keys: list[int]) -> None:
+        """Cold-start hold (`Placement.hold_until`): wait, unsent, while it says so,
+        looking again each time a worker's prefill ends."""
+        since_s, first = self.clock(), True
+        while (until_s := self.placement.hold_until(req, keys, since_s, first)) is not None:
+            first = False
+            ended = self._prefill_ended
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), max(0.0, until_s - self.clock()))
+
+    def _prefill_end(self) -> None:
+        self._prefill_ended.set()
+        self._prefill_ended = asyncio.Event()
 
     async def abort(self, request_id: str) -> None:
         w = self._where.get(request_id)

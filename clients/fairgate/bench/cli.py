@@ -300,24 +300,46 @@ def bench_telemetry(
 
 @bench_app.command("stagger")
 def bench_stagger(
-    engines: Annotated[int, typer.Option(min=2, help="simulated engines")] = 4,
-    seeds: Annotated[str, typer.Option(help="comma-separated trace seeds")] = "1,2,3",
-    sizes: Annotated[str, typer.Option(help="comma-separated min_tokens to try")] = "1024,2048",
+    engines: Annotated[str, typer.Option(help="comma-separated engine counts")] = "1,2,4",
+    seeds: Annotated[str, typer.Option(help="trace seeds, e.g. 1-3 or 1,4,7")] = "1-3",
+    mixes: Annotated[str, typer.Option(help="comma-separated: long, prefix")] = "long,prefix",
+    levers: Annotated[
+        str, typer.Option(help="comma-separated among none, stagger, staged, hold, all")
+    ] = "none,stagger,staged,hold,all",
+    min_tokens: Annotated[
+        int, typer.Option(min=1, help="stagger and hold: a long prompt's uncached tokens")
+    ] = 1024,
+    hold_max_s: Annotated[float, typer.Option(min=0.01, help="hold: the longest hold")] = 2.0,
+    stage_tokens: Annotated[int, typer.Option(min=1, help="staged: tokens per stage")] = 512,
     seconds: Annotated[float, typer.Option(min=1, help="simulated seconds per trace")] = 30.0,
     replicas: Annotated[int, typer.Option(min=1, help="fairgate replicas placing requests")] = 1,
     share: Annotated[
         bool, typer.Option(help="replicas hear each other's long prefills (prefix share)")
     ] = True,
+    json_out: Annotated[str, typer.Option("--json", help="also write every run here")] = "",
 ) -> None:
-    """Staggered prefill on the virtual fleet: the light tenant's TTFT beside long
-    cold prompts, off vs each min_tokens, and what it costs in tokens/s."""
-    from fairgate.bench.stagger import main as stagger_main
+    """Issue #33's levers on the virtual fleet (simulated time): the light tenant's
+    TTFT against its solo run beside long cold prompts and a prefix-heavy mix, on
+    each engine count, per lever combination, over seeds (median and spread), with
+    tokens/s against no levers, Jain over service and over queue wait, and the bars."""
+    from fairgate.bench.stagger import MIXES
+    from fairgate.bench.stagger import levers as lever_table
+    from fairgate.bench.stagger_report import main as stagger_main
 
-    stagger_main(
-        engines,
-        [int(s) for s in seeds.split(",") if s.strip()],
-        [int(s) for s in sizes.split(",") if s.strip()],
-        seconds,
-        replicas,
-        share,
-    )
+    table = lever_table(min_tokens, hold_max_s, stage_tokens)
+    names = [x.strip() for x in levers.split(",") if x.strip()]
+    if not names or any(n not in table for n in names):
+        raise typer.BadParameter(f"use names among {','.join(table)}", param_hint="--levers")
+    mix_list = [x.strip() for x in mixes.split(",") if x.strip()]
+    if not mix_list or any(m not in MIXES for m in mix_list):
+        raise typer.BadParameter(f"use mixes among {','.join(MIXES)}", param_hint="--mixes")
+    try:
+        counts = [int(x) for x in engines.split(",") if x.strip()]
+        seed_list = _seed_list(seeds)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if not counts or min(counts) < 1:
+        raise typer.BadParameter("engine counts are positive integers", param_hint="--engines")
+    # "none" first: the others' tokens/s are set against it.
+    combos = {n: table[n] for n in ["none", *names] if n in names or n == "none"}
+    stagger_main(mix_list, counts, seed_list, combos, seconds, json_out, replicas, share)

@@ -32,8 +32,8 @@ from scheduler.request import Locality, Priority, QueuedRequest
 from scheduler.rules import Isolation, Verdict, admission_charge, cached_shortfall
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import ManualTimers
-from service.engines.placement import Placed, Placement, Stagger, engine_request
-from service.engines.protocol import SamplingOptions
+from service.engines.placement import Placed, Placement, engine_request
+from service.engines.protocol import EngineRequest, SamplingOptions
 from service.engines.routing import Routing
 from service.engines.simulator.core import (
     Emission,
@@ -43,6 +43,7 @@ from service.engines.simulator.core import (
     StepResult,
 )
 from service.engines.staged_prefill import StagedPrefill, Staging
+from service.engines.stagger import Stagger
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,8 @@ class _Call:
     worker: int = 0
     placed: Placed | None = None
     cached_tokens: int = 0
+    # Of those, the ones charged at the cached rate (its own stages' are not).
+    charged_cached: int = 0
     output_ids: list[int] = field(default_factory=list)
     sim_req: SimRequest | None = None
     # Staged prefill (as the engine adapters do it): its progress, the engine
@@ -90,6 +93,11 @@ class _Call:
     staging: Staging | None = None
     engine_priority: int = 0
     stage_req: SimRequest | None = None
+    # Sent to its engine (after any cold-start hold); held since, and the engine
+    # request it waits with (Placement.hold_until).
+    sent_s: float | None = None
+    held_since_s: float | None = None
+    held_req: EngineRequest | None = None
 
     def wanted(self) -> bool:
         return not self.gone
@@ -265,6 +273,8 @@ class Driver:
         self.staged_prefill = staged_prefill or StagedPrefill()
         self._replica: dict[str, int] = {}  # request id -> its replica (more than one)
         self._stages: dict[str, _Call] = {}  # stage rid -> its request
+        # Admitted, held unsent by the cold-start hold, oldest first.
+        self._held: list[_Call] = []
 
     def _cached_prefix(self, req: QueuedRequest) -> int:
         """Admission's locality estimate, from the placement of the request's replica."""
@@ -353,6 +363,8 @@ class Driver:
                 if kind == "arrive":
                     assert isinstance(what, Arrival)
                     self._arrive(what)
+                elif kind == "release":
+                    pass  # a hold's time is up: `_start_admitted` below asks again
                 else:
                     assert isinstance(what, _Call)
                     self._cancel(what)
@@ -410,6 +422,7 @@ class Driver:
             self._end(call)
 
     def _start_admitted(self) -> None:
+        self._release_held()
         while self._to_start:
             call = self._to_start.pop()
             if call.state != "running":
@@ -423,25 +436,50 @@ class Driver:
                 self._threshold,
                 self._tiered,
             )
-            priority = ereq.priority
             if self.placement is not None:
-                keys = list(call.req.prefix_keys)
-                call.placed = self._placement_of(call.req).place(ereq, keys, set())
-                assert call.placed is not None
-                call.worker, priority = call.placed.worker, call.placed.priority
-            w = self.workers[call.worker]
-            call.engine_priority = priority
-            self._running[call.req.request_id] = call
-            ends = self.staged_prefill.ends(call.req.prompt_tokens, call.req.max_tokens)
-            if ends:
-                call.staging = Staging(ends)
-                if w.lane is None or not self.staged_prefill.one_at_a_time:
-                    w.lane = call
-                    self._send_stage(call)
-                else:
-                    w.lane_queue.append(call)
+                now_s = self.clock.now_s()
+                keys = call.req.prefix_keys
+                until_s = self._placement_of(call.req).hold_until(ereq, keys, now_s, True)
+                if until_s is not None:  # as the pool's `_hold`: unsent for now
+                    call.held_since_s, call.held_req = now_s, ereq
+                    self._held.append(call)
+                    self._push(until_s, "release", call)
+                    continue
+            self._send(call, ereq)
+
+    def _release_held(self) -> None:
+        """Held prompts the placement now lets go, oldest first (asked after every
+        event: a prefill that ended, a hold's time up)."""
+        assert self.placement is not None or not self._held
+        for call in list(self._held):
+            assert self.placement is not None and call.held_req is not None
+            assert call.held_since_s is not None
+            keys, placement = call.req.prefix_keys, self._placement_of(call.req)
+            if placement.hold_until(call.held_req, keys, call.held_since_s, False) is None:
+                self._held.remove(call)
+                self._send(call, call.held_req)
+
+    def _send(self, call: _Call, ereq: EngineRequest) -> None:
+        priority = ereq.priority
+        call.sent_s = self.clock.now_s()
+        if self.placement is not None:
+            keys = list(call.req.prefix_keys)
+            call.placed = self._placement_of(call.req).place(ereq, keys, set())
+            assert call.placed is not None
+            call.worker, priority = call.placed.worker, call.placed.priority
+        w = self.workers[call.worker]
+        call.engine_priority = priority
+        self._running[call.req.request_id] = call
+        ends = self.staged_prefill.ends(call.req.prompt_tokens, call.req.max_tokens)
+        if ends:
+            call.staging = Staging(ends)
+            if w.lane is None or not self.staged_prefill.one_at_a_time:
+                w.lane = call
+                self._send_stage(call)
             else:
-                self._send_whole(call)
+                w.lane_queue.append(call)
+        else:
+            self._send_whole(call)
 
     def _send_whole(self, call: _Call) -> None:
         core = self.workers[call.worker].core
@@ -497,6 +535,7 @@ class Driver:
             self._lane_free(call)
         # Its own stages' prefill is charged as prompt tokens (generation.py does the same).
         charged_cached = cached - (call.staging.staged_tokens(cached) if call.staging else 0)
+        call.charged_cached = charged_cached
         if self.placement is not None and call.placed is not None:
             self._placement_of(call.req).first_token(call.placed, call.req.prompt_tokens, cached)
         est = call.req.cached_estimate
@@ -505,7 +544,9 @@ class Driver:
         self.dispatcher.on_cached_tokens(call.req, charged_cached)
 
     def _end(self, call: _Call) -> None:
-        """The request leaves the engine: done, cancelled or failed."""
+        """The request leaves the engine (or the hold): done, cancelled or failed."""
+        if call in self._held:
+            self._held.remove(call)
         w = self.workers[call.worker]
         w.core.abort(call.req.request_id)
         if call.stage_req is not None:  # ended during a stage: that is aborted too
@@ -517,7 +558,7 @@ class Driver:
         if self.placement is not None and call.placed is not None:
             self._placement_of(call.req).released(call.placed)
             self._replica.pop(call.req.request_id, None)
-        del self._running[call.req.request_id]
+        self._running.pop(call.req.request_id, None)
         call.state = "done"
         call.done_s = self.clock.now_s()
         self.dispatcher.finish(call.req)
@@ -546,6 +587,12 @@ class Driver:
                 continue
             w = min(stepping, key=lambda x: x.end_s)
             end_s = w.end_s
+            next_s = self._next_event_s()
+            if next_s < end_s:
+                # An event inside the step, at its own time: an idle engine it gives
+                # work to starts stepping then, not when another engine's step ends.
+                self._handle_events_until(next_s)
+                continue
             self._handle_events_until(end_s)
             self.clock.set(end_s)
             result, w.step = w.step, None

@@ -74,6 +74,12 @@ def replay(
         max_steps=10_000_000,
         until_s=window_s,
     )
+    return records(drv)
+
+
+def records(drv: Driver) -> list[RequestRecord]:
+    """What clients saw of each of the driver's requests (its prompt tokens charged
+    at the cached rate as `cached_tokens`)."""
     return [
         RequestRecord(
             c.arrival.tenant_id,
@@ -85,6 +91,7 @@ def replay(
             first_token_s=c.first_token_s,
             done_s=c.done_s,
             rejected="RESOURCE_EXHAUSTED" if c.state == "rejected" else "",
+            cached_tokens=c.charged_cached,
         )
         for c in drv.calls
     ]

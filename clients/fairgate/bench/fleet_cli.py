@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from fairgate.bench.fleet_stacks import VARIANTS
+from fairgate.bench.fleet_stacks import DEFAULT_VARIANTS, VARIANTS
 
 
 def fleet_command(
@@ -24,7 +24,7 @@ def fleet_command(
     ] = 1.0,
     variants: Annotated[
         str, typer.Option(help=f"comma-separated, among {','.join(VARIANTS)}")
-    ] = ",".join(VARIANTS),
+    ] = ",".join(DEFAULT_VARIANTS),
     repetitions: Annotated[
         int, typer.Option(min=1, help="runs of every variant, order rotated; medians reported")
     ] = 1,

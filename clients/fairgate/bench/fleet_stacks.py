@@ -35,6 +35,8 @@ class FleetVariant:
     policy: str  # fairgate: vtc | fcfs; smg: its --policy
     routing: str = ""  # fairgate: FAIRGATE_SGLANG_ROUTING
     replicas: int = 1
+    # fairgate: further settings (name, value), e.g. an isolation lever of issue #33.
+    extra: tuple[tuple[str, object], ...] = ()
 
     @property
     def stack(self) -> str:
@@ -46,7 +48,8 @@ class FleetVariant:
             return f"smg --policy {self.policy}"
         routing = f", routing {self.routing}" if self.routing else ""
         replicas = f", {self.replicas} replicas over Redis" if self.replicas > 1 else ""
-        return f"fairgate {self.policy}{routing}{replicas}"
+        extra = "".join(f", {k}={v}" for k, v in self.extra)
+        return f"fairgate {self.policy}{routing}{replicas}{extra}"
 
 
 VARIANTS = {
@@ -58,8 +61,17 @@ VARIANTS = {
         FleetVariant("smg-cache", "smg", "cache_aware"),
         FleetVariant("smg-rr", "smg", "round_robin"),
         FleetVariant("fg-loc-2r", "fairgate", "vtc", "locality", replicas=2),
+        FleetVariant(
+            "fg-stagger",
+            "fairgate",
+            "vtc",
+            "locality",
+            extra=(("sglang_stagger_prefill_tokens", 1024),),
+        ),
     )
 }
+# What a run compares unless told (the lever variants are asked for by name).
+DEFAULT_VARIANTS = [k for k, v in VARIANTS.items() if not v.extra]
 # The references of the ratios: fairgate as it routed before locality, and the peer.
 BASELINE, PEER = "fg-leastfull", "smg-cache"
 
@@ -120,6 +132,7 @@ async def gateway_sender(
         }
         if v.routing and routing_setting_exists():
             settings["sglang_routing"] = v.routing
+        settings |= dict(v.extra)
         if v.replicas > 1:
             binary = find_redis_server()
             if binary is None:

@@ -1,41 +1,111 @@
-"""`fairgate bench stagger`: staggered prefill on the virtual fleet (issue #33, lever 1).
+"""`fairgate bench stagger`: issue #33's isolation levers on the virtual fleet.
 
 N simulated 4090 engines (Llama-3.1-8B int4, SGLang's 2048-token prefill chunks,
 16 running requests each) behind the server's placement, on a fake clock (exact
-repeats, no machine noise): two tenants with cold 1-6 k-token prompts and one
-with 200-1500, beside a light chat tenant at 2 requests/s; the same trace with
-staggered prefill off and at each `min_tokens`, and the light tenant alone (its
-solo TTFT) on the same fleet. Reports the light tenant's TTFT p50/p99, p99 over
-solo, and tokens/s (prompt + output over the run) against staggering off.
-`replicas`: as many fairgate replicas in front of the pool, each placing its
-share of the requests; `share`: they hear each other's long prefills (and
-routes), as prefix_share.py carries them live.
+repeats, no machine noise), with a light chat tenant at 2 requests/s beside
+one of two mixes:
+
+- `long`: two tenants with cold 1-6 k-token prompts and one with 200-1500
+  (rates scaled to the engines);
+- `prefix`: `bench fleet`'s prefix-heavy mix without its conversations (a long
+  system prompt shared by one tenant's requests, a few 2-4 k-token documents
+  shared by another's; `fleet_scenarios.py`) at load 0.6.
+
+Each trace runs under each lever combination (`LEVERS`: none, staggered
+prefill, staged prefill, the cold-start hold, all three) and the light
+tenant's arrivals alone on the same engines (its solo run); `stagger_report.py`
+turns the runs into the table (median and spread over the seeds).
+
+`replicas`: as many fairgate replicas in front of the engines, each placing its
+share of the requests (admission stays one fleet-wide decision); `share`: they
+hear each other's long prefills and routes, as prefix_share.py carries them live.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from fairgate.bench.event_driver import Arrival, Driver
+from fairgate.bench.fleet_scenarios import FleetScenario
 from scheduler.budget import AdmissionLimits
-from scheduler.ordering.vtc import VtcPolicy
+from scheduler.clock import FakeClock
+from scheduler.ordering.policies import make_policy
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
-from service.engines.placement import Stagger
+from service.app import policy_options
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
+from service.engines.staged_prefill import StagedPrefill
+from service.engines.stagger import Stagger
+from service.settings import Settings
 
 KV_PER_ENGINE = 60_000
-TENANTS = ("code", "docs", "conv", "light")
+SLOTS = 16
+CHUNK_TOKENS = 2048
+LIGHT = "light"
+TENANTS = ("code", "docs", "conv", "sys", "rag", LIGHT)
 # tenant: (requests/s on four engines, prompt tokens low, high)
 HEAVY = {"code": (1.2, 1000, 6000), "docs": (1.2, 1000, 6000), "conv": (2.0, 200, 1500)}
 LIGHT_RATE = 2.0
+PREFIX_LOAD = 0.6
+# Admission as the server's defaults set it (policy, light credit, cached-token
+# charge, locality allowance, the room kept for light tenants: the engine does
+# not preempt), whatever the environment says.
+SETTINGS = Settings.model_construct()
+
+
+@dataclass(frozen=True, slots=True)
+class Levers:
+    """One lever combination: staggered prefill and the cold-start hold from
+    `min_tokens` uncached tokens (0: neither), staged prefill in stages of
+    `stage_tokens` for prompts longer than one chunk (0: off)."""
+
+    keep_free: bool = False
+    hold_max_s: float = 0.0
+    stage_tokens: int = 0
+    min_tokens: int = 1024
+
+    def stagger(self) -> Stagger | None:
+        if not (self.keep_free or self.hold_max_s):
+            return None
+        return Stagger(
+            min_tokens=self.min_tokens, keep_free=self.keep_free, hold_max_s=self.hold_max_s
+        )
+
+    def staged(self) -> StagedPrefill | None:
+        if not self.stage_tokens:
+            return None
+        return StagedPrefill(min_tokens=CHUNK_TOKENS + 1, stage_tokens=self.stage_tokens)
+
+
+def levers(min_tokens: int, hold_max_s: float, stage_tokens: int) -> dict[str, Levers]:
+    """The combinations the table compares, in its order."""
+    return {
+        "none": Levers(min_tokens=min_tokens),
+        "stagger": Levers(keep_free=True, min_tokens=min_tokens),
+        "staged": Levers(stage_tokens=stage_tokens, min_tokens=min_tokens),
+        "hold": Levers(hold_max_s=hold_max_s, min_tokens=min_tokens),
+        "all": Levers(True, hold_max_s, stage_tokens, min_tokens),
+    }
+
+
+def _light(seed: int, seconds: float) -> list[Arrival]:
+    """The light tenant's arrivals: its own generator, so every mix (and its solo
+    run) has the same ones."""
+    rng, out = random.Random(f"{seed}:{LIGHT}"), []
+    t = rng.expovariate(LIGHT_RATE)
+    while t < seconds:
+        out.append(Arrival(t, LIGHT, rng.randint(20, 100), rng.randint(16, 64)))
+        t += rng.expovariate(LIGHT_RATE)
+    return out
 
 
 def long_prompt_mix(
     seed: int, seconds: float, engines: int = 4, heavy: bool = True
 ) -> list[Arrival]:
-    """The seeded trace: heavy tenants' rates scale with the engines (4 = as listed)."""
+    """The seeded long-prompt trace: heavy tenants' rates scale with the engines
+    (4 = as listed); `heavy` False: the light tenant alone."""
     rng = random.Random(seed)
     out = []
     for tenant, (rate, lo, hi) in HEAVY.items() if heavy else ():
@@ -43,33 +113,65 @@ def long_prompt_mix(
         while t < seconds:
             out.append(Arrival(t, tenant, rng.randint(lo, hi), rng.randint(64, 256)))
             t += rng.expovariate(rate * engines / 4)
-    t = rng.expovariate(LIGHT_RATE)
-    while t < seconds:
-        out.append(Arrival(t, "light", rng.randint(20, 100), rng.randint(16, 64)))
-        t += rng.expovariate(LIGHT_RATE)
-    return sorted(out, key=lambda a: a.at_s)
+    return sorted(out + _light(seed, seconds), key=lambda a: a.at_s)
+
+
+def prefix_heavy_mix(seed: int, seconds: float, engines: int = 4) -> list[Arrival]:
+    """`bench fleet`'s shared-prefix tenants (sys, rag; its conversations left out:
+    their turns wait on replies, which an open trace cannot), beside the light tenant."""
+    plan = FleetScenario(engines, seconds, PREFIX_LOAD).plan(seed)
+    out = [
+        Arrival(i.t_s, i.tenant, len(i.prompt_ids), i.max_tokens, prompt_ids=i.prompt_ids)
+        for i in plan
+        if i.tenant in ("sys", "rag")
+    ]
+    return sorted(out + _light(seed, seconds), key=lambda a: a.at_s)
+
+
+MIXES: dict[str, Callable[[int, float, int], list[Arrival]]] = {
+    "long": long_prompt_mix,
+    "prefix": prefix_heavy_mix,
+}
+
+
+def solo(arrivals: Sequence[Arrival]) -> list[Arrival]:
+    """The light tenant's arrivals of a trace, alone."""
+    return [a for a in arrivals if a.tenant_id == LIGHT]
+
+
+def sim_config() -> SimConfig:
+    return SimConfig(cost=preset(), max_running_requests=SLOTS, chunked_prefill_size=CHUNK_TOKENS)
 
 
 def fleet(
     arrivals: list[Arrival],
     engines: int,
     stagger: Stagger | None,
+    staged: StagedPrefill | None = None,
     replicas: int = 1,
     share: bool = True,
 ) -> Driver:
-    reg = TenantRegistry([TenantConfig(t) for t in TENANTS])
+    """The trace through `engines` engines behind the server's placement (one engine
+    too: a pool of one, so that the levers that live in the placement apply)."""
+    reg, clock, st = TenantRegistry([TenantConfig(t) for t in TENANTS]), FakeClock(), SETTINGS
     drv = Driver(
-        VtcPolicy(reg.weight_of),
-        AdmissionLimits(max_requests=16 * engines, max_kv_tokens=KV_PER_ENGINE * engines),
-        SimConfig(cost=preset(), max_running_requests=16, chunked_prefill_size=2048),
+        make_policy(st.policy, policy_options(st, clock, reg)),
+        AdmissionLimits(max_requests=SLOTS * engines, max_kv_tokens=KV_PER_ENGINE * engines),
+        sim_config(),
         tenants=reg,
+        w_in=st.vtc_w_in,
+        w_out=st.vtc_w_out,
+        clock=clock,
+        reserve_fraction=st.light_share(False),
+        allowance=st.fair_allowance_tokens,
         engines=engines,
         routing="locality",
         stagger=stagger,
+        staged_prefill=staged,
         replicas=replicas,
         share=share,
     )
-    drv.run(arrivals)
+    drv.run(arrivals, max_steps=10_000_000)
     return drv
 
 
@@ -77,7 +179,7 @@ def light_ttft_s(drv: Driver) -> list[float]:
     return sorted(
         c.first_token_s - c.arrival.at_s
         for c in drv.calls
-        if c.arrival.tenant_id == "light" and c.first_token_s is not None
+        if c.arrival.tenant_id == LIGHT and c.first_token_s is not None
     )
 
 
@@ -86,39 +188,7 @@ def quantile(xs: Sequence[float], q: float) -> float:
 
 
 def tokens_per_s(drv: Driver) -> float:
+    """Prompt and output tokens of the requests done, over the run."""
     ends = [c.done_s for c in drv.calls if c.done_s is not None]
     done = sum(c.arrival.prompt_tokens + c.output_tokens for c in drv.calls if c.done_s)
     return done / max(ends)
-
-
-def main(
-    engines: int,
-    seeds: Sequence[int],
-    sizes: Sequence[int],
-    seconds: float,
-    replicas: int = 1,
-    share: bool = True,
-) -> None:
-    shared = "" if replicas == 1 else f", {replicas} replicas " + ("sharing" if share else "apart")
-    print(
-        f"virtual fleet: {engines} x rtx-4090 / llama-3.1-8b-int4, {seconds:g} s per trace{shared}"
-    )
-    print(f"{'seed':>4} | {'min_tokens':>10} | {'p50 ms':>7} | {'p99 ms':>7} | "
-          f"{'p99/solo':>8} | {'tok/s':>7} | {'x off':>5} | kept")  # fmt: skip
-    for seed in seeds:
-        arrivals = long_prompt_mix(seed, seconds, engines)
-        solo = quantile(
-            light_ttft_s(fleet(long_prompt_mix(seed, seconds, engines, False), engines, None)), 0.99
-        )
-        off = fleet(arrivals, engines, None, replicas, share)
-        for size in (0, *sizes):
-            drv = (
-                fleet(arrivals, engines, Stagger(min_tokens=size), replicas, share) if size else off
-            )
-            ttft, rate = light_ttft_s(drv), tokens_per_s(drv)
-            kept = sum(p.stagger.kept_free for p in drv.placements)
-            print(
-                f"{seed:>4} | {size or 'off':>10} | {quantile(ttft, 0.5) * 1e3:>7.1f} | "
-                f"{quantile(ttft, 0.99) * 1e3:>7.1f} | {quantile(ttft, 0.99) / solo:>8.2f} | "
-                f"{rate:>7.0f} | {rate / tokens_per_s(off):>5.3f} | {kept}"
-            )

@@ -10,8 +10,9 @@ import pytest
 
 from scheduler import rules
 from scheduler.request import Priority, QueuedRequest
-from service.engines.placement import Placement, Stagger, engine_request
+from service.engines.placement import Placement, engine_request
 from service.engines.protocol import EngineRequest, SamplingOptions
+from service.engines.stagger import Stagger
 
 SLOTS, KV = 4, 10_000
 
@@ -236,3 +237,86 @@ def test_two_replicas_stagger_with_each_others_prefills() -> None:
     assert b.prefill_pending(1) == 5000
     now[0] += 1
     assert b.prefill_pending(1) == 0 and b.remote_prefill == [{}, {}]
+
+
+def _hold_placement(now: list[float], light_window_s: float = 10.0) -> Placement:
+    p = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0], kv_tokens=[KV] * 2)
+    p.stagger = Stagger(min_tokens=1024, light_window_s=light_window_s, hold_max_s=2.0)
+    return p
+
+
+def _light_seen(p: Placement) -> None:
+    p.released(p.place(_request(40, light=True), [], set()) or pytest.fail())
+
+
+def test_a_cold_long_prompt_is_held_while_every_worker_is_mid_prefill_until_the_bound() -> None:
+    """Cold start (lever 4): every worker mid-prefill and a light tenant active, a
+    cold long prompt waits unsent; its bound (hold_max_s) lets it go whatever the
+    workers do, so batch traffic never starves."""
+    now = [0.0]
+    p = _hold_placement(now)
+    _light_seen(p)
+    now[0] = 1.0
+    p.pending_prefill[:] = [3000, 5000]
+    cold = _request(3000, light=False)
+    assert p.hold_until(cold, [], 1.0, True) == 3.0  # since + hold_max_s
+    assert p.stagger.held == 1
+    now[0] = 2.5  # still all mid-prefill: still held, counted once
+    assert p.hold_until(cold, [], 1.0, False) == 3.0 and p.stagger.held == 1
+    now[0] = 3.0
+    assert p.hold_until(cold, [], 1.0, False) is None
+    assert p.stagger.held_to_bound == 1
+    # A short prompt, or a light tenant's, is never held.
+    now[0] = 3.5
+    assert p.hold_until(_request(500, light=False), [], 3.5, True) is None
+
+
+def test_a_held_prompt_goes_once_a_workers_prefill_ends() -> None:
+    now = [0.0]
+    p = _hold_placement(now)
+    p.stagger.keep_free = False  # (staggering keeps the second long prompt off worker 1)
+    _light_seen(p)
+    long_req = _request(3000, light=False)
+    first = p.place(long_req, [], set())
+    assert first is not None
+    other = p.place(_request(3000, light=False), [], set())
+    assert other is not None and {first.worker, other.worker} == {0, 1}
+    now[0] = 0.5
+    cold = _request(3000, light=False)
+    assert p.hold_until(cold, [], 0.5, True) == 2.5
+    p.first_token(first, 3000, 0)  # that worker's prefill streamed: it is short again
+    assert p.hold_until(cold, [], 0.5, False) is None
+    assert p.stagger.held == 1 and p.stagger.held_to_bound == 0
+
+
+def test_nothing_is_held_without_an_active_light_tenant() -> None:
+    now = [0.0]
+    p = _hold_placement(now, light_window_s=5.0)
+    p.pending_prefill[:] = [3000, 5000]
+    cold = _request(3000, light=False)
+    assert p.hold_until(cold, [], 0.0, True) is None  # never seen
+    _light_seen(p)
+    now[0] = 4.0
+    # Held until the light tenant goes quiet (seen at 0 s, window 5 s), before the bound.
+    assert p.hold_until(cold, [], 4.0, True) == 5.0
+    now[0] = 5.5
+    assert p.hold_until(cold, [], 4.0, False) is None
+    assert p.stagger.held_to_bound == 0
+    p.stagger.hold_max_s = 0.0  # off
+    _light_seen(p)
+    assert p.hold_until(cold, [], 5.5, True) is None
+
+
+def test_a_prompt_whose_prefix_the_soonest_worker_holds_is_not_cold() -> None:
+    now = [0.0]
+    p = _hold_placement(now)
+    _light_seen(p)
+    prompt = list(range(1, 3001))
+    keys = p.prefix_keys(prompt)
+    p.index.insert(0, keys)
+    p.pending_prefill[:] = [3000, 5000]
+    q = QueuedRequest("r", "t", len(prompt), 16, prefix_keys=keys)
+    req = engine_request(q, "r", prompt, SamplingOptions(), None, False)
+    assert p.hold_until(req, keys, 0.0, True) is None
+    p.index.clear(0)
+    assert p.hold_until(req, keys, 0.0, True) == 2.0

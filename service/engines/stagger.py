@@ -1,0 +1,116 @@
+"""Isolation across engines while a light tenant is active (issue #33, levers 1
+and 4), without I/O: the rules `Placement` applies to a long uncached prompt.
+
+SGLang never preempts a chunked prefill under way, so a light request that lands
+on an engine in the middle of a long prompt waits for its remaining chunks. Both
+rules keep a worker on short steps for the light tenant:
+
+- **keep one free** (`kept`, lever 1): a long prompt never takes the last
+  worker free of long prefill (no long prefill routed there and not streamed).
+  Where every worker is mid-prefill there is nothing to keep.
+- **cold-start hold** (`hold_until_s`, lever 4): where every worker *is*
+  mid-prefill, a cold long prompt is not started anywhere (which would keep
+  them all mid-prefill for another prompt's worth of chunks): it waits, before
+  it is sent, until a worker's prefill ends (then the rules above place it), the
+  light tenant goes quiet, or it has waited `hold_max_s` — the bound that keeps
+  batch traffic from starving. A held prompt is already admitted (its slot and
+  KV counted), so the hold delays only the prompts themselves, never the fair
+  queue behind them.
+
+A prompt is long when its uncached tokens (the prompt less the longest prefix a
+worker holds) reach `min_tokens`; a light tenant is active for `light_window_s`
+after its last short request was placed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from service.engines.routing import WorkerView
+
+
+@dataclass(slots=True)
+class Stagger:
+    """`min_tokens`: an uncached prompt this long is a long prefill (0: both rules
+    off); `keep_free`: lever 1 on; `hold_max_s`: lever 4's bound (0: no hold)."""
+
+    min_tokens: int = 0
+    light_window_s: float = 10.0
+    keep_free: bool = True
+    hold_max_s: float = 0.0
+    light_seen_s: float = float("-inf")
+    # Long prompts kept off the last worker on short steps.
+    kept_free: int = 0
+    # Cold long prompts held (once each), and those the bound released.
+    held: int = 0
+    held_to_bound: int = 0
+
+    def saw(self, prompt_tokens: int, light: bool, now_s: float) -> None:
+        """A request is being placed: a light tenant's short one marks it active (its
+        long prompts, as every tenant's first ones, are long prefills like any other)."""
+        if light and self.min_tokens and prompt_tokens < self.min_tokens:
+            self.light_seen_s = now_s
+
+    def light_active(self, now_s: float) -> bool:
+        return now_s - self.light_seen_s <= self.light_window_s
+
+    def short(self, pending_prefill_tokens: int) -> bool:
+        """A worker with this much prefill routed and not streamed is on short steps."""
+        return pending_prefill_tokens < self.min_tokens
+
+    def kept(
+        self,
+        prompt_tokens: int,
+        views: list[tuple[int, WorkerView]],
+        pending: Sequence[int],
+        healthy: Sequence[bool],
+        now_s: float,
+    ) -> list[tuple[int, WorkerView]]:
+        """The views a prompt of `prompt_tokens` may take: while the light tenant is
+        active, all but the last worker on short steps, unless the prompt's part
+        uncached there keeps that worker short."""
+        if not (self.min_tokens and self.keep_free) or prompt_tokens < self.min_tokens:
+            return views
+        if not self.light_active(now_s):
+            return views
+        free = [i for i, ok in enumerate(healthy) if ok and self.short(pending[i])]
+        if len(free) != 1:
+            return views
+        last = free[0]
+        left = [
+            (i, v)
+            for i, v in views
+            if i != last or pending[i] + prompt_tokens - v.matched < self.min_tokens
+        ]
+        if left and len(left) < len(views):
+            self.kept_free += 1
+        return left or views
+
+    def hold_until_s(
+        self,
+        uncached_tokens: int,
+        pending: Sequence[int],
+        healthy: Sequence[bool],
+        now_s: float,
+        since_s: float,
+        first: bool,
+    ) -> float | None:
+        """Until when a prompt of `uncached_tokens` (the least any worker leaves
+        uncached), waiting since `since_s`, is held; None: place it now. Asked
+        again whenever a worker's prefill ends and at the time returned (`first`:
+        the first time it is asked, counted in `held` if it is held)."""
+        if not (self.min_tokens and self.hold_max_s) or uncached_tokens < self.min_tokens:
+            return None
+        if not self.light_active(now_s):
+            return None
+        live = [p for p, ok in zip(pending, healthy, strict=True) if ok]
+        if not live or any(self.short(p) for p in live):
+            return None
+        until_s = since_s + self.hold_max_s
+        if now_s >= until_s:
+            self.held_to_bound += 1
+            return None
+        if first:
+            self.held += 1
+        return min(until_s, self.light_seen_s + self.light_window_s)
