@@ -229,9 +229,10 @@ class Driver:
                     routing=routing or "locality",
                     clock=self.clock.now_s,
                     kv_tokens=[w.core.capacity for w in self.workers],
-                    stagger=dataclasses.replace(stagger) if stagger else None,
+                    # Each replica its own (the first: the one given, which callers read).
+                    stagger=dataclasses.replace(stagger) if stagger and k else stagger,
                 )
-                for _ in range(replicas)
+                for k in range(replicas)
             ]
             self.placement = self.placements[0]
             if share:
