@@ -242,6 +242,7 @@ class Dispatcher:
             lambda tenant_id: self.quotas.tenants.weight_of(tenant_id),
             clock,
             reserve_window_s,
+            engine=budget.engine,
         )
         self.isolation = isolation
         self.locality = locality
