@@ -17,7 +17,7 @@ activity window).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, KeysView, Mapping
 
 from scheduler import rules
 
@@ -122,9 +122,9 @@ class InFlight:
     def __contains__(self, tenant_id: object) -> bool:
         return tenant_id in self._tenants
 
-    def tenants(self) -> list[str]:
-        """The tenants with something in flight."""
-        return list(self._tenants)
+    def tenants(self) -> KeysView[str]:
+        """The tenants with something in flight (a live view)."""
+        return self._tenants.keys()
 
 
 class ActiveWindow:

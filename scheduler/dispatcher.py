@@ -108,11 +108,11 @@ class _QueueRound:
 
     @property
     def in_flight(self) -> int:
-        return self.d.budget.in_flight_requests
+        return self.d.budget.engine.requests
 
     @property
     def in_flight_kv(self) -> int:
-        return self.d.budget.in_flight_kv_tokens
+        return self.d.budget.engine.kv_tokens
 
     def head(self) -> QueuedRequest | None:
         d = self.d
@@ -385,7 +385,7 @@ class Dispatcher:
     def _charged(self) -> None:
         # A charge can change which tenant is next (VTC): a request that was
         # waiting behind a head too big for the room may now be the head and fit.
-        if len(self.policy) and self.budget.in_flight_requests < self.budget.limits.max_requests:
+        if len(self.policy) and self.budget.engine.requests < self.budget.limits.max_requests:
             self.pump()
 
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:

@@ -74,11 +74,12 @@ class VtcPolicy:
         self.w_cached = rules.cached_weight(w_in, w_cached)
         # Counters, the last-served floor and the tie-break ordinals (admission_state.py).
         self.counters = FairCounters()
+        # Its dicts, read on every re-key (never rebound).
+        self._values, self._last = self.counters.values, self.counters.last
         self._backlog = Backlog(self._rank, batch_every_n=batch_every_n, light_credit=light_credit)
 
     def _rank(self, tenant_id: str, head: QueuedRequest, queued: int) -> rules.Rank:
-        c = self.counters
-        counter, last = c.values.get(tenant_id, 0.0), c.last.get(tenant_id, 0)
+        counter, last = self._values.get(tenant_id, 0.0), self._last.get(tenant_id, 0)
         return vtc_rank(counter, queued, self.light_credit, last, head.seq)
 
     def counter(self, tenant_id: str) -> float:
