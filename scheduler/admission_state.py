@@ -101,8 +101,8 @@ class InFlight:
 
     def release(self, tenant_id: str, kv_tokens: int) -> None:
         t = self._tenants.get(tenant_id)
-        if t is None or self.requests <= 0:
-            raise AssertionError(f"released a request {tenant_id!r} does not have in flight")
+        if t is None or t[1] < kv_tokens:
+            raise AssertionError(f"released twice: {tenant_id!r} has no such request in flight")
         self.requests -= 1
         self.kv_tokens -= kv_tokens
         t[0] -= 1

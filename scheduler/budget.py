@@ -18,20 +18,11 @@ __all__ = ["AdmissionBudget", "AdmissionLimits"]
 class AdmissionBudget:
     def __init__(self, limits: AdmissionLimits) -> None:
         self.limits = limits
+        # What is in flight, in all and per tenant.
         self.engine = InFlight()
-
-    @property
-    def in_flight_requests(self) -> int:
-        return self.engine.requests
-
-    @property
-    def in_flight_kv_tokens(self) -> int:
-        return self.engine.kv_tokens
 
     def reserve(self, req: QueuedRequest) -> None:
         self.engine.open(req.tenant_id, req.kv_tokens)
 
     def release(self, req: QueuedRequest) -> None:
         self.engine.release(req.tenant_id, req.kv_tokens)
-        if self.engine.kv_tokens < 0:
-            raise AssertionError(f"admission budget released twice: {req.request_id}")

@@ -273,7 +273,7 @@ class Dispatcher:
 
     @property
     def in_flight(self) -> int:
-        return self.budget.in_flight_requests
+        return self.budget.engine.requests
 
     @property
     def paused_tenants(self) -> dict[str, float]:
@@ -504,8 +504,8 @@ class Dispatcher:
         # Only fair policies keep a virtual counter.
         counter: Callable[[str], float] | None = getattr(self.policy, "counter", None)
         return GateStats(
-            in_flight=self.budget.in_flight_requests,
-            in_flight_kv_tokens=self.budget.in_flight_kv_tokens,
+            in_flight=self.budget.engine.requests,
+            in_flight_kv_tokens=self.budget.engine.kv_tokens,
             limits=self.budget.limits,
             queued=len(self.policy),
             admitted_total=self.admitted_total,

@@ -24,7 +24,7 @@ def _verdict(
 ) -> Verdict:
     for _ in range(queued):  # the candidate's own queue (it is one of them)
         reserve.on_queued(kv_req(req.tenant_id))
-    room = (budget.limits, budget.in_flight_requests, budget.in_flight_kv_tokens, req.kv_tokens)
+    room = (budget.limits, budget.engine.requests, budget.engine.kv_tokens, req.kv_tokens)
     load = None
     if needs_load(reserve.fraction, *room, PREEMPT):
         load = reserve.load(req.tenant_id, budget.limits)

@@ -15,7 +15,7 @@ from tests.unit.scheduler.helpers import fill, kv_req
 
 
 def allows(reserve: FairShareReserve, req: QueuedRequest, budget: AdmissionBudget) -> bool:
-    room = (budget.limits, budget.in_flight_requests, budget.in_flight_kv_tokens, req.kv_tokens)
+    room = (budget.limits, budget.engine.requests, budget.engine.kv_tokens, req.kv_tokens)
     load = (
         reserve.load(req.tenant_id, budget.limits) if needs_load(reserve.fraction, *room) else None
     )
