@@ -2,10 +2,13 @@
 
 Room is counted in in-flight requests and in in-flight KV tokens (prompt +
 max output), against targets derived from the engine's reported capacity.
+The counts are an `InFlight` (admission_state.py), per tenant too: the
+in-process reserve reads its tenants' loads there.
 """
 
 from __future__ import annotations
 
+from scheduler.admission_state import InFlight
 from scheduler.request import QueuedRequest
 from scheduler.rules import AdmissionLimits
 
@@ -15,15 +18,11 @@ __all__ = ["AdmissionBudget", "AdmissionLimits"]
 class AdmissionBudget:
     def __init__(self, limits: AdmissionLimits) -> None:
         self.limits = limits
-        self.in_flight_requests = 0
-        self.in_flight_kv_tokens = 0
+        # What is in flight, in all and per tenant.
+        self.engine = InFlight()
 
     def reserve(self, req: QueuedRequest) -> None:
-        self.in_flight_requests += 1
-        self.in_flight_kv_tokens += req.kv_tokens
+        self.engine.open(req.tenant_id, req.kv_tokens)
 
     def release(self, req: QueuedRequest) -> None:
-        self.in_flight_requests -= 1
-        self.in_flight_kv_tokens -= req.kv_tokens
-        if self.in_flight_requests < 0 or self.in_flight_kv_tokens < 0:
-            raise AssertionError(f"admission budget released twice: {req.request_id}")
+        self.engine.release(req.tenant_id, req.kv_tokens)

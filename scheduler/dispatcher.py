@@ -108,11 +108,11 @@ class _QueueRound:
 
     @property
     def in_flight(self) -> int:
-        return self.d.budget.in_flight_requests
+        return self.d.budget.engine.requests
 
     @property
     def in_flight_kv(self) -> int:
-        return self.d.budget.in_flight_kv_tokens
+        return self.d.budget.engine.kv_tokens
 
     def head(self) -> QueuedRequest | None:
         d = self.d
@@ -242,6 +242,7 @@ class Dispatcher:
             lambda tenant_id: self.quotas.tenants.weight_of(tenant_id),
             clock,
             reserve_window_s,
+            engine=budget.engine,
         )
         self.isolation = isolation
         self.locality = locality
@@ -272,7 +273,7 @@ class Dispatcher:
 
     @property
     def in_flight(self) -> int:
-        return self.budget.in_flight_requests
+        return self.budget.engine.requests
 
     @property
     def paused_tenants(self) -> dict[str, float]:
@@ -384,7 +385,7 @@ class Dispatcher:
     def _charged(self) -> None:
         # A charge can change which tenant is next (VTC): a request that was
         # waiting behind a head too big for the room may now be the head and fit.
-        if len(self.policy) and self.budget.in_flight_requests < self.budget.limits.max_requests:
+        if len(self.policy) and self.budget.engine.requests < self.budget.limits.max_requests:
             self.pump()
 
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
@@ -503,8 +504,8 @@ class Dispatcher:
         # Only fair policies keep a virtual counter.
         counter: Callable[[str], float] | None = getattr(self.policy, "counter", None)
         return GateStats(
-            in_flight=self.budget.in_flight_requests,
-            in_flight_kv_tokens=self.budget.in_flight_kv_tokens,
+            in_flight=self.budget.engine.requests,
+            in_flight_kv_tokens=self.budget.engine.kv_tokens,
             limits=self.budget.limits,
             queued=len(self.policy),
             admitted_total=self.admitted_total,

@@ -13,32 +13,22 @@ delays the head — so it cannot cost a tenant its fair service; and tenants
 that are all queued are served in counter order anyway, so no room idles for
 them.
 
-This class keeps each active tenant's load for the in-process dispatcher; the
-shared stores keep the same counts fleet-wide (`MemoryStore`, the Redis STEP
-script).
+This class keeps each tenant's queue length and the tenants seen within the
+window for the in-process dispatcher; what each has in flight is the budget's
+(`InFlight`, admission_state.py), the one count of the engine. The shared
+stores keep the same counts fleet-wide (`MemoryStore` with the same classes,
+the Redis STEP script).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from scheduler import rules
+from scheduler.admission_state import ActiveWindow, InFlight
 from scheduler.clock import Clock
 from scheduler.decision import tenant_load
 from scheduler.request import QueuedRequest
 from scheduler.rules import AdmissionLimits, TenantLoad
-
-
-@dataclass(slots=True)
-class _Load:
-    queued: int = 0
-    in_flight: int = 0
-    kv_tokens: int = 0
-
-    @property
-    def active(self) -> bool:
-        return self.queued > 0 or self.in_flight > 0
 
 
 class FairShareReserve:
@@ -48,68 +38,65 @@ class FairShareReserve:
         weight_of: Callable[[str], float],
         clock: Clock | None = None,
         window_s: float = 0.0,
+        *,
+        engine: InFlight,
     ) -> None:
-        """`window_s`: a tenant stays active this long after its last request
-        left (a light tenant between two requests is still one to keep room for)."""
+        """`engine`: what is in flight (the budget's). `window_s`: a tenant stays
+        active this long after its last request left (a light tenant between two
+        requests is still one to keep room for)."""
         if not 0.0 <= fraction < 1.0:
             raise ValueError(f"reserve fraction must be in [0, 1), got {fraction}")
         self.fraction = fraction
         self.weight_of = weight_of
         self.clock = clock
         self.window_s = window_s if clock is not None else 0.0
-        self._load: dict[str, _Load] = {}
-        # Tenant -> until when it counts as active after it stopped being queued
-        # or in flight (`rules.active_until`).
-        self._seen: dict[str, float] = {}
+        self.engine = engine
+        self._queued: dict[str, int] = {}
+        self.seen = ActiveWindow()
 
-    def _update(self, tenant_id: str, queued: int = 0, in_flight: int = 0, kv: int = 0) -> None:
-        load = self._load.get(tenant_id)
-        if load is None:
-            load = self._load[tenant_id] = _Load()
-        load.queued += queued
-        load.in_flight += in_flight
-        load.kv_tokens += kv
-        if not load.active:
-            del self._load[tenant_id]
-            if self.window_s > 0 and self.clock is not None:
-                self._seen[tenant_id] = rules.active_until(self.clock.now_s(), self.window_s)
+    def _left(self, tenant_id: str) -> None:
+        """Nothing queued: if nothing is in flight either, it starts its window."""
+        if self.clock is not None and tenant_id not in self.engine:
+            self.seen.left(tenant_id, self.clock.now_s(), self.window_s)
+
+    def _dequeue(self, tenant_id: str) -> None:
+        n = self._queued[tenant_id] - 1
+        if n:
+            self._queued[tenant_id] = n
+        else:
+            del self._queued[tenant_id]
 
     # -- bookkeeping (called by the dispatcher) -------------------------------
     def on_queued(self, req: QueuedRequest) -> None:
-        self._update(req.tenant_id, queued=1)
-        self._seen.pop(req.tenant_id, None)
+        self._queued[req.tenant_id] = self._queued.get(req.tenant_id, 0) + 1
+        self.seen.back(req.tenant_id)
 
     def on_dequeued(self, req: QueuedRequest) -> None:
-        self._update(req.tenant_id, queued=-1)
+        self._dequeue(req.tenant_id)
+        if req.tenant_id not in self._queued:
+            self._left(req.tenant_id)
 
     def on_admitted(self, req: QueuedRequest) -> None:
-        self._update(req.tenant_id, queued=-1, in_flight=1, kv=req.kv_tokens)
+        """After the budget opened it (in flight: still active)."""
+        self._dequeue(req.tenant_id)
 
     def on_finished(self, req: QueuedRequest) -> None:
-        self._update(req.tenant_id, in_flight=-1, kv=-req.kv_tokens)
+        """After the budget released it."""
+        if req.tenant_id not in self._queued:
+            self._left(req.tenant_id)
 
     def queued(self, tenant_id: str) -> int:
-        load = self._load.get(tenant_id)
-        return load.queued if load is not None else 0
+        return self._queued.get(tenant_id, 0)
 
     # -- what the rule needs ---------------------------------------------------
     def load(self, tenant_id: str, limits: AdmissionLimits) -> TenantLoad:
         """The tenant's load among the tenants active here (`decision.tenant_load`)."""
-        if self._seen and self.clock is not None:
-            now_s = self.clock.now_s()
-            for t in [
-                t for t, until_s in self._seen.items() if not rules.still_active(until_s, now_s)
-            ]:
-                del self._seen[t]
+        seen = self.seen.active(self.clock.now_s()) if self.seen and self.clock else []
         return tenant_load(
             tenant_id,
-            [*self._load, *self._seen],
+            [*self._queued, *self.engine.tenants(), *seen],
             limits,
             self.weight_of,
             self.queued,
-            self._in_flight,
+            self.engine.of,
         )
-
-    def _in_flight(self, tenant_id: str) -> tuple[int, int]:
-        load = self._load.get(tenant_id)
-        return (load.in_flight, load.kv_tokens) if load is not None else (0, 0)

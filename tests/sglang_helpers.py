@@ -69,5 +69,5 @@ async def assert_no_sglang_leaks(app: App, *servers: SimServer) -> None:
         ),
         what="gateway, adapter and stand-ins to drain",
     )
-    assert d.budget.in_flight_kv_tokens == 0
+    assert d.budget.engine.kv_tokens == 0
     assert all(s.engine.core.used_kv == 0 for s in servers)

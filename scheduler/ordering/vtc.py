@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scheduler import rules
+from scheduler.admission_state import FairCounters
 from scheduler.ordering.backlog import Backlog
 from scheduler.request import QueuedRequest
 from scheduler.rules import vtc_rank
@@ -71,27 +72,22 @@ class VtcPolicy:
         self.w_in = w_in
         self.w_out = w_out
         self.w_cached = rules.cached_weight(w_in, w_cached)
-        self._counters: dict[str, float] = {}
-        # Admissions so far and each tenant's last one (the tie-break).
-        self._admissions = 0
-        self._last_admitted: dict[str, int] = {}
+        # Counters, the last-served floor and the tie-break ordinals (admission_state.py).
+        self.counters = FairCounters()
+        # Its dicts, read on every re-key (never rebound).
+        self._values, self._last = self.counters.values, self.counters.last
         self._backlog = Backlog(self._rank, batch_every_n=batch_every_n, light_credit=light_credit)
-        # Counter of the last tenant served; lifts newcomers when no one is backlogged.
-        self._floor = 0.0
 
     def _rank(self, tenant_id: str, head: QueuedRequest, queued: int) -> rules.Rank:
-        counter, last = self._counters.get(tenant_id, 0.0), self._last_admitted.get(tenant_id, 0)
+        counter, last = self._values.get(tenant_id, 0.0), self._last.get(tenant_id, 0)
         return vtc_rank(counter, queued, self.light_credit, last, head.seq)
 
     def counter(self, tenant_id: str) -> float:
-        return self._counters.get(tenant_id, 0.0)
+        return self.counters.get(tenant_id)
 
     def _lift(self, tenant_id: str) -> None:
-        eligible = (self.counter(t) for t in self._backlog.tops())
-        floor = rules.lift_floor(eligible, self._floor)
-        self._counters[tenant_id] = rules.lifted(self.counter(tenant_id), floor)
-        # Newly backlogged: it goes first among the tenants it ties with.
-        self._last_admitted.pop(tenant_id, None)
+        c = self.counters
+        c.lift(tenant_id, (c.get(t) for t in self._backlog.tops()))
 
     def push(self, req: QueuedRequest) -> None:
         tid = req.tenant_id
@@ -114,13 +110,10 @@ class VtcPolicy:
         if head is None:
             return None
         tid = head.tenant_id
-        self._floor = rules.served_floor(self._floor, self.counter(tid))
         charge = rules.admission_charge(
             self.w_in, head.prompt_tokens, self.weight_of(tid), head.cached_estimate, self.w_cached
         )
-        self._counters[tid] = self.counter(tid) + charge
-        self._admissions += 1
-        self._last_admitted[tid] = self._admissions
+        self.counters.admitted(tid, charge)
         # pop() re-keys the tenant with its new counter.
         popped = self._backlog.pop(tid)
         if popped is not head:
@@ -143,8 +136,7 @@ class VtcPolicy:
         if tokens <= 0:
             return
         tid = req.tenant_id
-        charge = rules.output_charge(self.w_out, tokens, self.weight_of(tid))
-        self._counters[tid] = self.counter(tid) + charge
+        self.counters.charge(tid, rules.output_charge(self.w_out, tokens, self.weight_of(tid)))
         if self._backlog.queued(req.tenant_id):
             self._backlog.refresh(req.tenant_id)
 
@@ -154,7 +146,7 @@ class VtcPolicy:
             self.w_in, self.w_cached, req.cached_estimate, reported, self.weight_of(tid)
         )
         if short > 0:
-            self._counters[tid] = self.counter(tid) + short
+            self.counters.charge(tid, short)
             if self._backlog.queued(tid):
                 self._backlog.refresh(tid)
 
@@ -166,8 +158,7 @@ class VtcPolicy:
         # while above the floor (served more than the others): forgiven now.
         if not self._backlog.forget(tenant_id):
             return False
-        self._counters.pop(tenant_id, None)
-        self._last_admitted.pop(tenant_id, None)
+        self.counters.forget(tenant_id)
         return True
 
     @property

@@ -162,7 +162,7 @@ class SharedDispatcher:
 
     @property
     def in_flight(self) -> int:
-        return self.budget.in_flight_requests
+        return self.budget.engine.requests
 
     @property
     def pending_settlements(self) -> int:

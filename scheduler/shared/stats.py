@@ -194,8 +194,8 @@ class SharedStats:
             )
             out.append(fleet_usage.add(mine, (u[tid] for u in others if tid in u)))
         return GateStats(
-            in_flight=budget.in_flight_requests,
-            in_flight_kv_tokens=budget.in_flight_kv_tokens,
+            in_flight=budget.engine.requests,
+            in_flight_kv_tokens=budget.engine.kv_tokens,
             limits=budget.limits,
             queued=len(local),
             admitted_total=totals.admitted_total,

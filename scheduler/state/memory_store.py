@@ -1,9 +1,12 @@
 """The in-memory `Store`: one replica's shared state, in plain Python.
 
-Same rules as the Redis scripts (`redis_store.py`), on an injected clock.
-Used by the contract tests, by benchmarks as the no-network baseline, and by
-`SharedDispatcher` as the fail-open fallback while Redis is unreachable
-(then with this replica's share of the limits).
+Same rules as the Redis scripts (`redis_store.py`), on an injected clock, and
+the same state model as the in-process dispatcher: its counters, in-flight
+counts and reserve window are `admission_state.py`'s classes; what is its own
+is the fleet (each replica's backlog, lease and done-set expiry, buckets as
+stored levels, the Lua's keys). Used by the contract tests, by benchmarks as
+the no-network baseline, and by `SharedDispatcher` as the fail-open fallback
+while Redis is unreachable (then with this replica's share of the limits).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from scheduler import decision, rules
+from scheduler.admission_state import ActiveWindow, FairCounters, InFlight
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.quotas import BucketLimits
@@ -61,30 +65,28 @@ class MemoryStore:
         self.backlog_ttl_s = backlog_ttl_s
         self.done_ttl_s = done_ttl_s
         self.round_trips = 0
-        self.counters: dict[str, float] = {}
-        self.floor = 0.0
+        # The counters, in-flight counts and activity window: the same model as
+        # the in-process dispatcher's (admission_state.py), over the fleet.
+        self.vtc = FairCounters()
         # (replica, tenant) -> expiry
         self.backlog: dict[tuple[str, str], float] = {}
         # (replica, tenant) -> its queue length there, capped (Step.queued)
         self.backlog_queued: dict[tuple[str, str], int] = {}
         self.leases: dict[str, _Lease] = {}
-        self.in_flight = 0
-        self.in_flight_kv = 0
-        self.concurrency: dict[str, int] = {}
-        self.kv_by_tenant: dict[str, int] = {}
+        self.engine = InFlight()
         # tenant -> weight (for the reserve's shares; unknown: 1)
         self.weights: dict[str, float] = {}
         self.done: dict[str, float] = {}
         # (tenant, "r" | "t") -> bucket
         self.buckets: dict[tuple[str, str], _Bucket] = {}
         self.tenants: dict[str, dict[str, str]] = {}
-        # Admissions so far, and each tenant's last one (ties between equal
-        # counters go to the tenant admitted least recently).
-        self.admissions = 0
-        self.last_admitted: dict[str, int] = {}
-        # Tenant -> until when it counts as active for the reserve (refreshed while
-        # backlogged or offered, and when one of its requests ends).
-        self.recent: dict[str, float] = {}
+        # Tenants active for the reserve a while after one of their requests
+        # ended or they stopped being backlogged on a replica.
+        self.recent = ActiveWindow()
+
+    @property
+    def counters(self) -> dict[str, float]:
+        return self.vtc.values
 
     # -- buckets ------------------------------------------------------------
     def _level(self, tenant: str, kind: str, rate: float, burst: float, now_s: float) -> float:
@@ -128,22 +130,12 @@ class MemoryStore:
     # -- leases ---------------------------------------------------------------
     def _open(self, lease_id: str, tenant: str, kv: int, now_s: float) -> None:
         self.leases[lease_id] = _Lease(tenant, kv, now_s + self.lease_ttl_s)
-        self.in_flight += 1
-        self.in_flight_kv += kv
-        self.concurrency[tenant] = self.concurrency.get(tenant, 0) + 1
-        self.kv_by_tenant[tenant] = self.kv_by_tenant.get(tenant, 0) + kv
+        self.engine.open(tenant, kv)
 
     def _release(self, lease_id: str) -> None:
         lease = self.leases.pop(lease_id, None)
-        if lease is None:
-            return
-        self.in_flight -= 1
-        self.in_flight_kv -= lease.kv_tokens
-        self.concurrency[lease.tenant_id] -= 1
-        self.kv_by_tenant[lease.tenant_id] -= lease.kv_tokens
-        if self.concurrency[lease.tenant_id] <= 0:
-            del self.concurrency[lease.tenant_id]
-            del self.kv_by_tenant[lease.tenant_id]
+        if lease is not None:
+            self.engine.release(lease.tenant_id, lease.kv_tokens)
 
     def _expire(self, now_s: float) -> None:
         for lid in [lid for lid, lease in self.leases.items() if lease.expires_s <= now_s]:
@@ -153,10 +145,7 @@ class MemoryStore:
             self.backlog_queued.pop(key, None)
         for lid in [lid for lid, exp in self.done.items() if exp <= now_s]:
             del self.done[lid]
-        for t in [
-            t for t, until_s in self.recent.items() if not rules.still_active(until_s, now_s)
-        ]:
-            del self.recent[t]
+        self.recent.prune(now_s)
         for key in [k for k, b in self.buckets.items() if b.expires_s <= now_s]:
             del self.buckets[key]
 
@@ -183,16 +172,15 @@ class MemoryStore:
         }
         if any(t == tenant and r != replica for (r, t) in self.backlog):
             return  # already backlogged on another replica
-        floor = rules.lift_floor((self.counters.get(t, 0.0) for t in others), self.floor)
-        self.counters[tenant] = rules.lifted(self.counters.get(tenant, 0.0), floor)
-        self.last_admitted.pop(tenant, None)  # first among the tenants it ties with
+        self.vtc.lift(tenant, (self.vtc.get(t) for t in others))
 
     def _forget(self, tenant: str, lim: BucketLimits, now_s: float) -> None:
         """Forget a tenant idle fleet-wide (Step.forget); else nothing."""
-        if tenant in self.concurrency or any(t == tenant for (_, t) in self.backlog):
+        if tenant in self.engine or any(t == tenant for (_, t) in self.backlog):
             return
-        for d in (self.counters, self.weights, self.last_admitted, self.recent):
-            d.pop(tenant, None)
+        self.vtc.forget(tenant)
+        self.weights.pop(tenant, None)
+        self.recent.back(tenant)
         # Full buckets (or no longer limited ones) go now, the others once full: the
         # wait for a whole burst.
         for kind, rate, burst in (
@@ -222,17 +210,15 @@ class MemoryStore:
         self._expire(now_s)
         out.settled = sum(self._settle(s, now_s) for s in step.settlements)
         for tenant, delta in step.charges.items():
-            self.counters[tenant] = self.counters.get(tenant, 0.0) + delta
+            self.vtc.charge(tenant, delta)
         for tenant, limits in step.forget.items():
             self._forget(tenant, limits, now_s)
         for tenant in step.withdraw:
             self.backlog.pop((replica_id, tenant), None)
             self.backlog_queued.pop((replica_id, tenant), None)
-        if step.reserve_window_s > 0:
-            # Still active for the reserve a while after its last request left.
-            until_s = rules.active_until(now_s, step.reserve_window_s)
-            for tenant in [*step.withdraw, *(x.tenant_id for x in step.settlements)]:
-                self.recent[tenant] = until_s
+        # Still active for the reserve a while after its last request left.
+        for tenant in [*step.withdraw, *(x.tenant_id for x in step.settlements)]:
+            self.recent.left(tenant, now_s, step.reserve_window_s)
         if step.backlogged is not None:
             for tenant in step.backlogged:
                 self.backlog[(replica_id, tenant)] = now_s + self.backlog_ttl_s
@@ -241,17 +227,17 @@ class MemoryStore:
         for tenant in step.announce:
             self._lift(replica_id, tenant)
             self.backlog[(replica_id, tenant)] = now_s + self.backlog_ttl_s
-            out.counters[tenant] = self.counters.get(tenant, 0.0)
+            out.counters[tenant] = self.vtc.get(tenant)
         for lease in step.renew or ():
             self._renew(lease, now_s)
         self.weights.update(step.weights)
         self._decide(replica_id, step, now_s, out)
-        out.in_flight = self.in_flight
+        out.in_flight = self.engine.requests
         return out
 
     def _decide(self, replica_id: str, step: Step, now_s: float, out: StepOutcome) -> None:
         for c in step.candidates:
-            out.counters[c.tenant_id] = self.counters.get(c.tenant_id, 0.0)
+            out.counters[c.tenant_id] = self.vtc.get(c.tenant_id)
             self.weights[c.tenant_id] = c.weight
         r = _StoreRound(self, replica_id, step, now_s, out)
         decision.admit_round(r, step.reserve_fraction, step.isolation)
@@ -261,7 +247,7 @@ class MemoryStore:
         if c.take_buckets:
             bucket_wait = self._bucket_wait(c.tenant_id, c.sent_tokens, c.buckets, now_s)[1]
         return rules.own_limit_wait_s(
-            self.concurrency.get(c.tenant_id, 0), c.max_concurrent, bucket_wait
+            self.engine.requests_of(c.tenant_id), c.max_concurrent, bucket_wait
         )
 
     def _fleet_queued(self) -> dict[str, int]:
@@ -281,14 +267,13 @@ class MemoryStore:
         queued = self._fleet_queued()
         for c in step.candidates:
             queued.setdefault(c.tenant_id, c.queued)
-        recent = [t for t, until_s in self.recent.items() if rules.still_active(until_s, now_s)]
         return decision.tenant_load(
             tenant,
-            [*queued, *self.concurrency, *recent],
+            [*queued, *self.engine.tenants(), *self.recent.active(now_s)],
             step.limits,
             lambda t: self.weights.get(t, 1.0),
             lambda t: queued.get(t, 0),
-            lambda t: (self.concurrency.get(t, 0), self.kv_by_tenant.get(t, 0)),
+            self.engine.of,
         )
 
     def _elsewhere(self, replica_id: str) -> dict[str, int]:
@@ -313,14 +298,10 @@ class MemoryStore:
         counts it)."""
         if c.take_buckets:
             self._add(c.tenant_id, -1.0, -float(c.sent_tokens), c.buckets, now_s)
-        counter = out.counters[c.tenant_id]
-        self.floor = rules.served_floor(self.floor, counter)
-        self.counters[c.tenant_id] = counter + rules.admission_charge(
+        charge = rules.admission_charge(
             step.w_in, c.prompt_tokens, c.weight, c.cached, step.w_cached
         )
-        out.counters[c.tenant_id] = self.counters[c.tenant_id]
-        self.admissions += 1
-        self.last_admitted[c.tenant_id] = self.admissions
+        out.counters[c.tenant_id] = self.vtc.admitted(c.tenant_id, charge)
         self._open(c.lease_id, c.tenant_id, c.kv_tokens, now_s)
         key = (replica_id, c.tenant_id)
         if key in self.backlog:
@@ -345,8 +326,7 @@ class MemoryStore:
 
     def seed_counters(self, counters: dict[str, float]) -> None:
         """Start from known counters (the fail-open fallback takes Redis's last values)."""
-        self.counters.update(counters)
-        self.floor = max([self.floor, *counters.values()]) if counters else self.floor
+        self.vtc.seed(counters)
 
     async def put_tenant(self, cfg: TenantConfig) -> None:
         self.tenants[cfg.tenant_id] = tenant_fields(cfg)
@@ -366,10 +346,10 @@ class MemoryStore:
             age_s = now_s - b.updated_s
             ages[tenant] = (age_s, ta) if kind == "r" else (ra, age_s)
         return StoreSnapshot(
-            in_flight=self.in_flight,
-            in_flight_kv_tokens=self.in_flight_kv,
-            concurrency={t: n for t, n in self.concurrency.items() if n},
-            counters=dict(self.counters),
+            in_flight=self.engine.requests,
+            in_flight_kv_tokens=self.engine.kv_tokens,
+            concurrency={t: self.engine.requests_of(t) for t in self.engine.tenants()},
+            counters=dict(self.vtc.values),
             leases=set(self.leases),
             backlog=backlog,
             bucket_levels=levels,
@@ -409,11 +389,11 @@ class _StoreRound:
 
     @property
     def in_flight(self) -> int:
-        return self.s.in_flight
+        return self.s.engine.requests
 
     @property
     def in_flight_kv(self) -> int:
-        return self.s.in_flight_kv
+        return self.s.engine.kv_tokens
 
     def _rank(self, t: str) -> tuple[float, int, int, int]:
         """Tenant `t`'s place in fair order (`rules.vtc_rank`, then the offer's order)."""
@@ -421,7 +401,7 @@ class _StoreRound:
         c = self.step.candidates[i]
         counter, credit = self.out.counters[t], self.step.light_credit
         return (
-            *rules.vtc_rank(counter, c.queued, credit, self.s.last_admitted.get(t, 0), c.seq),
+            *rules.vtc_rank(counter, c.queued, credit, self.s.vtc.last_admitted(t), c.seq),
             i,
         )
 
@@ -491,7 +471,7 @@ class _StoreRound:
         if self.elsewhere is None:  # the backlog does not change during a round
             self.elsewhere = self.s._elsewhere(self.replica_id)
         # Their counters may: a tenant backlogged here too is charged as admitted.
-        credit, counters = step.light_credit, self.s.counters
+        credit, counters = step.light_credit, self.s.vtc.values
         first = min(
             (
                 rules.order_key(counters.get(t, 0.0), q, credit)

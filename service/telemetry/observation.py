@@ -219,8 +219,8 @@ class GenerateObservation:
                 {
                     n.QUOTA_RESULT: "ok",
                     n.QUEUE_WAIT_S: wait_s,
-                    n.IN_FLIGHT_REQUESTS: budget.in_flight_requests,
-                    n.IN_FLIGHT_KV_TOKENS: budget.in_flight_kv_tokens,
+                    n.IN_FLIGHT_REQUESTS: budget.engine.requests,
+                    n.IN_FLIGHT_KV_TOKENS: budget.engine.kv_tokens,
                 }
             )
             queue.end()

@@ -43,7 +43,7 @@ async def assert_drained(app: App, *servers: RealSglang) -> None:
         lambda: d.queued == 0 and d.in_flight == 0 and engine.in_flight == 0,
         what="fairgate to drain",
     )
-    assert d.budget.in_flight_kv_tokens == 0
+    assert d.budget.engine.kv_tokens == 0
     await assert_sglang_idle(*(s.url for s in servers))
 
 

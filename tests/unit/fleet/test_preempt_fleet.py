@@ -138,7 +138,7 @@ def test_preemption_lets_a_victim_in_at_once_and_keeps_the_engine_full() -> None
     assert drv.core.preemptions >= len(preempt)
     # Every request still ran to the end; the dispatcher's books are closed.
     assert all(c.state == "done" for c in drv.calls)
-    assert drv.dispatcher.in_flight == 0 and drv.dispatcher.budget.in_flight_kv_tokens == 0
+    assert drv.dispatcher.in_flight == 0 and drv.dispatcher.budget.engine.kv_tokens == 0
     flood = [c for c in drv.calls if c.arrival.tenant_id == "flood"]
     assert sum(c.output_tokens for c in flood) == 256 * len(flood)
     assert plain_drv.core.preemptions == 0

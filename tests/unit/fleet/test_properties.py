@@ -178,7 +178,7 @@ def test_everything_returns_to_zero_and_is_charged_exactly_once(
     drv.run(arrivals)
     d = drv.dispatcher
     assert d.queued == 0 and d.in_flight == 0
-    assert d.budget.in_flight_kv_tokens == 0
+    assert d.budget.engine.kv_tokens == 0
     assert d.quotas.open_reservations == 0
     assert d.paused_tenants == {}
     assert not d._entries

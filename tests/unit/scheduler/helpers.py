@@ -61,5 +61,5 @@ def fill(reserve: FairShareReserve, budget: AdmissionBudget, tenant: str, n: int
     for _ in range(n):
         r = kv_req(tenant)
         reserve.on_queued(r)
-        reserve.on_admitted(r)
         budget.reserve(r)
+        reserve.on_admitted(r)

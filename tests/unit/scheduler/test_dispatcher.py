@@ -288,7 +288,7 @@ def test_idle_unconfigured_tenants_are_forgotten_configured_ones_kept() -> None:
     assert [u.config.tenant_id for u in d.quotas.usages()] == ["known"]
     policy = d.policy
     assert isinstance(policy, VtcPolicy)
-    assert set(policy._counters) == {"known"} and set(policy._backlog._queues) <= {"known"}
+    assert set(policy.counters.values) == {"known"} and set(policy._backlog._queues) <= {"known"}
     # A forgotten tenant that returns starts afresh, with full buckets.
     w = Waiter()
     d.submit(req("t7", prompt=10, max_tokens=10), w)

@@ -24,7 +24,7 @@ def _verdict(
 ) -> Verdict:
     for _ in range(queued):  # the candidate's own queue (it is one of them)
         reserve.on_queued(kv_req(req.tenant_id))
-    room = (budget.limits, budget.in_flight_requests, budget.in_flight_kv_tokens, req.kv_tokens)
+    room = (budget.limits, budget.engine.requests, budget.engine.kv_tokens, req.kv_tokens)
     load = None
     if needs_load(reserve.fraction, *room, PREEMPT):
         load = reserve.load(req.tenant_id, budget.limits)
@@ -33,12 +33,12 @@ def _verdict(
 
 def test_nothing_is_kept_idle_the_engine_fills() -> None:
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
-    reserve = FairShareReserve(0.125, lambda t: 1.0)
+    reserve = FairShareReserve(0.125, lambda t: 1.0, engine=budget.engine)
     fill(reserve, budget, "flood", 15)
     fill(reserve, budget, "victim", 1)  # light, below its share: RESERVE would hold
     assert _verdict(reserve, budget, kv_req("flood"), queued=9) is Verdict.FULL
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
-    reserve = FairShareReserve(0.125, lambda t: 1.0)
+    reserve = FairShareReserve(0.125, lambda t: 1.0, engine=budget.engine)
     fill(reserve, budget, "flood", 14)
     fill(reserve, budget, "victim", 1)
     assert _verdict(reserve, budget, kv_req("flood"), queued=9) is Verdict.ADMIT  # the 16th
@@ -46,7 +46,9 @@ def test_nothing_is_kept_idle_the_engine_fills() -> None:
 
 def test_a_light_tenant_below_its_share_goes_beyond_a_full_engine() -> None:
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
-    reserve = FairShareReserve(0.125, lambda t: 1.0)  # 2 slots lent beyond the 16
+    reserve = FairShareReserve(
+        0.125, lambda t: 1.0, engine=budget.engine
+    )  # 2 slots lent beyond the 16
     fill(reserve, budget, "flood", 16)
     assert _verdict(reserve, budget, kv_req("victim")) is Verdict.ADMIT
     fill(reserve, budget, "victim", 1)
@@ -57,12 +59,12 @@ def test_a_light_tenant_below_its_share_goes_beyond_a_full_engine() -> None:
 
 def test_heavy_or_over_share_tenants_get_no_lent_room() -> None:
     budget = AdmissionBudget(AdmissionLimits(16, 100_000))
-    reserve = FairShareReserve(0.125, lambda t: 1.0)
+    reserve = FairShareReserve(0.125, lambda t: 1.0, engine=budget.engine)
     fill(reserve, budget, "flood", 16)
     # A tenant with a queue of its own: it would retract its peers' requests.
     assert _verdict(reserve, budget, kv_req("other"), rules.LIGHT_QUEUE + 1) is Verdict.FULL
     budget = AdmissionBudget(AdmissionLimits(4, 100_000))
-    reserve = FairShareReserve(0.5, lambda t: 1.0)
+    reserve = FairShareReserve(0.5, lambda t: 1.0, engine=budget.engine)
     fill(reserve, budget, "flood", 2)
     fill(reserve, budget, "light", 2)  # at its half already
     assert _verdict(reserve, budget, kv_req("light")) is Verdict.FULL
@@ -70,11 +72,11 @@ def test_heavy_or_over_share_tenants_get_no_lent_room() -> None:
 
 def test_lent_kv_and_zero_fraction() -> None:
     budget = AdmissionBudget(AdmissionLimits(100, 1000))
-    reserve = FairShareReserve(0.1, lambda t: 1.0)  # 100 KV tokens lent
+    reserve = FairShareReserve(0.1, lambda t: 1.0, engine=budget.engine)  # 100 KV tokens lent
     fill(reserve, budget, "flood", 10)  # the KV is full
     assert _verdict(reserve, budget, kv_req("victim", kv=100)) is Verdict.ADMIT
     assert _verdict(reserve, budget, kv_req("victim", kv=101)) is Verdict.FULL
-    off = FairShareReserve(0.0, lambda t: 1.0)
+    off = FairShareReserve(0.0, lambda t: 1.0, engine=budget.engine)
     assert _verdict(off, budget, kv_req("victim")) is Verdict.FULL
 
 
