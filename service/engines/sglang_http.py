@@ -41,6 +41,7 @@ from service.engines.protocol import (
 )
 from service.engines.read_watchdog import ReadTimeout, ReadWatchdog
 from service.engines.sglang_chunks import (
+    DEFAULT_VOCAB_SIZE,
     ChunkDecoder,
     RequestRefused,
     UpstreamError,
@@ -54,8 +55,6 @@ from service.engines.sse_client import SseConnection, SsePool, StreamLost
 from service.engines.staged_prefill import StagedPrefill, StageLane, StagingStats, staged
 
 log = logging.getLogger(__name__)
-
-DEFAULT_VOCAB_SIZE = 32000
 
 
 class WorkerDown(EngineError):
