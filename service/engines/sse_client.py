@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable
+from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -77,8 +78,8 @@ class SseConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol -------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses; same interface.
+        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.total_bytes += len(data)

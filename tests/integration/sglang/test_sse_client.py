@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 
 import pytest
+import uvloop
 
 from service.engines.protocol import EngineChunk, EngineError, EngineRequest
 from service.engines.sglang_chunks import RequestRefused, UpstreamError
@@ -62,53 +63,59 @@ class Peer:
 StartPeer = Callable[[Answer], Awaitable[Peer]]
 
 
-@pytest.fixture
-async def start_peer() -> AsyncIterator[StartPeer]:
-    servers: list[asyncio.Server] = []
+@asynccontextmanager
+async def serving(answer: Answer) -> AsyncIterator[Peer]:
+    """A peer on 127.0.0.1 until the block ends (its connections cut then)."""
+    peer = Peer()
     handlers: set[asyncio.Task[None]] = set()
 
-    async def start(answer: Answer) -> Peer:
-        peer = Peer()
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.add(task)
+        task.add_done_callback(handlers.discard)
+        peer.connections += 1
+        peer.open_now += 1
+        peer.most_open = max(peer.most_open, peer.open_now)
+        try:
+            for n in range(1000):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                peer.requests.append(head + await reader.readexactly(length))
+                out = await answer(n)
+                if out is None:
+                    break
+                writer.write(out)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            peer.open_now -= 1
+            writer.close()
 
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            handlers.add(task)
-            task.add_done_callback(handlers.discard)
-            peer.connections += 1
-            peer.open_now += 1
-            peer.most_open = max(peer.most_open, peer.open_now)
-            try:
-                for n in range(1000):
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    length = next(
-                        int(line.split(b":")[1])
-                        for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length:")
-                    )
-                    peer.requests.append(head + await reader.readexactly(length))
-                    out = await answer(n)
-                    if out is None:
-                        break
-                    writer.write(out)
-                    await writer.drain()
-            except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-                pass
-            finally:
-                peer.open_now -= 1
-                writer.close()
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    peer.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield peer
+    finally:
+        server.close()
+        for task in list(handlers):
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
 
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        servers.append(server)
-        peer.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        return peer
 
-    yield start
-    for s in servers:
-        s.close()
-    for task in list(handlers):
-        task.cancel()
-    await asyncio.gather(*handlers, return_exceptions=True)
+@pytest.fixture
+async def start_peer() -> AsyncIterator[StartPeer]:
+    async with AsyncExitStack() as stack:
+
+        async def start(answer: Answer) -> Peer:
+            return await stack.enter_async_context(serving(answer))
+
+        yield start
 
 
 def _engine(url: str, **config: object) -> SglangHttpEngine:
@@ -188,18 +195,8 @@ async def test_the_connection_limit_holds_streams_back(start_peer: StartPeer) ->
     await engine.aclose()
 
 
-async def test_a_lagging_reader_stops_reading_the_socket(start_peer: StartPeer) -> None:
-    """The worker sends 4x the pause threshold at once; while nobody takes the
-    events, reading pauses with at most about the threshold buffered, and the
-    rest arrives complete and in order once they are taken."""
-    n_events = 4 * PAUSE_BYTES // 1000
-    events = [b"data: " + b"%07d" % i + b"x" * 987 + b"\n\n" for i in range(n_events)]
-
-    async def answer(n: int) -> bytes:
-        return chunked(b"".join(events))
-
-    peer = await start_peer(answer)
-    pool = SsePool(peer.url, connect_timeout_s=5)
+async def _lagging_reader(peer_url: str, events: list[bytes]) -> None:
+    pool = SsePool(peer_url, connect_timeout_s=5)
     conn = await pool.post("/generate", b"{}", {})
     await eventually(lambda: conn.reading_paused, what="reading paused")
     assert conn.pending_bytes <= PAUSE_BYTES + 256 * 1024  # and the read that crossed it
@@ -211,6 +208,49 @@ async def test_a_lagging_reader_stops_reading_the_socket(start_peer: StartPeer) 
     assert pool.idle_connections == 1
     await pool.aclose()
     assert pool.open_connections == 0
+
+
+def _many_events() -> list[bytes]:
+    """4x the pause threshold of ~1 kB events."""
+    return [b"data: " + b"%07d" % i + b"x" * 987 + b"\n\n" for i in range(4 * PAUSE_BYTES // 1000)]
+
+
+async def test_a_lagging_reader_stops_reading_the_socket(start_peer: StartPeer) -> None:
+    """The worker sends 4x the pause threshold at once; while nobody takes the
+    events, reading pauses with at most about the threshold buffered, and the
+    rest arrives complete and in order once they are taken."""
+    events = _many_events()
+
+    async def answer(n: int) -> bytes:
+        return chunked(b"".join(events))
+
+    peer = await start_peer(answer)
+    await _lagging_reader(peer.url, events)
+
+
+def test_keep_alive_and_backpressure_under_uvloop() -> None:
+    """The server runs on uvloop when installed (service/event_loop.py), whose
+    transports are not asyncio's classes."""
+    events = _many_events()
+    answered = 0
+
+    async def answer(n: int) -> bytes:
+        nonlocal answered
+        answered += 1
+        return chunked(STREAM if answered <= 2 else b"".join(events))
+
+    async def scenario() -> None:
+        async with serving(answer) as peer:
+            engine = _engine(peer.url)
+            for i in range(2):
+                chunks = await _stream(engine, f"r{i}")
+                assert chunks[-1].token_ids == [5, 6, 7]
+                await eventually(lambda: engine.streams.idle_connections == 1, what="idle")
+            assert peer.connections == 1
+            await engine.aclose()
+            await _lagging_reader(peer.url, events)
+
+    uvloop.run(scenario())
 
 
 @pytest.mark.parametrize("framing", ["content-length", "close-delimited"])
