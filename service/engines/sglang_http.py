@@ -278,7 +278,11 @@ class SglangHttpEngine:
             except ConnectionError as exc:
                 raise WorkerDown(f"{self.url}: cannot reach SGLang: {exc}", retryable=True) from exc
             if conn.status != 200:
-                text = (await conn.body()).decode("utf-8", "replace")[:500]
+                try:
+                    async with asyncio.timeout(self.config.read_timeout_s):
+                        text = (await conn.body()).decode("utf-8", "replace")[:500]
+                except TimeoutError:
+                    text = "(its body did not come)"
                 refused = 400 <= conn.status < 500 and conn.status != 429
                 raise (RequestRefused if refused else UpstreamError)(
                     f"{self.url}/generate answered HTTP {conn.status}: {text}",

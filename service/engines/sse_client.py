@@ -268,7 +268,7 @@ class SsePool:
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
-        self._netloc = parts.netloc.encode("idna")
+        self._netloc = parts.netloc.rpartition("@")[2].encode("idna")  # no credentials
         self._prefix = parts.path.rstrip("/")
         self.connect_timeout_s = connect_timeout_s
         self._slots = asyncio.Semaphore(max_connections) if max_connections > 0 else None

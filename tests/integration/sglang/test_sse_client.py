@@ -288,6 +288,20 @@ async def test_a_refusal_names_the_status_and_body(
     await engine.aclose()
 
 
+async def test_a_refusal_whose_body_never_ends_is_bounded_by_the_read_timeout(
+    start_peer: StartPeer,
+) -> None:
+    async def answer(n: int) -> bytes:
+        return b"HTTP/1.1 500 Oops\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"
+
+    peer = await start_peer(answer)
+    engine = _engine(peer.url, read_timeout_s=0.2)
+    with pytest.raises(UpstreamError, match=r"answered HTTP 500: \(its body did not come\)") as err:
+        await _stream(engine)
+    assert err.value.retryable and engine.streams.open_connections == 0
+    await engine.aclose()
+
+
 async def test_malformed_http_is_a_lost_worker(start_peer: StartPeer) -> None:
     async def answer(n: int) -> bytes:
         return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nnot hex\r\n"
