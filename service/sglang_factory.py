@@ -9,7 +9,8 @@ from service.engines.breaker import BreakerPolicy
 from service.engines.kv_events import KvEventsFollower
 from service.engines.pool import WorkerPool
 from service.engines.protocol import Engine
-from service.engines.sglang_http import DEFAULT_VOCAB_SIZE, SglangHttpConfig, SglangHttpEngine
+from service.engines.sglang_chunks import DEFAULT_VOCAB_SIZE
+from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
 from service.engines.staged_prefill import StagedPrefill
 from service.engines.stagger import Stagger
 from service.settings import Settings

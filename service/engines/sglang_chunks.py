@@ -190,6 +190,9 @@ def sampling_params(req: EngineRequest) -> dict[str, Any]:
     return params
 
 
+# The vocabulary assumed when a server (or an in-process engine) does not say.
+DEFAULT_VOCAB_SIZE = 32000
+
 # SGLang's --priority-scheduling-preemption-threshold when a server omits it.
 SGLANG_PREEMPTION_THRESHOLD = 10
 

@@ -1,13 +1,15 @@
 """SGLang over HTTP: the Engine Protocol on top of SGLang's native `/generate`.
 
-One `aiohttp.ClientSession` (a keep-alive connection pool) per engine. Each
-request streams `POST /generate` (SSE) with a fresh `rid` per attempt (never the
-client's request id, see `generate`), our priority (when the server runs
-priority scheduling) and the W3C trace headers. Cumulative or incremental
+Each request streams `POST /generate` (SSE) over this engine's own keep-alive
+connections (`sse_client.py`: httptools, not aiohttp, on the per-token path)
+with a fresh `rid` per attempt (never the client's request id, see
+`generate`), our priority (when the server runs priority scheduling) and the
+W3C trace headers. Cumulative or incremental
 output is turned into deltas by `ChunkDecoder`. When the consumer closes the
 stream early (client cancel, deadline), the request is aborted with
-`POST /abort_request` and the connection dropped. Capacity comes from `/server_info`, live load from
-`/v1/loads`.
+`POST /abort_request` and the connection dropped. Capacity comes from
+`/server_info`, live load from `/v1/loads`: those calls, `/health` and the
+aborts go through one `aiohttp.ClientSession`.
 
 Failures: a connection that cannot be made, drops, stalls longer than the
 read timeout, or carries malformed data becomes `EngineError` (`WorkerDown`
@@ -37,8 +39,9 @@ from service.engines.protocol import (
     EngineLoad,
     EngineRequest,
 )
-from service.engines.read_watchdog import ReadWatchdog
+from service.engines.read_watchdog import ReadTimeout, ReadWatchdog
 from service.engines.sglang_chunks import (
+    DEFAULT_VOCAB_SIZE,
     ChunkDecoder,
     RequestRefused,
     UpstreamError,
@@ -47,12 +50,11 @@ from service.engines.sglang_chunks import (
     priority_options,
     sampling_params,
 )
-from service.engines.sglang_sse import event_batches, superseded
+from service.engines.sglang_sse import superseded
+from service.engines.sse_client import SseConnection, SsePool, StreamLost
 from service.engines.staged_prefill import StagedPrefill, StageLane, StagingStats, staged
 
 log = logging.getLogger(__name__)
-
-DEFAULT_VOCAB_SIZE = 32000
 
 
 class WorkerDown(EngineError):
@@ -95,6 +97,7 @@ class SglangHttpEngine:
         self.server_info: dict[str, Any] = {}
         self._capacity: EngineCapacity | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._streams: SsePool | None = None
         self._abort_tasks: set[asyncio.Task[None]] = set()
         self._rids: dict[str, str] = {}  # request id -> SGLang rid of its live attempt
         self.in_flight = 0
@@ -102,10 +105,6 @@ class SglangHttpEngine:
         self.stage_lane = StageLane()
         # The radix cache's granularity (SGLang's page_size), for staged prefill.
         self.page_tokens = 1
-        # /generate streams: no sock_read (a timer re-created per read); ReadWatchdog instead.
-        self._stream_timeout = aiohttp.ClientTimeout(
-            total=None, connect=config.connect_timeout_s, sock_read=None
-        )
 
     # -- lifecycle ------------------------------------------------------------
     @property
@@ -120,6 +119,15 @@ class SglangHttpEngine:
                 ),
             )
         return self._session
+
+    @property
+    def streams(self) -> SsePool:
+        """The `/generate` streams' own keep-alive connections (sse_client.py)."""
+        if self._streams is None:
+            self._streams = SsePool(
+                self.url, self.config.connect_timeout_s, self.config.max_connections
+            )
+        return self._streams
 
     async def start(self) -> None:
         await self.refresh_server_info()
@@ -149,6 +157,9 @@ class SglangHttpEngine:
     async def aclose(self) -> None:
         if self._abort_tasks:
             await asyncio.wait(list(self._abort_tasks), timeout=2.0)
+        if self._streams is not None:
+            await self._streams.aclose()
+            self._streams = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -251,43 +262,44 @@ class SglangHttpEngine:
     ) -> AsyncGenerator[EngineChunk, None]:
         headers = {k: v for k, v in req.trace_headers.items() if k in ("traceparent", "tracestate")}
         headers["Content-Type"] = "application/json"
-        resp: aiohttp.ClientResponse | None = None
+        conn: SseConnection | None = None
         watchdog: ReadWatchdog | None = None
         self.in_flight += 1
         try:
             try:
                 # The silence before the headers counts against the read timeout too.
                 async with asyncio.timeout(self.config.read_timeout_s):
-                    resp = await self.session.post(
-                        self.url + "/generate",
-                        data=orjson.dumps(self._body(req, rid)),
-                        headers=headers,
-                        timeout=self._stream_timeout,
+                    conn = await self.streams.post(
+                        "/generate", orjson.dumps(self._body(req, rid)), headers
                     )
             except TimeoutError as exc:
                 silence = f"no data for {self.config.read_timeout_s:g} s"
                 raise WorkerDown(f"{self.url}: {silence} (no headers)", retryable=True) from exc
-            except aiohttp.ClientError as exc:
+            except ConnectionError as exc:
                 raise WorkerDown(f"{self.url}: cannot reach SGLang: {exc}", retryable=True) from exc
-            if resp.status != 200:
-                text = (await resp.text())[:500]
-                refused = 400 <= resp.status < 500 and resp.status != 429
+            if conn.status != 200:
+                try:
+                    async with asyncio.timeout(self.config.read_timeout_s):
+                        text = (await conn.body()).decode("utf-8", "replace")[:500]
+                except TimeoutError:
+                    text = "(its body did not come)"
+                refused = 400 <= conn.status < 500 and conn.status != 429
                 raise (RequestRefused if refused else UpstreamError)(
-                    f"{self.url}/generate answered HTTP {resp.status}: {text}",
-                    retryable=resp.status >= 500,
+                    f"{self.url}/generate answered HTTP {conn.status}: {text}",
+                    retryable=conn.status >= 500,
                 )
             # The read timeout, watched without a timer per read (read_watchdog.py).
-            watchdog = ReadWatchdog(resp.content, self.config.read_timeout_s)
+            watchdog = ReadWatchdog(conn, self.config.read_timeout_s)
             coalesce, window_s = self.config.coalesce, self.config.coalesce_window_s
-            async for payloads in event_batches(resp, self.url, watchdog):
-                # Coalescing: everything that arrived in one read goes out as one chunk.
+            # Every event received so far at once: one chunk per batch when coalescing.
+            while payloads := await conn.payloads():
                 for group in [payloads] if coalesce else [[p] for p in payloads]:
                     chunk, ended, error = self._decode_batch(decoder, group)
                     if chunk is not None and (chunk.text or chunk.token_ids or chunk.finish):
                         yield chunk
                         if window_s > 0 and not ended:
                             # Let the next tokens gather (the first was not held).
-                            await _gather_window(resp, window_s)
+                            await conn.hold(window_s)
                     if error is not None:
                         if decoder.completion_tokens:
                             error.retryable = False  # tokens reached the consumer
@@ -298,10 +310,10 @@ class SglangHttpEngine:
                 f"{self.url}: stream ended without [DONE] after {decoder.completion_tokens} tokens",
                 retryable=decoder.completion_tokens == 0,
             )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            what = "no data" if isinstance(exc, TimeoutError) else "connection lost"
-            if isinstance(exc, aiohttp.ServerTimeoutError):
-                what = f"no data for {self.config.read_timeout_s:g} s"
+        except (StreamLost, ReadTimeout) as exc:
+            what = f"no data for {self.config.read_timeout_s:g} s"
+            if isinstance(exc, StreamLost):
+                what = "connection lost"
             raise WorkerDown(
                 f"{self.url}: {what} after {decoder.completion_tokens} tokens ({exc!r})",
                 retryable=decoder.completion_tokens == 0,
@@ -310,13 +322,14 @@ class SglangHttpEngine:
             self.in_flight -= 1
             if watchdog is not None:
                 watchdog.cancel()
-            if resp is not None:
+            if conn is not None:
                 if decoder.finished:
-                    self._release_later(resp)
+                    # The trailing [DONE] is read off in the background, then reused.
+                    self.streams.release(conn)
                 else:
                     # Cancelled, failed or abandoned: drop the connection and tell
                     # SGLang to free the request (it also aborts on disconnect).
-                    resp.close()
+                    self.streams.discard(conn)
                     self._abort_later(rid)
 
     def _decode_batch(
@@ -353,24 +366,6 @@ class SglangHttpEngine:
                 return merged, True, None
         return merged, error is not None or len(parsed) < len(payloads), error
 
-    def _release_later(self, resp: aiohttp.ClientResponse) -> None:
-        # Read the trailing [DONE] off the wire so the connection can be reused.
-        if resp.content.at_eof():
-            resp.release()
-            return
-
-        async def drain() -> None:
-            try:
-                await asyncio.wait_for(resp.read(), timeout=1.0)
-            except (aiohttp.ClientError, TimeoutError):
-                pass
-            finally:
-                resp.release()
-
-        task = asyncio.get_running_loop().create_task(drain())
-        self._abort_tasks.add(task)
-        task.add_done_callback(self._abort_tasks.discard)
-
     def _abort_later(self, rid: str) -> None:
         if self._session is None or self._session.closed:
             return
@@ -392,20 +387,6 @@ class SglangHttpEngine:
         if not isinstance(body, dict):
             raise UpstreamError(f"{self.url}{path}: expected a JSON object")
         return body
-
-
-async def _gather_window(resp: aiohttp.ClientResponse, window_s: float) -> None:
-    """Stop reading `resp` for `window_s`: what the worker sends meanwhile waits in
-    the socket, then arrives in one read (one parse, one chunk)."""
-    protocol = resp.connection.protocol if resp.connection is not None else None
-    if protocol is None:
-        await asyncio.sleep(window_s)
-        return
-    protocol.pause_reading()
-    try:
-        await asyncio.sleep(window_s)
-    finally:
-        protocol.resume_reading()
 
 
 def capacity_from_server_info(info: dict[str, Any], model_info: dict[str, Any]) -> EngineCapacity:

@@ -29,12 +29,12 @@ from service.engines.protocol import (
     EngineRequest,
 )
 from service.engines.sglang_chunks import (
+    DEFAULT_VOCAB_SIZE,
     ChunkDecoder,
     find_key,
     priority_options,
     sampling_params,
 )
-from service.engines.sglang_http import DEFAULT_VOCAB_SIZE
 
 log = logging.getLogger(__name__)
 

@@ -1,65 +1,38 @@
-"""SGLang's `/generate` SSE stream: the `data:` payloads of every event already
-received, one list per socket read (`event_batches`), and which cumulative
-chunks a later one in the same read makes redundant (`superseded`).
+"""SGLang's `/generate` SSE stream: the `data:` payloads of the complete events in
+what was received (`split_events`, called per socket read by `sse_client.py`),
+and which cumulative chunks a later one in the same batch makes redundant
+(`superseded`).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from typing import Any
-
-import aiohttp
-
-from service.engines.read_watchdog import ReadWatchdog
-from service.engines.sglang_chunks import UpstreamError
 
 MAX_EVENT_BYTES = 64 << 20
 
 
-async def event_batches(
-    resp: aiohttp.ClientResponse, url: str, watchdog: ReadWatchdog
-) -> AsyncGenerator[list[bytes], None]:
-    """SSE `data:` payloads, all those complete in one read at a time.
+def split_events(buf: bytes) -> tuple[list[bytes], bytes]:
+    """(the `data:` payloads of the complete events in `buf`, the incomplete rest).
 
-    Splits on blank lines, tolerates CRLF and comments; the common event (one
-    `data: ` line) takes a fast path. Marks its waits for the read watchdog.
+    Splits on blank lines, tolerates CRLF and comments, joins the lines of a
+    multi-line event. The common read, one event of one `data: ` line, takes a
+    fast path (at 256 cumulative tokens: 0.5 µs against 2.8).
     """
-    buf = b""
-    content = resp.content
-    taken_bytes = 0  # of the body, which nothing read before this loop
-    while True:
-        watchdog.waiting = True
-        piece = await content.readany()
-        watchdog.waiting = False
-        if not piece:
-            break
-        taken_bytes += len(piece)
-        # readany takes the HTTP chunks (one SSE event each) buffered when it ran;
-        # taking them can resume a paused transport, which buffers more at once:
-        # take that too (checked by the byte count: a read_nowait() per read costs
-        # ~1 us), so everything received goes out as one chunk.
-        while content.total_bytes > taken_bytes and (more := content.read_nowait()):
-            taken_bytes += len(more)
-            piece += more
-        buf = buf + piece if buf else piece
-        if b"\r" in buf:
-            buf = buf.replace(b"\r\n", b"\n")
-        blocks = buf.split(b"\n\n")
-        buf = blocks.pop()
-        payloads: list[bytes] = []
-        for block in blocks:
-            if block.startswith(b"data: ") and b"\n" not in block:
-                payloads.append(block[6:])
-                continue
-            data = [
-                line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")
-            ]
-            if data:
-                payloads.append(b"\n".join(data))
-        if payloads:
-            yield payloads
-        if len(buf) > MAX_EVENT_BYTES:
-            raise UpstreamError(f"{url}: an SSE event exceeded {MAX_EVENT_BYTES} bytes")
+    if buf.startswith(b"data: ") and buf.find(b"\n") == len(buf) - 2 and buf.endswith(b"\n\n"):
+        return [buf[6:-2]], b""
+    if b"\r" in buf:
+        buf = buf.replace(b"\r\n", b"\n")
+    blocks = buf.split(b"\n\n")
+    rest = blocks.pop()
+    payloads: list[bytes] = []
+    for block in blocks:
+        if block.startswith(b"data: ") and b"\n" not in block:
+            payloads.append(block[6:])
+            continue
+        data = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
+        if data:
+            payloads.append(b"\n".join(data))
+    return payloads, rest
 
 
 def superseded(data: Any) -> bool:

@@ -1,5 +1,5 @@
-"""`python -m fairgate.bench.floors`: the grpc.aio and aiohttp floors, measured for real
-(a sim-server, a bare grpc.aio server, this package's SGLang adapter)."""
+"""`python -m fairgate.bench.floors`: the grpc.aio and HTTP-read floors, measured for real
+(a sim-server, a bare grpc.aio server, aiohttp, sse_client, this package's SGLang adapter)."""
 
 from __future__ import annotations
 
@@ -26,11 +26,12 @@ def test_floors_prints_a_positive_cost_for_each_part() -> None:
     assert set(costs) == {
         "grpc.aio bare server",
         "aiohttp read alone",
+        "sse_client alone",
         "SGLang HTTP adapter",
         "grpc + adapter",
     }, proc.stdout
     assert all(c > 0 for c in costs.values()), proc.stdout
-    # The adapter reads through aiohttp, and the sum is the sum.
-    assert costs["SGLang HTTP adapter"] > costs["aiohttp read alone"]
+    # The adapter reads through sse_client (and parses), and the sum is the sum.
+    assert costs["SGLang HTTP adapter"] > costs["sse_client alone"]
     total = costs["grpc.aio bare server"] + costs["SGLang HTTP adapter"]
     assert abs(costs["grpc + adapter"] - total) < 0.2

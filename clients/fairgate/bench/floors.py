@@ -3,18 +3,22 @@
     python -m fairgate.bench.floors [--streams 64] [--tokens 256] [--seconds 8]
 
 A streamed token crosses two libraries in fairgate: grpc.aio sends it to the
-client (one message) and aiohttp reads it from the SGLang worker (one SSE
-event). This measures each with nothing of fairgate around it, in front of one
-real-time `sim-server` (`streams` requests of `tokens` tokens, closed loop):
+client (one message) and the adapter's HTTP client (`sse_client.py`, httptools)
+reads it from the SGLang worker (one SSE event). This measures each with nothing
+of fairgate around it, in front of one real-time `sim-server` (`streams`
+requests of `tokens` tokens, closed loop):
 
 - grpc: a bare grpc.aio InferenceService (no auth, admission or engine) whose
   streams each yield one TokenDelta per tick of one shared timer (a decode
   step: `--step-ms`), driven by a grpc.aio client in this process; its CPU
   from /proc per message;
-- aiohttp: `POST /generate` and `readany()` until the end, nothing parsed;
-- adapter: `SglangHttpEngine.generate` (aiohttp, SSE, orjson, the decoder).
+- aiohttp: `POST /generate` and `readany()` until the end, nothing parsed (what
+  the adapter read with before `sse_client.py`: the reference);
+- sse_client: `SsePool.post` and `payloads()` until the end (HTTP and SSE
+  split, no JSON);
+- adapter: `SglangHttpEngine.generate` (sse_client, orjson, the decoder).
 
-The last two run in this process one at a time: CPU (process_time) per event.
+The last three run in this process one at a time: CPU (process_time) per event.
 Compare with `fairgate bench gateway` in the same minutes: fairgate ≈ grpc +
 adapter, smg is the same hop outside Python.
 """
@@ -134,10 +138,12 @@ async def _measured(args: argparse.Namespace, one: Request, mark: Callable[[], N
     return await loop_task
 
 
-async def in_process_floor(args: argparse.Namespace, url: str, adapter: bool) -> float:
-    """CPU µs per SSE event read in this process: aiohttp alone, or the adapter."""
+async def in_process_floor(args: argparse.Namespace, url: str, mode: str) -> float:
+    """CPU µs per SSE event read in this process: aiohttp alone, sse_client alone,
+    or the adapter."""
     from service.engines.protocol import EngineRequest, SamplingOptions
     from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
+    from service.engines.sse_client import SsePool
 
     prompt = list(range(1, 17))
     engine = SglangHttpEngine(SglangHttpConfig(url))
@@ -151,11 +157,19 @@ async def in_process_floor(args: argparse.Namespace, url: str, adapter: bool) ->
         }
     )
     sampling = SamplingOptions(ignore_eos=True)
+    pool = SsePool(url, connect_timeout_s=5.0)
+    json_headers = {"Content-Type": "application/json"}
 
     async def raw(tally: Callable[[int], None]) -> None:
         async with session.post(url + "/generate", data=body) as resp:
             while piece := await resp.content.readany():
                 tally(piece.count(b"\n\n"))  # one more for [DONE]: 1 in `tokens`
+
+    async def sse(tally: Callable[[int], None]) -> None:
+        conn = await pool.post("/generate", body, json_headers)
+        while payloads := await conn.payloads():
+            tally(len(payloads))  # one more for [DONE]: 1 in `tokens`
+        pool.release(conn)
 
     async def through_adapter(tally: Callable[[int], None]) -> None:
         req = EngineRequest(
@@ -165,10 +179,10 @@ async def in_process_floor(args: argparse.Namespace, url: str, adapter: bool) ->
             tally(len(chunk.token_ids))
 
     cpu: list[float] = []
-    rate = await _measured(
-        args, through_adapter if adapter else raw, lambda: cpu.append(time.process_time())
-    )
+    one = {"aiohttp": raw, "sse": sse, "adapter": through_adapter}[mode]
+    rate = await _measured(args, one, lambda: cpu.append(time.process_time()))
     await session.close()
+    await pool.aclose()
     await engine.aclose()
     seconds: float = args.seconds
     return (cpu[1] - cpu[0]) / (rate * seconds) * 1e6
@@ -178,9 +192,11 @@ async def main(args: argparse.Namespace) -> None:
     async with sim_workers(1, 1.0, max_running=256) as (url,):
         rate, grpc_us = await grpc_floor(args)
         print(f"grpc.aio bare server: {rate:.0f} msg/s, {grpc_us:.1f} µs CPU per message")
-        raw_us = await in_process_floor(args, url, adapter=False)
+        raw_us = await in_process_floor(args, url, "aiohttp")
         print(f"aiohttp read alone:   {raw_us:.1f} µs CPU per SSE event")
-        adapter_us = await in_process_floor(args, url, adapter=True)
+        sse_us = await in_process_floor(args, url, "sse")
+        print(f"sse_client alone:     {sse_us:.1f} µs CPU per SSE event")
+        adapter_us = await in_process_floor(args, url, "adapter")
         print(f"SGLang HTTP adapter:  {adapter_us:.1f} µs CPU per token")
         print(f"grpc + adapter:       {grpc_us + adapter_us:.1f} µs per token")
 
