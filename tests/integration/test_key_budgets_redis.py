@@ -24,13 +24,13 @@ from fairgate.admin.client import AdminClient
 from fairgate.v1 import admin_pb2 as apb
 
 from scheduler.tenancy.budgets import window
-from tests.integration.serve_process import redis_env, serve_replicas
 from tests.integration.test_key_limits_redis import (
     ADMIN_TOKEN,
     Replica,
     cli,
     generate,
     issue,
+    key_replicas,
     refusal,
     served,
     within,
@@ -46,17 +46,7 @@ tenants:
 
 @pytest.fixture
 async def replicas(redis_url: str, tmp_path: Path) -> AsyncIterator[list[Replica]]:
-    tenants = tmp_path / "tenants.yaml"
-    tenants.write_text(TENANTS)
-    env = redis_env(
-        redis_url,
-        str(tenants),
-        FAIRGATE_ADMIN_TOKEN=ADMIN_TOKEN,
-        FAIRGATE_API_KEY_PEPPER="key-budgets-pepper-0123456789",
-        FAIRGATE_AUTH_MODE="api-key",
-        FAIRGATE_TENANT_SYNC_INTERVAL_S="0.1",
-    )
-    async with serve_replicas(env) as addresses:
+    async with key_replicas(redis_url, tmp_path, TENANTS) as addresses:
         yield addresses
 
 
