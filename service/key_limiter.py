@@ -4,8 +4,9 @@
 (the store's snapshot this replica last loaded) and its tenant's config, and
 returns what the request must pass (`KeyCheck`: the gate, the key, the limits
 in force = the tighter of key and tenant, and the key's own budgets, which
-service/budget_check.py checks against the key's spend), or None for a key without limits,
-a request without a key, or a key this replica does not know yet.
+service/budget_check.py checks against the key's spend), or None for a key
+without limits, a request without a key, or a key this replica does not know
+yet.
 """
 
 from __future__ import annotations
