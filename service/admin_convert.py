@@ -257,6 +257,7 @@ def limits_to_proto(limits: KeyLimits) -> apb.ApiKeyLimits:
         value = getattr(limits.quotas, name)
         if value is not None:
             setattr(msg.quotas, name, value)
+    msg.budgets.extend(budget_to_proto(b) for b in limits.budgets)
     return msg
 
 

@@ -9,14 +9,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from fairgate.admin.convert import budget_values
 from fairgate.v1 import admin_pb2 as apb
 
 from scheduler.tenancy.key_limits import KEY_QUOTA_FIELDS, KeyLimits
+from scheduler.tenancy.tenant_check import read_budget
 from scheduler.tenancy.tenants import TenantConfig, TenantQuotas
 from service.admin_convert import PRIORITY_FROM_PB, QUOTA_FIELDS
 from service.errors import FieldViolation, InvalidRequest
 
-KEY_MASK_PATHS = frozenset({"priorities", "quotas", *(f"quotas.{q}" for q in KEY_QUOTA_FIELDS)})
+KEY_MASK_PATHS = frozenset(
+    {"priorities", "quotas", *(f"quotas.{q}" for q in KEY_QUOTA_FIELDS), "budgets"}
+)
 
 
 def limits_from_proto(
@@ -37,7 +41,16 @@ def limits_from_proto(
         for name in QUOTA_FIELDS
         if msg.quotas.HasField(name)  # type: ignore[arg-type]
     }
-    return KeyLimits(TenantQuotas(**quotas), frozenset(priorities) if priorities else None), out
+    kinds: list[tuple[str, str]] = []
+    budgets = tuple(
+        read_budget(budget_values(b), f"budgets[{i}]", False, kinds)
+        for i, b in enumerate(msg.budgets)
+    )
+    out += [FieldViolation(f"{path}.{f}", m) for f, m in kinds]
+    limits = KeyLimits(
+        TenantQuotas(**quotas), frozenset(priorities) if priorities else None, budgets
+    )
+    return limits, out
 
 
 def judged(limits: KeyLimits, tenant: TenantConfig, path: str = "limits") -> list[FieldViolation]:
@@ -60,6 +73,8 @@ def masked(current: KeyLimits, patch: KeyLimits, paths: Iterable[str]) -> KeyLim
             out = dataclasses.replace(out, priorities=patch.priorities)
         elif p == "quotas":
             out = dataclasses.replace(out, quotas=patch.quotas)
+        elif p == "budgets":
+            out = dataclasses.replace(out, budgets=patch.budgets)
         else:
             name = p.removeprefix("quotas.")
             quotas = dataclasses.replace(out.quotas, **{name: getattr(patch.quotas, name)})

@@ -142,8 +142,9 @@ class Generation:
 
     async def _check_budgets(self, budgets: BudgetCheck) -> None:
         tenant = self.params.model.dispatcher.quotas.tenants.get(self.queued.tenant_id)
-        if tenant is not None and tenant.budgets:
-            await budgets.check(tenant, self.queued.key_id)
+        own = self.key.budgets if self.key is not None else ()
+        if tenant is not None and (tenant.budgets or own):
+            await budgets.check(tenant, self.queued.key_id, own)
 
     async def stream(self) -> AsyncGenerator[Delta | Outcome, None]:
         """Deltas, then one Outcome. Consume it inside `aclosing` so that a

@@ -3,8 +3,10 @@
 `KeyLimiter.check(identity)` reads the key's limits from the tenant directory
 (the store's snapshot this replica last loaded) and its tenant's config, and
 returns what the request must pass (`KeyCheck`: the gate, the key, the limits
-in force = the tighter of key and tenant), or None for a key without limits,
-a request without a key, or a key this replica does not know yet.
+in force = the tighter of key and tenant, and the key's own budgets, which
+service/budget_check.py checks against the key's spend), or None for a key
+without limits, a request without a key, or a key this replica does not know
+yet.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from scheduler.errors import StoreUnavailable
 from scheduler.gate_stats import TenantBuckets
 from scheduler.key_gate import EffectiveKeyLimits, KeyGate, effective_limits
+from scheduler.tenancy.budgets import Budget
 from service.identity import Identity
 from service.tenant_directory import TenantDirectory
 
@@ -23,6 +26,7 @@ class KeyCheck:
     gate: KeyGate
     key_id: str
     limits: EffectiveKeyLimits
+    budgets: tuple[Budget, ...] = ()
 
     async def buckets(self) -> TenantBuckets:
         """The key's buckets now; none while its state is unreachable (headers only)."""
@@ -44,4 +48,5 @@ class KeyLimiter:
         tenant = self.directory.registry.get(identity.tenant_id)
         if record is None or tenant is None or record.limits.empty:
             return None
-        return KeyCheck(self.gate, identity.key_id, effective_limits(record.limits, tenant))
+        limits = effective_limits(record.limits, tenant)
+        return KeyCheck(self.gate, identity.key_id, limits, record.limits.budgets)

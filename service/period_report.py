@@ -1,8 +1,9 @@
 """`AdminService.GetPeriodUsage`: spend per tenant (and key) in one calendar window.
 
 Read from the usage log's counters (service/period_usage.py; fleet-wide with
-store=redis), beside each tenant's budget for the period
-(scheduler/tenancy/budgets.py: the fraction spent, the warning, exhausted).
+store=redis), beside each tenant's (and, with by_key, each key's own) budget
+for the period (scheduler/tenancy/budgets.py: the fraction spent, the warning,
+exhausted).
 """
 
 from __future__ import annotations
@@ -54,12 +55,17 @@ async def period_usage_response(
             raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
     (fields,) = await usage.window_fields([win])
     spent = period_usage.spends(fields)
-    budgets = {
-        tid: next((b for b in rec.config.budgets if b.period == win.period), None)
-        for tid, rec in snap.tenants.items()
-    }
+    owners = [((tid, ""), rec.config.budgets) for tid, rec in snap.tenants.items()]
+    if request.by_key:
+        # A revoked key's budget binds nothing: left out (its spend still shows).
+        owners += [
+            ((k.tenant_id, kid), k.limits.budgets)
+            for kid, k in snap.keys.items()
+            if k.active(now_s)
+        ]
+    budgets = {who: b for who, theirs in owners for b in theirs if b.period == win.period}
     rows = {who for who in spent if request.by_key or not who[1]}
-    rows |= {(tid, "") for tid, b in budgets.items() if b is not None}
+    rows |= set(budgets)
     if wanted:
         rows = {who for who in rows if who[0] in wanted} | {(tid, "") for tid in wanted}
     resp = apb.GetPeriodUsageResponse(durable=usage.durable)
@@ -79,7 +85,7 @@ async def period_usage_response(
             refusals=s.refusals,
             refusals_by_reason=dict(s.refused),
         )
-        budget = budgets.get(tid) if not key else None
+        budget = budgets.get((tid, key))
         if budget is not None:
             state = judge(budget, s, win)
             row.budget.CopyFrom(budget_to_proto(budget))

@@ -124,6 +124,8 @@ def _limits_dict(k: KeyLimits) -> dict[str, Any]:
     out: dict[str, Any] = {"quotas": _quotas_dict(k.quotas)}
     if k.priorities is not None:
         out["priorities"] = sorted(p.name.lower() for p in k.priorities)
+    if k.budgets:
+        out["budgets"] = [budget_to_dict(b) for b in k.budgets]
     return out
 
 
@@ -134,6 +136,8 @@ def _limits_of(d: dict[str, Any] | None) -> KeyLimits:
     return KeyLimits(
         quotas=TenantQuotas(**d["quotas"]),
         priorities=None if names is None else frozenset(Priority[p.upper()] for p in names),
+        # Written before keys had budgets: none.
+        budgets=tuple(budget_of(b) for b in d.get("budgets", ())),
     )
 
 

@@ -123,7 +123,7 @@ def read_tenant(
             problems.append(("budgets", f"expected a list, got {type(budgets).__name__}"))
         else:
             values["budgets"] = tuple(
-                _read_budget(b, f"budgets[{i}]", text, problems) for i, b in enumerate(budgets)
+                read_budget(b, f"budgets[{i}]", text, problems) for i, b in enumerate(budgets)
             )
     _judge(values, problems, partial)
     return values, problems
@@ -146,7 +146,7 @@ def _read_quotas(raw: Mapping[str, Any], text: bool, problems: list[Problem]) ->
     return out
 
 
-def _read_budget(raw: Any, where: str, text: bool, problems: list[Problem]) -> Budget:
+def read_budget(raw: Any, where: str, text: bool, problems: list[Problem]) -> Budget:
     """One budget's values of the right kind (the rest left to `Budget.problems`)."""
     if not isinstance(raw, Mapping):
         problems.append((where, f"expected a mapping, got {type(raw).__name__}"))

@@ -1,5 +1,6 @@
 """Per-key limits on one replica (store=memory): the gate in front of the tenant's queue,
-its refunds, the headers it reports, and a tenant lowered after the key was issued."""
+its refunds, the headers it reports, a tenant lowered after the key was issued, and a
+key's own budget (refused alone, named by the budget gauges)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from fairgate.v1 import admin_pb2_grpc as apb_grpc
 from service.app import App
 from tests.conftest import StartServer
 from tests.helpers import assert_no_leaks
+from tests.telemetry_helpers import Captured, captured
+
+__all__ = ["captured"]
 
 ADMIN_TOKEN = "key-limits-admin-token-0123"
 ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
@@ -107,3 +111,36 @@ async def test_a_key_raised_above_its_tenant_by_update_is_refused(app: App) -> N
     with pytest.raises(grpc.aio.AioRpcError) as missing:
         await admin(app, "UpdateApiKey", apb.UpdateApiKeyRequest(key_id="0" * 16))
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_key_budget_refuses_the_key_alone_and_its_gauges_name_the_key(
+    start_server: StartServer, tmp_path: Path, captured: Captured
+) -> None:
+    (tmp_path / "tenants.yaml").write_text(TENANTS)
+    app = await start_server(
+        captured.telemetry,
+        tenants_file=str(tmp_path / "tenants.yaml"),
+        admin_token=ADMIN_TOKEN,
+        auth_mode="api-key",
+    )
+    own = apb.ApiKeyLimits(budgets=[apb.Budget(period="month", tokens=1, warn_at=0.5)])
+    resp = await admin(app, "IssueApiKey", apb.IssueApiKeyRequest(tenant_id="t", limits=own))
+    key_id, secret = resp.key.key_id, resp.secret  # type: ignore[attr-defined]
+    _, sibling = await issue(app)
+    gauge = {
+        "fairgate.tenant": "t",
+        "fairgate.budget.period": "month",
+        "fairgate.api_key.id": key_id,
+    }
+    async with AsyncClient(app.address, api_key=secret) as c:
+        await c.complete("hi", max_tokens=2)  # under budget at the check; spends past it
+        assert captured.value("fairgate.budget.warning", gauge) == 0
+        with pytest.raises(FairgateError) as refused:
+            await c.complete("hi", max_tokens=2)
+    assert refused.value.reason == "BUDGET_EXHAUSTED"
+    assert refused.value.quota_violations[0][0] == f"tenant:t/key:{key_id}"
+    assert captured.value("fairgate.budget.warning", gauge) == 1
+    assert captured.value("fairgate.budget.spent", gauge) > 1  # the overshoot of one request
+    async with AsyncClient(app.address, api_key=sibling) as c:
+        await c.complete("hi", max_tokens=2)  # the tenant has no budget: its keys go on
+    await assert_no_leaks(app)

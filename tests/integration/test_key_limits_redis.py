@@ -11,6 +11,7 @@ them on both replicas.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -43,8 +44,17 @@ Replica = tuple[str, str]  # gRPC address, OpenAI base URL
 
 @pytest.fixture
 async def replicas(redis_url: str, tmp_path: Path) -> AsyncIterator[list[Replica]]:
+    async with key_replicas(redis_url, tmp_path, TENANTS) as addresses:
+        yield addresses
+
+
+@contextlib.asynccontextmanager
+async def key_replicas(
+    redis_url: str, tmp_path: Path, tenants_yaml: str
+) -> AsyncIterator[list[Replica]]:
+    """Two replicas on `redis_url` that authenticate API keys and sync tenants fast."""
     tenants = tmp_path / "tenants.yaml"
-    tenants.write_text(TENANTS)
+    tenants.write_text(tenants_yaml)
     env = redis_env(
         redis_url,
         str(tenants),
@@ -221,6 +231,7 @@ async def test_priorities_bad_input_and_the_listing(replicas: list[Replica]) -> 
     assert listed[key_id]["limits"] == {
         "quotas": {"tokens_per_min": 6000.0},
         "priorities": ["PRIORITY_CLASS_BATCH"],
+        "budgets": [],
     }
     r = await cli(grpc_b, "keys", "list", "--tenant", "t")
     row = next(line for line in r.stdout.splitlines() if line.startswith(key_id))

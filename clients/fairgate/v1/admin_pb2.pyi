@@ -727,6 +727,7 @@ class ApiKeyLimits(_message.Message):
 
     QUOTAS_FIELD_NUMBER: _builtins.int
     PRIORITIES_FIELD_NUMBER: _builtins.int
+    BUDGETS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def quotas(self) -> Global___TenantQuotas:
         """Only requests_per_s, requests_burst, tokens_per_min, tokens_burst and
@@ -738,15 +739,23 @@ class ApiKeyLimits(_message.Message):
     def priorities(self) -> _containers.RepeatedScalarFieldContainer[_inference_pb2.PriorityClass.ValueType]:
         """Allowed priority classes. Empty: the tenant's."""
 
+    @_builtins.property
+    def budgets(self) -> _containers.RepeatedCompositeFieldContainer[Global___Budget]:
+        """The key's own budgets, checked against the key's own spend (besides its
+        tenant's budgets, against the tenant's). At most one per period; for a
+        period its tenant budgets, tokens and requests at most the tenant's.
+        """
+
     def __init__(
         self,
         *,
         quotas: Global___TenantQuotas | None = ...,
         priorities: _abc.Iterable[_inference_pb2.PriorityClass.ValueType] | None = ...,
+        budgets: _abc.Iterable[Global___Budget] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["quotas", b"quotas"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["priorities", b"priorities", "quotas", b"quotas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "priorities", b"priorities", "quotas", b"quotas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -947,8 +956,8 @@ class UpdateApiKeyRequest(_message.Message):
     def limits(self) -> Global___ApiKeyLimits: ...
     @_builtins.property
     def update_mask(self) -> _field_mask_pb2.FieldMask:
-        """Fields of `limits` to change: priorities, quotas or quotas.<name>. Empty:
-        replace all of them.
+        """Fields of `limits` to change: priorities, quotas, quotas.<name> or
+        budgets. Empty: replace all of them.
         """
 
     def __init__(

@@ -6,6 +6,7 @@ import dataclasses
 
 from scheduler.key_gate import effective_limits
 from scheduler.request import Priority
+from scheduler.tenancy.budgets import Budget
 from scheduler.tenancy.key_limits import KeyLimits
 from scheduler.tenancy.tenants import TenantConfig, TenantQuotas
 
@@ -86,3 +87,48 @@ def test_a_tenant_lowered_later_binds_the_key() -> None:
     only_tokens = effective_limits(KeyLimits(TenantQuotas(tokens_per_min=600.0)), TENANT)
     assert only_tokens.buckets.requests_per_s is None
     assert only_tokens.priorities == TENANT.priorities
+
+
+BUDGETED = TenantConfig(
+    "b",
+    budgets=(Budget("day", tokens=1000), Budget("month", tokens=20_000, requests=500)),
+)
+
+
+def test_a_key_budget_within_the_tenants_is_accepted() -> None:
+    ok = KeyLimits(budgets=(Budget("day", tokens=1000, requests=7), Budget("month", requests=500)))
+    # requests for the day: the tenant budgets none of the day's requests.
+    assert ok.problems(BUDGETED) == []
+    assert not ok.empty
+    # A period the tenant does not budget: the key's is the only one.
+    assert KeyLimits(budgets=(Budget("month", tokens=10**9),)).problems(TenantConfig("u")) == []
+
+
+def test_every_key_budget_problem_is_listed() -> None:
+    bad = KeyLimits(
+        budgets=(
+            Budget("day", tokens=1001),  # above the tenant's 1000 a day
+            Budget("month", tokens=-5, requests=501),  # negative; above 500 requests
+            Budget("week", tokens=1),  # no such period
+            Budget("day", requests=3),  # a second day budget
+        )
+    )
+    problems = bad.problems(BUDGETED)
+    fields = [f for f, _ in problems]
+    assert sorted(fields) == sorted(
+        [
+            "budgets[0].tokens",
+            "budgets[1].tokens",
+            "budgets[1].requests",
+            "budgets[2].period",
+            "budgets",
+        ]
+    )
+    msgs = dict(problems)
+    assert "1001 is above the day budget of tenant 'b' (1000 tokens)" in msgs["budgets[0].tokens"]
+    assert "must be an integer" in msgs["budgets[1].tokens"]  # range, not compared
+    assert "above the month budget of tenant 'b' (500 requests)" in msgs["budgets[1].requests"]
+    # Its own rules hold without a tenant too.
+    assert [f for f, _ in KeyLimits(budgets=(Budget("day"),)).problems(None)] == [
+        "budgets[0].tokens"
+    ]

@@ -12,6 +12,9 @@ import redis as redis_lib
 
 from scheduler.errors import StoreUnavailable
 from scheduler.request import Priority
+from scheduler.tenancy import redis_tenant_store
+from scheduler.tenancy.budgets import Budget
+from scheduler.tenancy.key_limits import KeyLimits
 from scheduler.tenancy.redis_tenant_store import RedisTenantStore
 from scheduler.tenancy.tenant_store import (
     MUST_NOT_EXIST,
@@ -177,3 +180,32 @@ async def test_redis_unreachable_is_store_unavailable() -> None:
     with pytest.raises(StoreUnavailable):
         await store.write_tenants([PutTenant(TenantConfig("a"))], now_s=1.0)
     await store.aclose()
+
+
+async def test_a_keys_budgets_round_trip(store: TenantStore) -> None:
+    cfg = TenantConfig("team-b", budgets=(Budget("day", tokens=1000),))
+    await store.write_tenants([PutTenant(cfg)], now_s=1.0)
+    await store.add_key(_key("kb", "team-b"))
+    limits = KeyLimits(
+        priorities=frozenset({Priority.BATCH}),
+        budgets=(
+            Budget("day", tokens=500, counts=frozenset({"completion"}), warn_at=0.5),
+            Budget("month", requests=20),
+        ),
+    )
+    assert (await store.set_key_limits("kb", limits)).limits == limits
+    assert (await store.snapshot()).keys["kb"].limits == limits
+    cleared = await store.set_key_limits("kb", dataclasses.replace(limits, budgets=()))
+    assert (await store.snapshot()).keys["kb"] == cleared and cleared.limits.budgets == ()
+
+
+def test_a_redis_key_record_written_before_budgets_reads_back_none() -> None:
+    old = (
+        '{"created_at_s": 1.0, "expires_at_s": null, "hash": "hmac-sha256:00", '
+        '"limits": {"priorities": ["batch"], "quotas": {"max_concurrent": 2}}, '
+        '"name": "", "tenant": "t"}'
+    )
+    record = redis_tenant_store._key_of("k", old)
+    assert record.limits == KeyLimits(
+        TenantQuotas(max_concurrent=2), frozenset({Priority.BATCH}), budgets=()
+    )

@@ -65,6 +65,26 @@ async def test_a_key_budget_binds_the_key_alone() -> None:
     assert check.seen[("acme", "", "month")].requests_used == 1
 
 
+async def test_the_tenant_budget_is_checked_before_the_keys() -> None:
+    """Both spent: the refusal names the tenant's (the wider one: another key
+    would be refused too); a tenant without budgets still checks its key's."""
+    log = MemoryUsageLog()
+    check = BudgetCheck(log, now_s=lambda: NOW_S)
+    own = (Budget("day", tokens=15),)
+    _spend(log, "acme", key="k1")  # 15 tokens: the key's day budget is spent
+    free = TenantConfig("acme")
+    with pytest.raises(BudgetExhausted) as info:
+        await check.check(free, "k1", own)
+    assert info.value.subject == "tenant:acme/key:k1"
+    assert "key 'k1' has spent 15 of its day budget of 15 tokens" in str(info.value)
+    acme = TenantConfig("acme", budgets=(Budget("day", requests=1),))
+    with pytest.raises(BudgetExhausted) as info:
+        await check.check(acme, "k1", own)
+    assert (info.value.subject, info.value.limit) == ("tenant:acme", "budget.day.requests")
+    # The gauges read the key's state beside the tenant's.
+    assert check.seen[("acme", "k1", "day")].exhausted == "tokens"
+
+
 class _NoReads(MemoryUsageLog):
     async def window_fields(
         self, wins: list[Window], wanted: list[str] | None = None

@@ -27,6 +27,15 @@ KeyQuotaOpt = Annotated[
         "requests_burst, tokens_per_min, tokens_burst, max_concurrent (none: no limit)",
     ),
 ]
+KeyBudgetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--budget",
+        help="the key's own budget PERIOD:NAME=VALUE,..., as the tenant's (within its "
+        "tenant's budget for that period), e.g. day:tokens=100000,requests=50 "
+        "(the list, whole; none: no budgets of its own)",
+    ),
+]
 KeyPriorityOpt = Annotated[
     list[str] | None,
     typer.Option("--priority", help="a class the key may send (repeatable; default: its tenant's)"),
@@ -41,10 +50,11 @@ def keys_issue(
     name: Annotated[str, typer.Option(help="a label for the key")] = "",
     quota: KeyQuotaOpt = None,
     priority: KeyPriorityOpt = None,
+    budget: KeyBudgetOpt = None,
 ) -> None:
     """Issue an API key; the secret is printed once and never again."""
     try:
-        limits, _ = key_limits_from_flags(quota, priority)
+        limits, _ = key_limits_from_flags(quota, priority, budgets=budget)
     except FlagErrors as exc:
         raise bad_flags(exc.problems) from None
     with session(ctx) as (conn, client):
@@ -62,14 +72,15 @@ def keys_update(
     any_priority: Annotated[
         bool, typer.Option(help="drop the key's own priorities (its tenant's apply)")
     ] = False,
+    budget: KeyBudgetOpt = None,
 ) -> None:
     """Change a key's own limits (the ones given; others stay as they are)."""
     try:
-        limits, paths = key_limits_from_flags(quota, priority, any_priority)
+        limits, paths = key_limits_from_flags(quota, priority, any_priority, budget)
     except FlagErrors as exc:
         raise bad_flags(exc.problems) from None
     if not paths:
-        die(EXIT_INPUT, "nothing to change: give --quota, --priority or --any-priority")
+        die(EXIT_INPUT, "nothing to change: give --quota, --priority, --any-priority or --budget")
     with session(ctx) as (conn, client):
         key = client.update_key(key_id, limits, paths)
         if conn.json:

@@ -130,7 +130,9 @@ def key_limits_text(k: apb.ApiKey) -> str:
     parts = [] if not k.limits.priorities else [priorities_text(k.limits)]
     # A narrow column: 60000 → 60k.
     quotas = quotas_text(k.limits.quotas, "\n", lambda v: _short(v).replace(".0", ""))
-    return "\n".join(parts + ([quotas] if quotas != "-" else [])) or "-"
+    parts += [quotas] if quotas != "-" else []
+    parts += [f"{b.period}: {budget_text(b)}" for b in k.limits.budgets]
+    return "\n".join(parts) or "-"
 
 
 def _table(title: str, caption: str | None = None) -> Table:

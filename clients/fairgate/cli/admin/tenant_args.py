@@ -151,9 +151,13 @@ def tenant_from_flags(
 
 
 def key_limits_from_flags(
-    quotas: Sequence[str] | None, priorities: Sequence[str] | None, any_priority: bool = False
+    quotas: Sequence[str] | None,
+    priorities: Sequence[str] | None,
+    any_priority: bool = False,
+    budgets: Sequence[str] | None = None,
 ) -> tuple[apb.ApiKeyLimits, list[str]]:
-    """A key's own limits from `-q NAME=VALUE` and `--priority` flags, and the
+    """A key's own limits from `-q NAME=VALUE`, `--priority` and `--budget` flags
+    (the tenant flags' syntax; `--budget none`: no budgets of its own), and the
     update-mask paths they touch (`any_priority`: clear the key's priorities, so
     its tenant's apply). `FlagErrors` lists every bad flag: kinds and ranges by
     the tenants' validator, the fields a key may set and its tenant's ceilings by
@@ -162,6 +166,8 @@ def key_limits_from_flags(
     raw: dict[str, Any] = {"id": "key"}
     if quotas:
         raw["quotas"] = _quota_items(quotas, problems)
+    if budgets:
+        raw["budgets"] = _budget_items(budgets, problems)
     if priorities:
         raw["priorities"] = list(priorities)
     if priorities and any_priority:
@@ -176,6 +182,9 @@ def key_limits_from_flags(
         limits.priorities.extend(PRIORITIES[p] for p in dict.fromkeys(priorities or ()))
         paths.append("priorities")
     paths += _set_quotas(limits.quotas, values)
+    if "budgets" in values:
+        limits.budgets.extend(budget_proto(b) for b in values["budgets"])
+        paths.append("budgets")
     return limits, paths
 
 
