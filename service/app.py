@@ -21,6 +21,7 @@ from scheduler.gate import AdmissionGate
 from scheduler.key_gate import KeyGate
 from scheduler.ordering.policies import PolicyOptions
 from scheduler.state.redis_key_state import RedisKeyState
+from scheduler.tasks import stop_task
 from scheduler.tenancy.tenant_file import load_tenants
 from scheduler.tenancy.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
@@ -376,14 +377,9 @@ class App:
             await asyncio.gather(self.server.stop(CUT_WAIT_S), self.http.stop())
         else:
             await self.server.stop(CUT_WAIT_S)
-        if self._refresh is not None:
-            self._refresh.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresh
+        await stop_task(self._refresh)
         for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
         if self.usage is not None:
             await self.usage.aclose()  # the last records, written before the store closes
         if self.keys is not None:

@@ -41,6 +41,7 @@ from scheduler.shared.local import Entries, Entry, LocalQueues, Place
 from scheduler.shared.options import SharedOptions
 from scheduler.shared.outbox import Outbox
 from scheduler.state.store import Candidate, Step, StepOutcome, Store
+from scheduler.tasks import stop_task
 from scheduler.timers import Timers
 
 log = logging.getLogger("scheduler.shared.dispatcher")
@@ -143,10 +144,7 @@ class Pump:
     async def stop(self) -> None:
         """Stop the task; hand the store what is owed and withdraw from the backlog."""
         self._closing = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
         await self._failover.aclose()
         if self._failover.ok:
             with contextlib.suppress(StoreUnavailable):

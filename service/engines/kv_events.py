@@ -20,9 +20,9 @@ line at start-up when events are configured without them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
+from scheduler.tasks import stop_task
 from service.engines.kv_view import CacheView
 
 log = logging.getLogger(__name__)
@@ -74,9 +74,7 @@ class KvEventsFollower:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
             self._sub.close(linger=0)
             self._ctx.term()

@@ -43,6 +43,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
+from scheduler.tasks import stop_task
 from service.engines.breaker import Breaker, BreakerPolicy
 from service.engines.kv_events import KvEventsFollower
 from service.engines.placement import Placement
@@ -151,11 +152,8 @@ class WorkerPool:
             self._task = asyncio.create_task(self._health_loop(), name="sglang-pool-health")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         await asyncio.gather(*(f.stop() for f in self.kv_events if f is not None))
         await asyncio.gather(*(w.engine.aclose() for w in self.workers))
 

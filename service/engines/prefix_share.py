@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from scheduler.redis_io import UNAVAILABLE, text
+from scheduler.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +84,8 @@ class PrefixShare:
             self._task = asyncio.create_task(self._run(), name="prefix-share")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         await self.client.aclose()
 
     async def _run(self) -> None:

@@ -9,10 +9,10 @@ host allows).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
+from scheduler.tasks import stop_task
 from service.engines.protocol import (
     EngineCapacity,
     EngineChunk,
@@ -97,11 +97,8 @@ class SimulatedEngine:
     async def aclose(self) -> None:
         self._closed = True
         self._wake.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         for rid in list(self._channels):
             await self.abort(rid)
 
