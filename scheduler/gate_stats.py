@@ -46,7 +46,7 @@ class BucketStats:
     def of(cls, bucket: TokenBucket | None) -> BucketStats | None:
         if bucket is None:
             return None
-        return cls(bucket.peek_level(), bucket.burst, bucket.rate_per_s)
+        return cls(bucket.level(), bucket.burst, bucket.rate_per_s)
 
 
 def stored_buckets(

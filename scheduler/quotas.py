@@ -6,8 +6,9 @@ Life of one request's `Reservation`:
   (or gets QuotaExceeded with the exact retry delay).
 - `wait_s` while queued: 0 when it may enter the engine now, else how long
   until it may (inf: until one of the tenant's requests finishes).
-- `start` when admitted to the engine: takes a concurrency slot; a tenant in
-  "wait" mode reserves its buckets now (they allowed it, per `wait_s`).
+- `start` when admitted to the engine: a tenant in "wait" mode reserves its
+  buckets now (they allowed it, per `wait_s`). Its concurrency slot is the
+  engine's `InFlight` (admission_state.py), the one count of what is in flight.
 - `settle` exactly once at the end: refunds the unused part of max_tokens, or
   everything if it never started (cancel/deadline while queued charges
   nothing). A second settle is a no-op.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from scheduler.admission_state import InFlight
 from scheduler.clock import Clock
 from scheduler.errors import QuotaExceeded, RequestTooLarge
 from scheduler.request import QueuedRequest
@@ -48,10 +50,11 @@ class TenantUsage:
     """Live counts and totals of one tenant (read them, don't write them)."""
 
     config: TenantConfig
+    # What is on the engine: the one count (the budget's), read, never kept here.
+    in_flight: InFlight
     request_bucket: TokenBucket | None = None
     token_bucket: TokenBucket | None = None
     queued: int = 0
-    concurrent: int = 0
     open_reservations: int = 0
     rejected_total: int = 0
     settled_total: int = 0
@@ -59,6 +62,11 @@ class TenantUsage:
     charged_requests: float = 0.0
     charged_tokens: float = 0.0
     rejections: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def concurrent(self) -> int:
+        """Its requests on the engine now."""
+        return self.in_flight.requests_of(self.config.tenant_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,9 +179,14 @@ def bucket_exceeded(
 
 
 class QuotaLedger:
-    def __init__(self, tenants: TenantRegistry, clock: Clock) -> None:
+    def __init__(
+        self, tenants: TenantRegistry, clock: Clock, in_flight: InFlight | None = None
+    ) -> None:
+        """`in_flight`: what is on the engine, opened and released by its owner (the
+        dispatcher's budget, before `start` and before `settle`); max_concurrent reads it."""
         self.tenants = tenants
         self.clock = clock
+        self.in_flight = InFlight() if in_flight is None else in_flight
         self._usage: dict[str, TenantUsage] = {}
 
     # -- configuration ------------------------------------------------------
@@ -226,7 +239,7 @@ class QuotaLedger:
     def _usage_of(self, cfg: TenantConfig) -> TenantUsage:
         usage = self._usage.get(cfg.tenant_id)
         if usage is None:
-            usage = TenantUsage(config=cfg)
+            usage = TenantUsage(config=cfg, in_flight=self.in_flight)
             self._configure(usage, cfg)
             self._usage[cfg.tenant_id] = usage
         return usage
@@ -308,7 +321,6 @@ class QuotaLedger:
             self._take(usage, res)
         res.started = True
         usage.queued -= 1
-        usage.concurrent += 1
 
     def max_queue_wait_s(self, tenant_id: str) -> float | None:
         usage = self._usage.get(tenant_id)
@@ -323,9 +335,7 @@ class QuotaLedger:
         usage = self._usage[res.tenant_id]
         usage.open_reservations -= 1
         usage.settled_total += 1
-        if res.started:
-            usage.concurrent -= 1
-        else:
+        if not res.started:
             usage.queued -= 1
         requests, tokens = refund(
             res.started, res.requests_taken, res.tokens_taken, res.max_tokens, output_tokens

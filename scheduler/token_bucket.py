@@ -2,8 +2,11 @@
 
 Three operations: `try_take` (all or nothing, else the exact wait), `take`
 (may go into debt: a stream already in flight is never cut), and `refund`.
-The level is computed lazily from the time of the last update, so an idle
-bucket costs nothing.
+The same model as the shared store's buckets (`MemoryStore`, the Redis STEP
+script): a level and the time it was set; reading computes the level now
+(`rules.bucket_level`) and writes nothing, only an add (`rules.bucket_added`)
+stores a new level, so both sides round alike and a read is safe from another
+thread (a metric reader) while the event loop takes and refunds.
 """
 
 from __future__ import annotations
@@ -30,21 +33,16 @@ class TokenBucket:
 
     def level(self) -> float:
         """Tokens available now (negative while in debt)."""
+        return bucket_level(
+            self._level, self._updated_s, self._clock.now_s(), self.rate_per_s, self.burst
+        )
+
+    def _add(self, n: float) -> None:
+        """Add `n` now (negative: take, debt allowed; never above the burst)."""
         now_s = self._clock.now_s()
-        if now_s > self._updated_s:
-            self._level = self._level_at(now_s)
-            self._updated_s = now_s
-        return self._level
-
-    def peek_level(self) -> float:
-        """`level()` without writing: safe from another thread (a metric reader)
-        while the event loop takes and refunds."""
-        return self._level_at(self._clock.now_s())
-
-    def _level_at(self, now_s: float) -> float:
-        if now_s > self._updated_s:
-            return bucket_level(self._level, self._updated_s, now_s, self.rate_per_s, self.burst)
-        return self._level
+        level = bucket_level(self._level, self._updated_s, now_s, self.rate_per_s, self.burst)
+        self._level = bucket_added(level, n, self.burst)
+        self._updated_s = now_s
 
     def wait_s(self, n: float) -> float:
         """Seconds until `n` could be taken (0.0 now; inf if n exceeds the burst)."""
@@ -54,17 +52,16 @@ class TokenBucket:
         """Take `n` and return 0.0, or take nothing and return the wait in seconds."""
         wait_s = self.wait_s(n)
         if wait_s == 0.0:
-            self._level -= n
+            self._add(-n)
         return wait_s
 
     def take(self, n: float) -> None:
         """Take `n` even if that leaves the bucket in debt."""
-        self.level()
-        self._level -= n
+        self._add(-n)
 
     def refund(self, n: float) -> None:
         """Give back `n` (never above the burst)."""
-        self._level = bucket_added(self.level(), n, self.burst)
+        self._add(n)
 
     def reconfigure(self, rate_per_s: float, burst: float) -> None:
         """New limits; the current level (and any debt) carries over."""
@@ -74,3 +71,4 @@ class TokenBucket:
         self.rate_per_s = rate_per_s
         self.burst = burst
         self._level = min(level, burst)
+        self._updated_s = self._clock.now_s()
