@@ -2,19 +2,44 @@
 
 Three operations: `try_take` (all or nothing, else the exact wait), `take`
 (may go into debt: a stream already in flight is never cut), and `refund`.
-The same model as the shared store's buckets (`MemoryStore`, the Redis STEP
-script): a level and the time it was set; reading computes the level now
-(`rules.bucket_level`) and writes nothing, only an add (`rules.bucket_added`)
-stores a new level, so both sides round alike and a read is safe from another
-thread (a metric reader) while the event loop takes and refunds.
+The same model as the shared store's buckets (`StoredLevel`, kept by
+`MemoryStore` too; the Redis STEP script its twin): a level and the time it was
+set; reading computes the level now (`rules.bucket_level`) and writes nothing,
+only an add (`rules.bucket_added`) stores a new level, so both round alike and
+a read is safe from another thread (a metric reader) while the event loop
+takes and refunds.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from scheduler.clock import Clock
 from scheduler.rules import bucket_added, bucket_level, bucket_wait_s
+
+
+@dataclass(slots=True)
+class StoredLevel:
+    """A bucket as it is kept: the level it was set to and when (Redis: two fields
+    of a hash). `TokenBucket` and `MemoryStore` keep this one model; the STEP
+    script is its Lua twin (held to it by the store differential).
+    `expires_s`: a forgotten bucket that is not full yet goes once full (Redis:
+    the key's PEXPIRE); any add keeps it."""
+
+    level: float
+    updated_s: float
+    expires_s: float = math.inf
+
+    def at(self, now_s: float, rate_per_s: float, burst: float) -> float:
+        """The level now (negative while in debt); writes nothing."""
+        return bucket_level(self.level, self.updated_s, now_s, rate_per_s, burst)
+
+    def add(self, n: float, now_s: float, rate_per_s: float, burst: float) -> None:
+        """Add `n` (negative: take, debt allowed; never above the burst)."""
+        self.level = bucket_added(self.at(now_s, rate_per_s, burst), n, burst)
+        self.updated_s = now_s
+        self.expires_s = math.inf
 
 
 class TokenBucket:
@@ -28,21 +53,14 @@ class TokenBucket:
         self.rate_per_s = rate_per_s
         self.burst = burst
         self._clock = clock
-        self._level = burst if level is None else min(level, burst)
-        self._updated_s = clock.now_s()
+        self._stored = StoredLevel(burst if level is None else min(level, burst), clock.now_s())
 
     def level(self) -> float:
         """Tokens available now (negative while in debt)."""
-        return bucket_level(
-            self._level, self._updated_s, self._clock.now_s(), self.rate_per_s, self.burst
-        )
+        return self._stored.at(self._clock.now_s(), self.rate_per_s, self.burst)
 
     def _add(self, n: float) -> None:
-        """Add `n` now (negative: take, debt allowed; never above the burst)."""
-        now_s = self._clock.now_s()
-        level = bucket_level(self._level, self._updated_s, now_s, self.rate_per_s, self.burst)
-        self._level = bucket_added(level, n, self.burst)
-        self._updated_s = now_s
+        self._stored.add(n, self._clock.now_s(), self.rate_per_s, self.burst)
 
     def wait_s(self, n: float) -> float:
         """Seconds until `n` could be taken (0.0 now; inf if n exceeds the burst)."""
@@ -70,5 +88,4 @@ class TokenBucket:
             raise ValueError("rate_per_s and burst must be > 0")
         self.rate_per_s = rate_per_s
         self.burst = burst
-        self._level = min(level, burst)
-        self._updated_s = self._clock.now_s()
+        self._stored = StoredLevel(min(level, burst), self._clock.now_s())
