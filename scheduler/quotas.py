@@ -117,7 +117,15 @@ def _bucket(
     return old
 
 
-def check_caps(cfg: TenantConfig, req: QueuedRequest, burst: float | None) -> None:
+def check_arrival(cfg: TenantConfig, req: QueuedRequest, queued: int, where: str = "") -> None:
+    """The checks at arrival, both dispatchers' (before any bucket): the tenant's
+    caps, then a queue slot (`queued`: its requests queued already; `where`: on
+    what, e.g. " on this replica")."""
+    _check_caps(cfg, req, BucketLimits.of(cfg.quotas).tokens_burst)
+    _check_queue_slot(cfg, queued, where)
+
+
+def _check_caps(cfg: TenantConfig, req: QueuedRequest, burst: float | None) -> None:
     """Raise RequestTooLarge when `req` exceeds a cap of its tenant (stateless checks)."""
     q: TenantQuotas = cfg.quotas
     tid = cfg.tenant_id
@@ -149,9 +157,8 @@ def check_caps(cfg: TenantConfig, req: QueuedRequest, burst: float | None) -> No
         )
 
 
-def check_queue_slot(cfg: TenantConfig, queued: int, where: str = "") -> None:
-    """Raise QuotaExceeded when the tenant has `max_queued` requests queued already
-    (`where`: on what, e.g. "on this replica")."""
+def _check_queue_slot(cfg: TenantConfig, queued: int, where: str) -> None:
+    """Raise QuotaExceeded when the tenant has `max_queued` requests queued already."""
     limit = cfg.quotas.max_queued
     if limit is not None and queued >= limit:
         raise QuotaExceeded(
@@ -255,8 +262,7 @@ class QuotaLedger:
         req.tenant_id = cfg.tenant_id
         usage = self._usage_of(cfg)
         try:
-            self._check_caps(cfg, usage, req)
-            check_queue_slot(cfg, usage.queued)
+            check_arrival(cfg, req, usage.queued)
             res = Reservation(
                 request_id=req.request_id,
                 tenant_id=cfg.tenant_id,
@@ -273,9 +279,6 @@ class QuotaLedger:
         usage.queued += 1
         usage.open_reservations += 1
         return res
-
-    def _check_caps(self, cfg: TenantConfig, usage: TenantUsage, req: QueuedRequest) -> None:
-        check_caps(cfg, req, usage.token_bucket.burst if usage.token_bucket else None)
 
     def _bucket_waits(self, usage: TenantUsage, res: Reservation) -> tuple[str, float]:
         """(binding limit, seconds until both buckets allow this reservation)."""
