@@ -150,7 +150,7 @@ def ledger_tenants(
             weight=registry.weight_of(tid),
             virtual_counter=counter(tid) if counter is not None else None,
             queued=u.queued,
-            in_flight=u.concurrent,
+            in_flight=ledger.in_flight.requests_of(tid),
             request_bucket=BucketStats.of(u.request_bucket),
             token_bucket=BucketStats.of(u.token_bucket),
             charged_requests=u.charged_requests,

@@ -47,11 +47,10 @@ class Reservation:
 
 @dataclass(slots=True)
 class TenantUsage:
-    """Live counts and totals of one tenant (read them, don't write them)."""
+    """Live counts and totals of one tenant (read them, don't write them); what it
+    has in flight is the ledger's `in_flight` (the budget's, not kept twice)."""
 
     config: TenantConfig
-    # What is on the engine: the one count (the budget's), read, never kept here.
-    in_flight: InFlight
     request_bucket: TokenBucket | None = None
     token_bucket: TokenBucket | None = None
     queued: int = 0
@@ -62,11 +61,6 @@ class TenantUsage:
     charged_requests: float = 0.0
     charged_tokens: float = 0.0
     rejections: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def concurrent(self) -> int:
-        """Its requests on the engine now."""
-        return self.in_flight.requests_of(self.config.tenant_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +221,9 @@ class QuotaLedger:
     def idle(self, tenant_id: str) -> bool:
         """Nothing queued, in flight or reserved."""
         u = self._usage.get(tenant_id)
-        return u is None or (u.queued == 0 and u.concurrent == 0 and u.open_reservations == 0)
+        return u is None or (
+            u.queued == 0 and tenant_id not in self.in_flight and u.open_reservations == 0
+        )
 
     def forget(self, tenant_id: str) -> bool:
         """Drop an idle tenant's record once its buckets are full again (forgetting
@@ -246,7 +242,7 @@ class QuotaLedger:
     def _usage_of(self, cfg: TenantConfig) -> TenantUsage:
         usage = self._usage.get(cfg.tenant_id)
         if usage is None:
-            usage = TenantUsage(config=cfg, in_flight=self.in_flight)
+            usage = TenantUsage(config=cfg)
             self._configure(usage, cfg)
             self._usage[cfg.tenant_id] = usage
         return usage
@@ -311,7 +307,7 @@ class QuotaLedger:
         usage = self._usage[res.tenant_id]
         wait_mode = res.mode == "wait" and not res.started
         return own_limit_wait_s(
-            usage.concurrent,
+            self.in_flight.requests_of(res.tenant_id),
             usage.config.quotas.max_concurrent,
             self._bucket_waits(usage, res)[1] if wait_mode else None,
         )

@@ -130,7 +130,7 @@ def test_wait_mode_reserves_at_start_and_concurrency_blocks() -> None:
     led.in_flight.open("a", r1.tokens)  # as the dispatcher's budget does, before start
     led.start(r1)
     assert led.wait_s(r2) == math.inf  # at max_concurrent
-    assert led.usage("a").concurrent == 1  # type: ignore[union-attr]
+    assert led.in_flight.requests_of("a") == 1
     led.in_flight.release("a", r1.tokens)
     led.settle(r1, 5)
     assert led.wait_s(r2) == pytest.approx(1.0)  # request bucket empty
