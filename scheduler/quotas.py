@@ -115,7 +115,7 @@ def check_arrival(cfg: TenantConfig, req: QueuedRequest, queued: int, where: str
     """The checks at arrival, both dispatchers' (before any bucket): the tenant's
     caps, then a queue slot (`queued`: its requests queued already; `where`: on
     what, e.g. " on this replica")."""
-    _check_caps(cfg, req, BucketLimits.of(cfg.quotas).tokens_burst)
+    _check_caps(cfg, req, cfg.quotas.token_burst)
     _check_queue_slot(cfg, queued, where)
 
 
