@@ -234,7 +234,7 @@ class Dispatcher:
         self.policy = policy
         self.budget = budget
         self.clock = clock
-        self.quotas = QuotaLedger(tenants or TenantRegistry.permissive(), clock)
+        self.quotas = QuotaLedger(tenants or TenantRegistry.permissive(), clock, budget.engine)
         self.timers: Timers = timers or AsyncioTimers(clock)
         self.expire_deadlines = expire_deadlines
         self.reserve = FairShareReserve(

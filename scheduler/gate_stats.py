@@ -46,7 +46,7 @@ class BucketStats:
     def of(cls, bucket: TokenBucket | None) -> BucketStats | None:
         if bucket is None:
             return None
-        return cls(bucket.peek_level(), bucket.burst, bucket.rate_per_s)
+        return cls(bucket.level(), bucket.burst, bucket.rate_per_s)
 
 
 def stored_buckets(
@@ -150,7 +150,7 @@ def ledger_tenants(
             weight=registry.weight_of(tid),
             virtual_counter=counter(tid) if counter is not None else None,
             queued=u.queued,
-            in_flight=u.concurrent,
+            in_flight=ledger.in_flight.requests_of(tid),
             request_bucket=BucketStats.of(u.request_bucket),
             token_bucket=BucketStats.of(u.token_bucket),
             charged_requests=u.charged_requests,

@@ -6,8 +6,9 @@ Life of one request's `Reservation`:
   (or gets QuotaExceeded with the exact retry delay).
 - `wait_s` while queued: 0 when it may enter the engine now, else how long
   until it may (inf: until one of the tenant's requests finishes).
-- `start` when admitted to the engine: takes a concurrency slot; a tenant in
-  "wait" mode reserves its buckets now (they allowed it, per `wait_s`).
+- `start` when admitted to the engine: a tenant in "wait" mode reserves its
+  buckets now (they allowed it, per `wait_s`). Its concurrency slot is the
+  engine's `InFlight` (admission_state.py), the one count of what is in flight.
 - `settle` exactly once at the end: refunds the unused part of max_tokens, or
   everything if it never started (cancel/deadline while queued charges
   nothing). A second settle is a no-op.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from scheduler.admission_state import InFlight
 from scheduler.clock import Clock
 from scheduler.errors import QuotaExceeded, RequestTooLarge
 from scheduler.request import QueuedRequest
@@ -45,13 +47,13 @@ class Reservation:
 
 @dataclass(slots=True)
 class TenantUsage:
-    """Live counts and totals of one tenant (read them, don't write them)."""
+    """Live counts and totals of one tenant (read them, don't write them); what it
+    has in flight is the ledger's `in_flight` (the budget's, not kept twice)."""
 
     config: TenantConfig
     request_bucket: TokenBucket | None = None
     token_bucket: TokenBucket | None = None
     queued: int = 0
-    concurrent: int = 0
     open_reservations: int = 0
     rejected_total: int = 0
     settled_total: int = 0
@@ -109,7 +111,15 @@ def _bucket(
     return old
 
 
-def check_caps(cfg: TenantConfig, req: QueuedRequest, burst: float | None) -> None:
+def check_arrival(cfg: TenantConfig, req: QueuedRequest, queued: int, where: str = "") -> None:
+    """The checks at arrival, both dispatchers' (before any bucket): the tenant's
+    caps, then a queue slot (`queued`: its requests queued already; `where`: on
+    what, e.g. " on this replica")."""
+    _check_caps(cfg, req, cfg.quotas.token_burst)
+    _check_queue_slot(cfg, queued, where)
+
+
+def _check_caps(cfg: TenantConfig, req: QueuedRequest, burst: float | None) -> None:
     """Raise RequestTooLarge when `req` exceeds a cap of its tenant (stateless checks)."""
     q: TenantQuotas = cfg.quotas
     tid = cfg.tenant_id
@@ -141,9 +151,8 @@ def check_caps(cfg: TenantConfig, req: QueuedRequest, burst: float | None) -> No
         )
 
 
-def check_queue_slot(cfg: TenantConfig, queued: int, where: str = "") -> None:
-    """Raise QuotaExceeded when the tenant has `max_queued` requests queued already
-    (`where`: on what, e.g. "on this replica")."""
+def _check_queue_slot(cfg: TenantConfig, queued: int, where: str) -> None:
+    """Raise QuotaExceeded when the tenant has `max_queued` requests queued already."""
     limit = cfg.quotas.max_queued
     if limit is not None and queued >= limit:
         raise QuotaExceeded(
@@ -171,9 +180,14 @@ def bucket_exceeded(
 
 
 class QuotaLedger:
-    def __init__(self, tenants: TenantRegistry, clock: Clock) -> None:
+    def __init__(
+        self, tenants: TenantRegistry, clock: Clock, in_flight: InFlight | None = None
+    ) -> None:
+        """`in_flight`: what is on the engine, opened and released by its owner (the
+        dispatcher's budget, before `start` and before `settle`); max_concurrent reads it."""
         self.tenants = tenants
         self.clock = clock
+        self.in_flight = InFlight() if in_flight is None else in_flight
         self._usage: dict[str, TenantUsage] = {}
 
     # -- configuration ------------------------------------------------------
@@ -207,7 +221,9 @@ class QuotaLedger:
     def idle(self, tenant_id: str) -> bool:
         """Nothing queued, in flight or reserved."""
         u = self._usage.get(tenant_id)
-        return u is None or (u.queued == 0 and u.concurrent == 0 and u.open_reservations == 0)
+        return u is None or (
+            u.queued == 0 and tenant_id not in self.in_flight and u.open_reservations == 0
+        )
 
     def forget(self, tenant_id: str) -> bool:
         """Drop an idle tenant's record once its buckets are full again (forgetting
@@ -242,8 +258,7 @@ class QuotaLedger:
         req.tenant_id = cfg.tenant_id
         usage = self._usage_of(cfg)
         try:
-            self._check_caps(cfg, usage, req)
-            check_queue_slot(cfg, usage.queued)
+            check_arrival(cfg, req, usage.queued)
             res = Reservation(
                 request_id=req.request_id,
                 tenant_id=cfg.tenant_id,
@@ -260,9 +275,6 @@ class QuotaLedger:
         usage.queued += 1
         usage.open_reservations += 1
         return res
-
-    def _check_caps(self, cfg: TenantConfig, usage: TenantUsage, req: QueuedRequest) -> None:
-        check_caps(cfg, req, usage.token_bucket.burst if usage.token_bucket else None)
 
     def _bucket_waits(self, usage: TenantUsage, res: Reservation) -> tuple[str, float]:
         """(binding limit, seconds until both buckets allow this reservation)."""
@@ -295,7 +307,7 @@ class QuotaLedger:
         usage = self._usage[res.tenant_id]
         wait_mode = res.mode == "wait" and not res.started
         return own_limit_wait_s(
-            usage.concurrent,
+            self.in_flight.requests_of(res.tenant_id),
             usage.config.quotas.max_concurrent,
             self._bucket_waits(usage, res)[1] if wait_mode else None,
         )
@@ -308,7 +320,6 @@ class QuotaLedger:
             self._take(usage, res)
         res.started = True
         usage.queued -= 1
-        usage.concurrent += 1
 
     def max_queue_wait_s(self, tenant_id: str) -> float | None:
         usage = self._usage.get(tenant_id)
@@ -323,9 +334,7 @@ class QuotaLedger:
         usage = self._usage[res.tenant_id]
         usage.open_reservations -= 1
         usage.settled_total += 1
-        if res.started:
-            usage.concurrent -= 1
-        else:
+        if not res.started:
             usage.queued -= 1
         requests, tokens = refund(
             res.started, res.requests_taken, res.tokens_taken, res.max_tokens, output_tokens

@@ -48,7 +48,7 @@ from scheduler.errors import (
 from scheduler.gate import Admission, RequestState
 from scheduler.gate_stats import GateStats, TenantBuckets, stored_buckets
 from scheduler.idle import IdleTenants
-from scheduler.quotas import BucketLimits, bucket_exceeded, check_caps, check_queue_slot
+from scheduler.quotas import BucketLimits, bucket_exceeded, check_arrival
 from scheduler.request import QueuedRequest
 from scheduler.shared import fleet_usage
 from scheduler.shared.failover import FailoverController
@@ -235,14 +235,10 @@ class SharedDispatcher:
         req.tenant_id = cfg.tenant_id
         buckets = BucketLimits.of(cfg.quotas)
         try:
-            check_caps(cfg, req, buckets.tokens_burst)
-        except RequestTooLarge as exc:
+            check_arrival(cfg, req, self._local.queued(cfg.tenant_id), " on this replica")
+        except (RequestTooLarge, QuotaExceeded) as exc:
             self._refused(exc)
             raise
-        try:
-            check_queue_slot(cfg, self._local.queued(cfg.tenant_id), " on this replica")
-        except QuotaExceeded as exc:
-            raise self._refused(exc) from None
         q = cfg.quotas
         req.seq = next(self._seq)
         req.arrival_s = self.clock.now_s()

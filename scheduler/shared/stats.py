@@ -29,7 +29,7 @@ from scheduler.shared.local import Entry, LocalQueues
 from scheduler.state.store import FleetObserver, Store, StoreSnapshot
 from scheduler.tenancy.tenants import TenantRegistry
 
-Refusal = TypeVar("Refusal", QuotaExceeded, RequestTooLarge)
+Refusal = TypeVar("Refusal", bound=QuotaExceeded | RequestTooLarge)
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from scheduler.admission_state import ActiveWindow, FairCounters, InFlight
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import Clock
 from scheduler.quotas import BucketLimits
-from scheduler.rules import Verdict, bucket_level, bucket_wait_s
+from scheduler.rules import Verdict, bucket_wait_s
 from scheduler.state.store import (
     Candidate,
     Lease,
@@ -32,14 +32,7 @@ from scheduler.state.store import (
     tenant_fields,
 )
 from scheduler.tenancy.tenants import TenantConfig
-
-
-@dataclass(slots=True)
-class _Bucket:
-    level: float
-    updated_s: float
-    # Forgotten while not full: gone once full (Redis: the key's PEXPIRE).
-    expires_s: float = math.inf
+from scheduler.token_bucket import StoredLevel
 
 
 @dataclass(slots=True)
@@ -78,7 +71,7 @@ class MemoryStore:
         self.weights: dict[str, float] = {}
         self.done: dict[str, float] = {}
         # (tenant, "r" | "t") -> bucket
-        self.buckets: dict[tuple[str, str], _Bucket] = {}
+        self.buckets: dict[tuple[str, str], StoredLevel] = {}
         self.tenants: dict[str, dict[str, str]] = {}
         # Tenants active for the reserve a while after one of their requests
         # ended or they stopped being backlogged on a replica.
@@ -91,9 +84,7 @@ class MemoryStore:
     # -- buckets ------------------------------------------------------------
     def _level(self, tenant: str, kind: str, rate: float, burst: float, now_s: float) -> float:
         b = self.buckets.get((tenant, kind))
-        if b is None:
-            return burst
-        return bucket_level(b.level, b.updated_s, now_s, rate, burst)
+        return burst if b is None else b.at(now_s, rate, burst)
 
     async def bucket_levels(self, tenant_id: str) -> dict[str, SeenLevel]:
         now_s = self.clock.now_s()
@@ -103,8 +94,13 @@ class MemoryStore:
             if (b := self.buckets.get((tenant_id, kind))) is not None
         }
 
-    def _set(self, tenant: str, kind: str, level: float, now_s: float) -> None:
-        self.buckets[(tenant, kind)] = _Bucket(level, now_s)
+    def _add_to(
+        self, tenant: str, kind: str, n: float, rate: float, burst: float, now_s: float
+    ) -> None:
+        b = self.buckets.get((tenant, kind))
+        if b is None:  # absent: full
+            b = self.buckets[(tenant, kind)] = StoredLevel(burst, now_s)
+        b.add(n, now_s, rate, burst)
 
     def _bucket_wait(
         self, tenant: str, tokens: int, lim: BucketLimits, now_s: float
@@ -121,11 +117,9 @@ class MemoryStore:
     def _add(self, tenant: str, req: float, tok: float, lim: BucketLimits, now_s: float) -> None:
         """Add to the buckets (negative: take, debt allowed; never above the burst)."""
         if req and lim.requests_per_s is not None and lim.requests_burst is not None:
-            lvl = self._level(tenant, "r", lim.requests_per_s, lim.requests_burst, now_s)
-            self._set(tenant, "r", rules.bucket_added(lvl, req, lim.requests_burst), now_s)
+            self._add_to(tenant, "r", req, lim.requests_per_s, lim.requests_burst, now_s)
         if tok and lim.tokens_per_s is not None and lim.tokens_burst is not None:
-            lvl = self._level(tenant, "t", lim.tokens_per_s, lim.tokens_burst, now_s)
-            self._set(tenant, "t", rules.bucket_added(lvl, tok, lim.tokens_burst), now_s)
+            self._add_to(tenant, "t", tok, lim.tokens_per_s, lim.tokens_burst, now_s)
 
     # -- leases ---------------------------------------------------------------
     def _open(self, lease_id: str, tenant: str, kv: int, now_s: float) -> None:
@@ -322,7 +316,7 @@ class MemoryStore:
         fallback starts from the last levels seen in the shared store, not full)."""
         now_s = self.clock.now_s()
         for (tenant, kind), level in levels.items():
-            self._set(tenant, kind, level, now_s)
+            self.buckets[(tenant, kind)] = StoredLevel(level, now_s)
 
     def seed_counters(self, counters: dict[str, float]) -> None:
         """Start from known counters (the fail-open fallback takes Redis's last values)."""

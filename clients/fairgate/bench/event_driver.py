@@ -334,8 +334,7 @@ class Driver:
         next_timer = self.timers.next_s()
         for tenant_id, until_s in d.paused_tenants.items():
             if math.isinf(until_s):
-                usage = d.quotas.usage(tenant_id)
-                assert usage is not None and usage.concurrent > 0, f"{tenant_id} paused forever"
+                assert tenant_id in d.budget.engine, f"{tenant_id} paused forever"
             else:
                 assert next_timer is not None and next_timer <= until_s, "no wake-up armed"
 

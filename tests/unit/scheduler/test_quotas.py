@@ -96,7 +96,7 @@ def test_settle_refunds_unused_output_once() -> None:
     assert not led.settle(res, output_tokens=0)  # idempotent
     assert usage.token_bucket.level() == pytest.approx(850)
     assert usage.charged_tokens == 150
-    assert usage.concurrent == 0 and usage.open_reservations == 0
+    assert usage.open_reservations == 0
 
 
 def test_settle_while_queued_charges_nothing() -> None:
@@ -127,8 +127,11 @@ def test_wait_mode_reserves_at_start_and_concurrency_blocks() -> None:
     r1 = led.open(req("a"))
     r2 = led.open(req("a"))  # wait mode: queued without reserving
     assert led.wait_s(r1) == 0
+    led.in_flight.open("a", r1.tokens)  # as the dispatcher's budget does, before start
     led.start(r1)
     assert led.wait_s(r2) == math.inf  # at max_concurrent
+    assert led.in_flight.requests_of("a") == 1
+    led.in_flight.release("a", r1.tokens)
     led.settle(r1, 5)
     assert led.wait_s(r2) == pytest.approx(1.0)  # request bucket empty
     clock.advance(1.0)

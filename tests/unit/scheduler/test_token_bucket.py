@@ -5,6 +5,7 @@ import math
 import pytest
 
 from scheduler.clock import FakeClock
+from scheduler.rules import bucket_added, bucket_level
 from scheduler.token_bucket import TokenBucket
 
 
@@ -73,13 +74,17 @@ def test_reconfigure_keeps_level() -> None:
     assert b.try_take(1) == pytest.approx(1.5)
 
 
-def test_peek_level_reads_the_refill_without_writing() -> None:
+def test_a_read_writes_nothing_and_levels_round_as_the_store_does() -> None:
     clock = FakeClock()
-    b = TokenBucket(rate_per_s=2.0, burst=10.0, clock=clock)
-    b.take(8)
-    clock.advance(1.5)
-    assert b.peek_level() == pytest.approx(5.0)
-    b.take(1)  # a take after a peek sees the same refill: the peek wrote nothing
-    assert b.level() == pytest.approx(4.0)
-    clock.advance(100)
-    assert b.peek_level() == 10.0
+    b = TokenBucket(rate_per_s=0.1, burst=10.0, clock=clock)
+    b.take(10)
+    for _ in range(7):  # reads in between: each computes from the last add
+        clock.advance(0.3)
+        b.level()
+        b.wait_s(5)
+    b.take(0.5)
+    # The store's buckets (MemoryStore, Lua): the level at the add, from the last add only.
+    stored = bucket_added(bucket_level(0.0, 0.0, clock.now_s(), 0.1, 10.0), -0.5, 10.0)
+    assert b.level() == stored
+    clock.advance(1000)
+    assert b.level() == 10.0
