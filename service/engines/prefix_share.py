@@ -130,7 +130,7 @@ class PrefixShare:
             if "k" in f:
                 self.learn(f["u"], int(f["k"]))
             elif "p" in f and "n" in f and self.learn_prefill is not None:
-                self.learn_prefill(f["u"], f"{f['r']}:{f['p']}", int(f["n"]))
+                self.learn_prefill(f["u"], f"{f.get('r', '')}:{f['p']}", int(f["n"]))
             else:
                 return
             self.learned_total += 1

@@ -90,6 +90,11 @@ async def test_prefills_reach_the_other_replica_and_end_there(redis_url: str) ->
         await b.sync()
         await a.sync()
         assert heard[-1] == ("http://w1", "a:7", 0) and ended == []
+        # Entries another writer left malformed are skipped, the share goes on.
+        await b.client.xadd("t:{d}:routes", {"u": "http://w1", "p": "9", "n": "x"})
+        await b.client.xadd("t:{d}:routes", {"u": "http://w1", "p": "8", "n": "5"})
+        await b.sync()
+        assert heard[-1] == ("http://w1", ":8", 5)
     finally:
         await a.aclose()
         await b.aclose()
