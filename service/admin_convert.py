@@ -7,14 +7,14 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from fairgate.admin.convert import budget_values
+from fairgate.admin.convert import budget_message, budget_values
 from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import inference_pb2 as pb
 from google.protobuf import timestamp_pb2
 
 from scheduler.gate_stats import BucketStats, TenantStats
 from scheduler.request import Priority
-from scheduler.tenancy.budgets import ALL_KINDS, TOKEN_KINDS, Budget, budget_to_dict
+from scheduler.tenancy.budgets import Budget, budget_to_dict
 from scheduler.tenancy.key_limits import KeyLimits
 from scheduler.tenancy.tenant_check import config_of, read_tenant
 from scheduler.tenancy.tenant_store import ApiKeyRecord, TenantRecord
@@ -110,14 +110,8 @@ def tenant_violations(t: apb.Tenant, path: str) -> tuple[TenantConfig | None, li
 
 
 def budget_to_proto(b: Budget) -> apb.Budget:
-    out = apb.Budget(period=b.period, warn_at=b.warn_at)
-    if b.tokens is not None:
-        out.tokens = b.tokens
-    if b.requests is not None:
-        out.requests = b.requests
-    if b.counts != ALL_KINDS:
-        out.counts.extend(k for k in TOKEN_KINDS if k in b.counts)
-    return out
+    """The server's answers always carry `warn_at` (the default too)."""
+    return budget_message({**budget_to_dict(b), "warn_at": b.warn_at})
 
 
 def tenant_from_proto(t: apb.Tenant, path: str = "tenant") -> TenantConfig:

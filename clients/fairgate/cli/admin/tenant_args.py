@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fairgate.admin.convert import budget_values
+from fairgate.admin.convert import budget_message, budget_values
 from fairgate.v1 import admin_pb2 as apb
 from fairgate.v1 import inference_pb2 as pb
 from scheduler.tenancy.budgets import budget_to_dict
@@ -190,13 +190,7 @@ def key_limits_from_flags(
 
 def budget_proto(b: Any) -> apb.Budget:
     """A validated `Budget` as its proto (unset fields: the defaults)."""
-    d = budget_to_dict(b)
-    out = apb.Budget(period=b.period)
-    for name in ("tokens", "requests", "warn_at"):
-        if name in d:
-            setattr(out, name, d[name])
-    out.counts.extend(d.get("counts", []))  # type: ignore[arg-type]
-    return out
+    return budget_message(budget_to_dict(b))
 
 
 def tenants_to_file(tenants: Sequence[apb.Tenant], default_tenant_id: str) -> dict[str, Any]:
