@@ -143,6 +143,9 @@ class App:
         self.http: OpenAIFront | None = None
         self.usage: UsageLog | None = None
         self.keys: KeyLimiter | None = None
+        # What App.start opened (engine, stores, share, usage log, telemetry…), closed
+        # in reverse by `stop`: the one list, so nothing opened is left open.
+        self._opened = contextlib.AsyncExitStack()
 
     @property
     def address(self) -> str:
@@ -156,6 +159,7 @@ class App:
         async with contextlib.AsyncExitStack() as undo:
             try:
                 app = await cls._start(settings, telemetry, undo)
+                app._opened = undo.pop_all()  # started: App.stop closes it all from now on
             except StoreUnavailable as exc:
                 raise StartupError(
                     "redis_url",
@@ -163,7 +167,6 @@ class App:
                     "start it, or point the setting at it",
                     EXIT_ENVIRONMENT,
                 ) from None
-            undo.pop_all()  # started: App.stop closes it all from now on
         return app
 
     @classmethod
@@ -171,6 +174,7 @@ class App:
         cls, settings: Settings, telemetry: Telemetry | None, undo: contextlib.AsyncExitStack
     ) -> App:
         telemetry = telemetry or build_telemetry(settings)
+        undo.push_async_callback(telemetry.aclose)  # closed last
         engine, model_name = build_engine(settings)
         await engine.start()
         undo.push_async_callback(engine.aclose)
@@ -297,7 +301,6 @@ class App:
             port = 0
         if port == 0:
             raise BindError("listen", f"cannot listen on {settings.listen}", EXIT_ENVIRONMENT)
-        undo.push_async_callback(telemetry.aclose)
         try:
             await telemetry.start()
         except OSError as exc:  # the metrics port (a worker's: its base + its index)
@@ -380,16 +383,10 @@ class App:
         await stop_task(self._refresh)
         for task in self._tasks:
             await stop_task(task)
-        if self.usage is not None:
-            await self.usage.aclose()  # the last records, written before the store closes
-        if self.keys is not None:
-            await self.keys.gate.state.aclose()  # the last refunds, then its connection
-        for model in self.models:
-            await model.dispatcher.aclose()  # a shared one hands Redis the last settlements
-        if self.directory is not None:
-            await close_tenant_store(self.directory.store)
-        await self.engine.aclose()
-        await self.telemetry.aclose()
+        # In reverse of opening: the usage log's last records and the key gate's
+        # last refunds, the prefix share, the dispatcher's last settlements, then
+        # the stores, the engine and telemetry.
+        await self._opened.aclose()
         log.info("fairgate stopped")
 
     async def wait_stopped(self) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from scheduler.errors import StoreUnavailable
+from scheduler.tasks import raise_if_cancelling
 from scheduler.tenancy.tenant_file import load_tenants
 from scheduler.tenancy.tenant_store import (
     ApiKeyRecord,
@@ -140,6 +141,7 @@ class TenantDirectory:
                 if await self.store.revision() != self.snapshot.revision:
                     await self.refresh()
             except (StoreUnavailable, OSError, ConnectionError, ValueError) as exc:
+                raise_if_cancelling(exc)
                 log.warning("tenant store refresh failed, keeping the last config: %s", exc)
 
     # -- API keys -------------------------------------------------------------

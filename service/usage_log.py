@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduler.redis_io import UNAVAILABLE, text
+from scheduler.tasks import raise_if_cancelling
 from scheduler.tenancy.budgets import Window
 from service import period_usage
 
@@ -298,6 +299,7 @@ class RedisUsageLog:
             try:
                 await self.client.eval(_APPEND, 1, self.stream, *args)
             except UNAVAILABLE as exc:
+                raise_if_cancelling(exc)
                 if not self._warned:
                     log.warning("usage log: Redis unreachable, records wait: %s", exc)
                     self._warned = True

@@ -41,7 +41,7 @@ from scheduler.shared.local import Entries, Entry, LocalQueues, Place
 from scheduler.shared.options import SharedOptions
 from scheduler.shared.outbox import Outbox
 from scheduler.state.store import Candidate, Step, StepOutcome, Store
-from scheduler.tasks import stop_task
+from scheduler.tasks import raise_if_cancelling, stop_task
 from scheduler.timers import Timers
 
 log = logging.getLogger("scheduler.shared.dispatcher")
@@ -327,6 +327,7 @@ class Pump:
             else:
                 self._retry_at_s = self._clock.now_s() + self._failover.backoff_s()
             self._offers.after_offer([], step, Place.SHARED)
+            raise_if_cancelling(exc)
             return
         finally:
             self._outbox.sent()

@@ -36,6 +36,7 @@ from scheduler.quotas import BucketLimits
 from scheduler.redis_io import UNAVAILABLE, Script, connect, text
 from scheduler.state.redis_scripts import _COMMON
 from scheduler.state.redis_store import seen_levels
+from scheduler.tasks import raise_if_cancelling
 
 # Keeps a bucket hash until it is full again (then it is the same as none).
 _KEEP = r"""
@@ -183,6 +184,7 @@ class RedisKeyState:
             try:
                 await self.renew()
             except StoreUnavailable as exc:
+                raise_if_cancelling(exc)
                 log.warning("key leases not renewed: %s", exc)
 
     async def levels(self, key_id: str, buckets: BucketLimits) -> TenantBuckets:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from scheduler.redis_io import UNAVAILABLE, text
-from scheduler.tasks import stop_task
+from scheduler.tasks import raise_if_cancelling, stop_task
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,7 @@ class PrefixShare:
                     log.info("prefix share: Redis is back")
                 self._failing = False
             except UNAVAILABLE as exc:
+                raise_if_cancelling(exc)
                 if not self._failing:
                     log.warning(
                         "prefix share: Redis failed (%s); routing from this replica's routes", exc
