@@ -4,8 +4,8 @@ Key layout, per key id K (prefix p; `{k:K}` is the Redis Cluster hash tag, so
 each script touches one key's slot only):
 
     p:{k:K}:b:K   HASH  the key's token buckets: rl, rts (requests), tl, tts (tokens),
-                        with the tenant buckets' fields and helpers (redis_scripts.py's
-                        `_COMMON`, the Lua twin of rules.bucket_*); expires once full
+                        with the tenant buckets' fields and helpers (lua_prelude.py's
+                        `PRELUDE`, the Lua twin of rules.bucket_*); expires once full
     p:{k:K}:open  ZSET  request id -> lease expiry ms: the key's open requests
                         (max_concurrent); renewed by `renew` while they stay open, so
                         a dead replica's requests stop counting after one lease
@@ -34,7 +34,7 @@ from scheduler.gate_stats import TenantBuckets, stored_buckets
 from scheduler.key_gate import Take
 from scheduler.quotas import BucketLimits
 from scheduler.redis_io import UNAVAILABLE, Script, connect, text
-from scheduler.state.redis_scripts import _COMMON
+from scheduler.state.lua_prelude import PRELUDE
 from scheduler.state.redis_store import seen_levels
 from scheduler.tasks import raise_if_cancelling
 
@@ -54,7 +54,7 @@ local h, z = KEYS[1], KEYS[2]
 """
 
 TAKE = (
-    _COMMON
+    PRELUDE
     + _KEEP
     + r"""
 if cap then
@@ -75,7 +75,7 @@ return {'', '0'}
 
 # ARGV[3] / [11]: requests / tokens given back (negative: debt).
 RELEASE = (
-    _COMMON
+    PRELUDE
     + _KEEP
     + r"""
 bucket_add(kid, tonumber(ARGV[11]), n, rr, rb, tr, tb)

@@ -1,0 +1,302 @@
+"""STEP's second part: the admission round, the Lua twin of decision.admit_round.
+
+Reads the candidates, then admits heads in fair order (rules.order_key, the
+tie-break of rules.vtc_rank) with the locality window, the reserve
+(rules.in_reserve, below_share), lending (rules.fits_lent) and the tenants
+backlogged elsewhere (rules.behind); returns what it admitted, blocked or held.
+Uses the locals that lua_step_upkeep.py declares.
+"""
+
+from __future__ import annotations
+
+STEP_ROUND = r"""
+-- the decision
+local nc = num(nxt())
+local cands, weighed = {}, {}
+for k = 1, nc do
+  local c = {id = nxt(), tenant = nxt()}
+  local w = nxt()
+  -- once per tenant (its candidates carry the same weight)
+  if not weighed[c.tenant] then redis.call('HSET', W, c.tenant, w); weighed[c.tenant] = true end
+  c.weight, c.prompt, c.kv, c.take = num(w), num(nxt()), num(nxt()), nxt() == '1'
+  c.rr, c.rb, c.tr, c.tb, c.maxc = opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt())
+  c.queued, c.seq, c.cached = num(nxt()), num(nxt()), num(nxt())
+  -- what the buckets count: prompt + max_tokens as sent (store.Candidate.sent_tokens)
+  c.sent = c.kv + math.min(math.max(0, c.cached), c.prompt)
+  c.idx = k - 1
+  counters[c.tenant] = counters[c.tenant] or counter(c.tenant)
+  cands[k] = c
+end
+-- the fair-share reserve (rules.py: in_reserve, below_share; memory_store.py)
+local function in_reserve(n_now, kv_now, c)
+  local reserve_req = math.ceil(max_req * reserve_fraction)
+  local reserve_kv = max_kv * reserve_fraction
+  return n_now + 1 > max_req - reserve_req or kv_now + c.kv > max_kv - reserve_kv
+end
+-- rules.fits_lent: within the room plus the fraction lent beyond it (PREEMPT)
+local function fits_lent(n_now, kv_now, c)
+  local lent_req = math.ceil(max_req * reserve_fraction)
+  local lent_kv = max_kv * reserve_fraction
+  return n_now + 1 <= max_req + lent_req and kv_now + c.kv <= max_kv + lent_kv
+end
+-- each backlogged tenant's queue length summed over the replicas it is backlogged
+-- on (held ones count theirs; unknown: heavy) (memory_store.py: _fleet_queued)
+local function fleet_queued(members)
+  local q = {}
+  for _, m in ipairs(members) do
+    local tenant = string.sub(m, string.find(m, '\0', 1, true) + 1)
+    local len = math.abs(tonumber(redis.call('HGET', BLQ, m)) or (LIGHT_QUEUE + 1))
+    q[tenant] = (q[tenant] or 0) + len
+  end
+  return q
+end
+-- the tenants active anywhere (backlogged on a replica, in flight, offered now, or
+-- seen within the window), which of them are queued, and their weights' sum in
+-- name order (memory_store.py: _reserve_load)
+local active = nil
+local function get_active()
+  if active then return active end
+  -- queue lengths: summed over the replicas it is backlogged on (one whose
+  -- length is unknown counts as heavy); a candidate's own if it is in none
+  active = {names = {}, queued = {}, total = 0}
+  local known = {}
+  local function add(tenant)
+    if not known[tenant] then known[tenant] = true; table.insert(active.names, tenant) end
+  end
+  local members = redis.call('ZRANGE', BL, 0, -1)
+  active.queued = fleet_queued(members)
+  for _, m in ipairs(members) do add(string.sub(m, string.find(m, '\0', 1, true) + 1)) end
+  for _, c in ipairs(cands) do
+    if active.queued[c.tenant] == nil then active.queued[c.tenant] = c.queued end
+    add(c.tenant)
+  end
+  local flat = redis.call('HGETALL', IN)
+  for k = 1, #flat, 2 do
+    if string.sub(flat[k], 1, 2) == 'c:' then add(string.sub(flat[k], 3), nil) end
+  end
+  for _, tenant in ipairs(redis.call('ZRANGE', RC, 0, -1)) do add(tenant, nil) end
+  table.sort(active.names)
+  for _, tenant in ipairs(active.names) do
+    active.total = active.total + (tonumber(redis.call('HGET', W, tenant)) or 1)
+  end
+  return active
+end
+-- rules.below_share, with `kv` more tokens
+local function below(tenant, share, kv)
+  local tn = tonumber(redis.call('HGET', IN, 'c:' .. tenant)) or 0
+  if share >= 1 - 1e-9 or tn == 0 then return true end
+  local tkv = tonumber(redis.call('HGET', IN, 'kv:' .. tenant)) or 0
+  return tn < share * max_req and tkv + kv <= share * max_kv
+end
+-- rules.verdict's HOLD: at or above its share while another active, light tenant
+-- (rules.light) is below its own (someone to keep the reserve for)
+local function held_out(c)
+  local a = get_active()
+  local weight = tonumber(redis.call('HGET', W, c.tenant)) or 1
+  if below(c.tenant, weight / a.total, c.kv) then return false end
+  for _, tenant in ipairs(a.names) do
+    if tenant ~= c.tenant and (a.queued[tenant] or 0) <= LIGHT_QUEUE then
+      local w = tonumber(redis.call('HGET', W, tenant)) or 1
+      if below(tenant, w / a.total, 0) then return true end
+    end
+  end
+  return false
+end
+-- each tenant's candidates in its queue's order (memory_store.py: _decide)
+local pend, names = {}, {}
+for _, c in ipairs(cands) do
+  if not pend[c.tenant] then pend[c.tenant] = {}; table.insert(names, c.tenant) end
+  table.insert(pend[c.tenant], c)
+end
+local admitted, full, blocked, held, lent, turn = {}, 0, {}, {}, {}, 0
+-- rules.behind: the smallest order_key among the other tenants backlogged and
+-- eligible (length >= 0, or unknown) on another replica, their lengths summed over
+-- the replicas (unknown: heavy) (memory_store.py: _elsewhere); read once (the
+-- backlog does not change during the decision; counters may: read at each use)
+local elsewhere = nil
+local function first_elsewhere(tenant)
+  if elsewhere == nil then
+    elsewhere = {}
+    local members = redis.call('ZRANGE', BL, 0, -1)
+    local others = false
+    for _, m in ipairs(members) do
+      if string.sub(m, 1, string.find(m, '\0', 1, true) - 1) ~= replica then others = true end
+    end
+    if others then
+      local q = fleet_queued(members)
+      for _, m in ipairs(members) do
+        local sep = string.find(m, '\0', 1, true)
+        local r, tt = string.sub(m, 1, sep - 1), string.sub(m, sep + 1)
+        if r ~= replica and (tonumber(redis.call('HGET', BLQ, m)) or 0) >= 0 then
+          elsewhere[tt] = q[tt]
+        end
+      end
+    end
+  end
+  local first = nil
+  for tt, qn in pairs(elsewhere) do
+    if tt ~= tenant then
+      local k = counter(tt)
+      if qn <= LIGHT_QUEUE then k = k - light_credit end
+      if first == nil or k < first then first = k end
+    end
+  end
+  return first
+end
+local n = tonumber(redis.call('HGET', IN, 'n')) or 0
+local kv = tonumber(redis.call('HGET', IN, 'kv')) or 0
+-- one candidate: 'admit', 'own' (its own limits), or 'stop' (full or held);
+-- `trial` (a locality pick, decision.py): a stop is not recorded, the fair head
+-- is decided instead
+local function decide(c, trial)
+  if redis.call('HEXISTS', LT, c.id) == 1 then table.insert(admitted, c.idx); return 'admit' end
+  if c.maxc and (tonumber(redis.call('HGET', IN, 'c:' .. c.tenant)) or 0) >= c.maxc then
+    table.insert(blocked, tostring(c.idx)); table.insert(blocked, '-1'); return 'own'
+  end
+  if c.take then
+    local _, w = bucket_wait(c.tenant, c.sent, c.rr, c.rb, c.tr, c.tb)
+    if w ~= 0 then
+      table.insert(blocked, tostring(c.idx)); table.insert(blocked, fmt(w)); return 'own'
+    end
+  end
+  if allowance >= 0 then
+    local first = first_elsewhere(c.tenant)
+    local key = counters[c.tenant]
+    if c.queued <= LIGHT_QUEUE then key = key - light_credit end
+    if first ~= nil and key > first + allowance then
+      if not trial then turn = 1 end
+      return 'stop'
+    end
+  end
+  local room = not (n >= max_req or (n > 0 and kv + c.kv > max_kv))
+  if preempt then
+    -- rules.verdict, PREEMPT: beyond the room only a light candidate that is not
+    -- alone and is below its share (fleet-wide queue sums, as the reserve judges
+    -- them), within the lent room
+    if not room then
+      local lend = false
+      if reserve_fraction > 0 and fits_lent(n, kv, c) then
+        local a = get_active()
+        local share = (tonumber(redis.call('HGET', W, c.tenant)) or 1) / a.total
+        local light = (a.queued[c.tenant] or 0) <= LIGHT_QUEUE
+        lend = light and share < 1 - 1e-9 and below(c.tenant, share, c.kv)
+      end
+      if not lend then
+        if not trial then full = 1 end
+        return 'stop'
+      end
+      table.insert(lent, tostring(c.idx))
+    end
+  else
+    if not room then
+      if not trial then full = 1 end
+      return 'stop'
+    end
+    -- held out of the reserve: the round stops (rules.verdict: HOLD)
+    if reserve_fraction > 0 and in_reserve(n, kv, c) and held_out(c) then
+      if not trial then table.insert(held, tostring(c.idx)) end
+      return 'stop'
+    end
+  end
+  if c.take then bucket_add(c.tenant, -1, -c.sent, c.rr, c.rb, c.tr, c.tb) end
+  local counter_now = counters[c.tenant]
+  local floor = tonumber(redis.call('GET', FLOOR)) or 0
+  if counter_now > floor then redis.call('SET', FLOOR, fmt(counter_now)) end
+  -- rules.admission_charge: the prefix a worker holds at w_cached
+  local hit = math.min(math.max(0, c.cached), c.prompt)
+  local after = counter_now + (w_in * (c.prompt - hit) + w_cached * hit) / c.weight
+  redis.call('HSET', VTC, c.tenant, fmt(after))
+  counters[c.tenant] = after
+  redis.call('HSET', LA, c.tenant, redis.call('INCR', ADM))
+  open(c.id, c.tenant, c.kv)
+  -- one fewer queued here, exactly (memory_store.py: _admit); the reserve's view
+  -- is read again
+  local m = replica .. '\0' .. c.tenant
+  if redis.call('ZSCORE', BL, m) then
+    redis.call('HSET', BLQ, m, math.min(c.queued - 1, LIGHT_QUEUE + 1))
+    active = nil
+  end
+  n = n + 1
+  kv = kv + c.kv
+  table.insert(admitted, c.idx)
+  return 'admit'
+end
+local going = true
+while going do
+  -- the tenants' next candidates in counter order, a light one light_credit ahead
+  -- (rules.order_key); ties to the tenant admitted least recently
+  local heads = {}
+  for _, t in ipairs(names) do
+    local c = pend[t] and pend[t][1]
+    if c then
+      c.key = counters[t]
+      if c.queued <= LIGHT_QUEUE then c.key = c.key - light_credit end
+      c.last = tonumber(redis.call('HGET', LA, t)) or 0
+      table.insert(heads, c)
+    end
+  end
+  if #heads == 0 then break end
+  table.sort(heads, function(a, b)
+    if a.key ~= b.key then return a.key < b.key end
+    if a.last ~= b.last then return a.last < b.last end
+    if a.seq ~= b.seq then return a.seq < b.seq end  -- the earlier head (rules.vtc_rank)
+    return a.idx < b.idx
+  end)
+  going = false
+  local k, stop = 1, false
+  while k <= #heads and not stop do
+    local c = heads[k]
+    if c.gone then
+      k = k + 1
+    else
+      -- locality (decision.prefer, window_end; memory_store.py: within), while a slot
+      -- is free: the other heads within the allowance of c, in fair order, not one
+      -- admitted by an earlier try; the one a worker holds most of goes first
+      -- when it may (decision.py), else c is decided
+      local pick, done = c, false
+      -- never past a light tenant's head (rules.locality_may_pass)
+      if allowance >= 0 and n < max_req and c.queued > LIGHT_QUEUE then
+        local limit = c.key + allowance
+        for j = k + 1, #heads do
+          local h = heads[j]
+          if not h.gone and h.key <= limit and h.cached > pick.cached
+            and redis.call('HEXISTS', LT, h.id) == 0 then
+            pick = h
+          end
+        end
+      end
+      if pick ~= c then
+        local v = decide(pick, true)
+        if v == 'own' then
+          pend[pick.tenant] = nil
+          pick.gone = true
+          done = true
+        elseif v == 'admit' then
+          table.remove(pend[pick.tenant], 1)
+          going = #pend[pick.tenant] > 0 or pick.queued <= 1
+          done, stop = true, true
+        end
+      end
+      if not done then
+        local v = decide(c, false)
+        if v == 'own' then
+          pend[c.tenant] = nil
+          c.gone = true
+          k = k + 1
+        elseif v == 'stop' then
+          stop = true
+        else
+          table.remove(pend[c.tenant], 1)
+          -- a tenant's last candidate admitted while it has more queued: its next
+          -- request, not offered, may come first
+          going = #pend[c.tenant] > 0 or c.queued <= 1
+          stop = true
+        end
+      end
+    end
+  end
+end
+local flat = {}
+for tenant, c in pairs(counters) do table.insert(flat, tenant); table.insert(flat, fmt(c)) end
+return {admitted, full, blocked, flat, settled, state_lost, n, held, lent, turn}
+"""
