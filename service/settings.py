@@ -5,6 +5,8 @@ flags. The defaults run the whole service with no configuration at all: the
 simulated engine (RTX 4090 preset, Llama-3.1-8B in 4-bit) in real time, the
 in-memory state, on 127.0.0.1:50051.
 
+The serving and engine groups are declared in settings_serving.py and
+settings_engines.py, the rest here; `Settings` joins them, in that order.
 pydantic checks each field against its declaration and pydantic-settings reads
 the variables; the few rules between fields are in settings_rules.py. Everything
 derived from settings reads this class: the serve flags and their help
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -31,250 +33,33 @@ from pydantic_settings.sources.utils import parse_env_vars
 from scheduler.ordering.policies import POLICIES
 from scheduler.tenancy.budgets import MAX_UTC_OFFSET_MIN
 from scheduler.tenancy.tenants import QUOTA_RANGES, WEIGHT_RANGE
-from service.engines.routing import ROUTINGS
-from service.event_loop import EVENT_LOOPS
+from service.settings_engines import EngineSettings
 from service.settings_errors import ENV_PREFIX, OneOf, SettingsError
+from service.settings_field import setting as _s
 from service.settings_rules import SKIP_RULES, load, rule_problems
+from service.settings_serving import ServingSettings
 
-ENGINES = ("simulator", "sglang-http", "sglang")
 AUTH_MODES = ("auto", "api-key", "dev-header")
 STORES = ("memory", "redis")
 FAILURE_MODES = ("open", "closed")
 ISOLATIONS = ("auto", "preempt", "reserve")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS = ("text", "json")
-# Server processes per node (`workers`): beyond the cores of any node we run on.
-MAX_WORKERS = 256
 
 __all__ = ["ENV_PREFIX", "Settings", "SettingsError", "rule_problems"]
-
-
-def _s(
-    default: Any,
-    doc: str,
-    *,
-    ge: float | None = None,
-    gt: float | None = None,
-    le: float | None = None,
-    lt: float | None = None,
-    secret: bool = False,
-) -> Any:
-    """A setting: its default, its one-line doc, its bounds; a secret is never shown."""
-    return Field(default, description=doc, ge=ge, gt=gt, le=le, lt=lt, repr=not secret)
-
 
 _W_LO, _W_HI = WEIGHT_RANGE
 _RPS_LO, _RPS_HI = QUOTA_RANGES["requests_per_s"]
 
 
-class Settings(BaseSettings):
+# Fields in the order of the operators' table: pydantic lists the bases' fields
+# from the last base to the first (ServingSettings, then EngineSettings), then
+# this class's own.
+class Settings(EngineSettings, ServingSettings, BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, frozen=True, extra="forbid", allow_inf_nan=False
     )
 
-    # -- serving ------------------------------------------------------------------
-    listen: str = _s("127.0.0.1:50051", "gRPC address, host:port (port 0 picks a free one).")
-    http_listen: str = _s(
-        "127.0.0.1:8000",
-        "OpenAI-compatible HTTP API host:port (/v1/chat/completions, /v1/completions, "
-        '/v1/models); "" = off, port 0 picks a free one.',
-    )
-    metrics_listen: str = _s(
-        "", 'Prometheus scrape endpoint host:port; "" = off, port 0 picks a free one.'
-    )
-    engine: Annotated[str, OneOf(ENGINES)] = _s(
-        "simulator", "simulator (embedded), sglang-http (SGLang servers), sglang (in-process)."
-    )
-    model_name: str = _s("", "Model name clients use; empty: the simulator preset's name.")
-    event_loop: Annotated[str, OneOf(EVENT_LOOPS)] = _s(
-        "auto", "Event loop: auto (uvloop when installed), uvloop, asyncio."
-    )
-    workers: int = _s(
-        1,
-        "Server processes on this node, all on the same ports (SO_REUSEPORT); "
-        "more than 1 needs store=redis.",
-        ge=1,
-        le=MAX_WORKERS,
-    )
-    shutdown_grace_s: float = _s(
-        30.0, "On SIGTERM, how long streams in flight get to finish.", ge=0, le=3600
-    )
-    keepalive_time_s: float = _s(30.0, "gRPC keepalive ping interval.", gt=0)
-    keepalive_timeout_s: float = _s(10.0, "gRPC keepalive ping timeout.", gt=0)
-    max_concurrent_streams: int = _s(0, "gRPC streams per connection (0: no limit).", ge=0)
-    max_request_bytes: int = _s(
-        1 << 20,
-        "Largest request, checked by the application (INVALID_ARGUMENT with details).",
-        ge=1,
-    )
-    max_receive_message_bytes: int = _s(
-        4 << 20, "Transport limit on a received message (above max_request_bytes).", ge=1
-    )
-    max_send_message_bytes: int = _s(4 << 20, "Transport limit on a sent message.", ge=1)
-    default_max_tokens: int = _s(256, "Output tokens when a request sets none.", ge=1)
-    max_output_tokens: int = _s(8192, "Most output tokens one request may ask for.", ge=1)
-    tokenizer_path: str = _s(
-        "",
-        "Hugging Face tokenizer.json (or its directory) for exact counts and its chat "
-        "template; empty: approximate counts.",
-    )
-    chat_template_path: str = _s(
-        "",
-        "Jinja2 chat template file; overrides the tokenizer directory's (neither: fairgate's "
-        "ChatML).",
-    )
-    stream_coalesce: bool = _s(
-        True, "Send tokens that are ready together in one message (never waits for more)."
-    )
-    stream_coalesce_window_ms: float = _s(
-        0.0,
-        "SGLang over HTTP: after each message, let tokens gather this long (first token "
-        "never held; 0: send what each read brings).",
-        ge=0,
-        le=1000,
-    )
-    # -- simulator ------------------------------------------------------------------
-    sim_gpu: str = _s("rtx-4090", "Simulator GPU preset (`fairgate plan` lists them).")
-    sim_model: str = _s("llama-3.1-8b-int4", "Simulator model preset.")
-    sim_time_scale: float = _s(
-        1.0, "Simulator speed: 1 = real time, 0.1 = ten times faster, 0 = no delays.", ge=0
-    )
-    sim_seed: int = _s(0, "Simulator random seed.")
-    sim_max_running_requests: int = _s(256, "Simulator's running-request slots.", ge=1)
-    sim_chunked_prefill_tokens: int = _s(2048, "Simulator's prefill chunk, in tokens.", ge=1)
-    sim_mean_output_tokens: float = _s(
-        0.0,
-        "Simulator's mean output length: it ends at EOS with chance 1/N a token (0: runs to max).",
-        ge=0,
-    )
-    sim_kv_capacity_tokens: int = _s(
-        0, "Override the preset's KV capacity in tokens (0: the preset's).", ge=0
-    )
-    sim_priority_scheduling: bool = _s(
-        False, "Like SGLang's --enable-priority-scheduling: engine priorities order prefills."
-    )
-    sim_disable_priority_preemption: bool = _s(
-        False,
-        "Like SGLang's --disable-priority-preemption (else a priority gap above 10 preempts).",
-    )
-    # -- SGLang -----------------------------------------------------------------------
-    sglang_urls: str = _s(
-        "", "engine=sglang-http: comma-separated base URLs; more than one makes a worker pool."
-    )
-    sglang_connect_timeout_s: float = _s(5.0, "Connect timeout to an SGLang server.", gt=0)
-    sglang_read_timeout_s: float = _s(
-        60.0, "Longest silence on a stream (also the wait for the first token).", gt=0
-    )
-    sglang_retries: int = _s(
-        1, "Retries on the same worker before the first token (single worker only).", ge=0
-    )
-    sglang_incremental_output: bool = _s(
-        False,
-        "The server runs --incremental-streaming-output (its /server_info wins when it says).",
-    )
-    sglang_health_interval_s: float = _s(
-        2.0, "How often each SGLang worker's health is read.", gt=0
-    )
-    sglang_eject_after_failures: int = _s(
-        3, "Pool circuit breaker: stream failures in a row that eject a worker.", ge=1
-    )
-    sglang_ejection_base_s: float = _s(
-        5.0, "First ejection's length (doubles with each in a row, up to the max).", gt=0
-    )
-    sglang_ejection_max_s: float = _s(300.0, "Longest ejection.", gt=0)
-    sglang_routing: Annotated[str, OneOf(ROUTINGS)] = _s(
-        "locality",
-        "Pool: locality (the worker where the first token comes soonest: prefill ahead "
-        "of it, the prompt prefix it holds, its load) or least_full.",
-    )
-    sglang_prefix_affinity_tokens: int = _s(
-        0,
-        "Pool, routing=least_full: prefer the worker a prompt's first N tokens hash to "
-        "(0: least load only).",
-        ge=0,
-    )
-    sglang_stagger_prefill_tokens: int = _s(
-        0,
-        "Pool, routing=locality: staggered prefill; while a light tenant is active, a "
-        "prompt of at least N tokens never takes the last worker free of long prefill, "
-        "so a light request finds one on short steps (0: off; 1024 measured: docs/benchmarks.md).",
-        ge=0,
-    )
-    sglang_stagger_light_window_s: float = _s(
-        10.0,
-        "Pool, staggered prefill: a light tenant is active this long after its last request.",
-        gt=0,
-    )
-    sglang_cold_start_hold_s: float = _s(
-        0.0,
-        "Pool, with staggered prefill: while every worker is mid-prefill and a light tenant "
-        "is active, a prompt with at least sglang_stagger_prefill_tokens uncached tokens "
-        "waits, unsent, until a worker's prefill ends, for at most this long (0: off; "
-        "measured: docs/benchmarks.md).",
-        ge=0,
-        le=60,
-    )
-    sglang_kv_events: str = _s(
-        "",
-        "Pool: each worker's SGLang KV events (its --kv-events-config zmq endpoint, "
-        "e.g. tcp://host:5557, optionally ;REPLAY: its replay_endpoint), comma-separated in "
-        "the order of sglang_urls; empty: off. Locality then uses the exact cache "
-        "each worker reports instead of the guessed prefix index (the fallback "
-        "after a gap in the events). Needs the kv-events extra.",
-    )
-    # engine=sglang (in-process, one GPU): the sglang.Engine's server flags that matter.
-    sglang_model_path: str = _s(
-        "", "engine=sglang (in-process): the model path or Hugging Face id (--model-path)."
-    )
-    sglang_tokenizer_path: str = _s(
-        "", "engine=sglang: the tokenizer's path or id (--tokenizer-path; empty: the model's)."
-    )
-    sglang_context_length: int = _s(
-        0, "engine=sglang: the model's context length (--context-length; 0: its config's).", ge=0
-    )
-    sglang_mem_fraction: float = _s(
-        0.0,
-        "engine=sglang: GPU memory share for weights and KV cache (--mem-fraction-static; "
-        "0: SGLang's choice).",
-        ge=0,
-        lt=1,
-    )
-    sglang_chunked_prefill_size: int = _s(
-        0,
-        "engine=sglang: prefill chunk in tokens (--chunked-prefill-size; 0: SGLang's, -1: off).",
-        ge=-1,
-    )
-    sglang_max_running_requests: int = _s(
-        0, "engine=sglang: running-request slots (--max-running-requests; 0: SGLang's).", ge=0
-    )
-    sglang_priority_scheduling: bool = _s(
-        False, "engine=sglang: engine priorities order prefills (--enable-priority-scheduling)."
-    )
-    sglang_engine_args: str = _s(
-        "",
-        "engine=sglang: further sglang.Engine keywords as a JSON object "
-        '(e.g. {"device": "cpu"}); a key may not repeat a setting above.',
-    )
-    capacity_refresh_s: float = _s(
-        2.0, "How often admission limits are re-read from the engine's capacity.", gt=0
-    )
-    staged_prefill_min_tokens: int = _s(
-        0,
-        "Staged prefill (simulator, sglang-http): a prompt of at least this many tokens "
-        "enters its engine as prefill-only prefix stages, so that short requests start "
-        "between them (0: off).",
-        ge=0,
-    )
-    staged_prefill_stage_tokens: int = _s(
-        2048,
-        "Staged prefill: tokens added by each stage (the engine's prefill chunk or less).",
-        ge=1,
-    )
-    staged_prefill_one_at_a_time: bool = _s(
-        True,
-        "Staged prefill: one staged prompt at a time per engine, from its first stage to its "
-        "first token (a prefill step then carries one stage, not one from each long prompt).",
-    )
     # -- admission and fairness -----------------------------------------------------
     kv_target_fraction: float = _s(
         0.9,
