@@ -33,20 +33,17 @@ from scheduler.tenancy.tenant_store import (
     TenantSnapshot,
     TenantWrite,
 )
-from scheduler.tenancy.tenants import TenantConfig
 from service import errors
+from service.admin_apply import plan_apply
 from service.admin_convert import (
     MAX_DISPLAY_NAME_CHARS,
     apply_mask,
-    check_tenant_id,
     config_to_proto,
-    diff,
     key_to_proto,
     parse_etag,
     record_to_proto,
     require_tenant_id,
     tenant_from_proto,
-    tenant_violations,
     usage_record,
     usage_to_proto,
 )
@@ -122,8 +119,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         async def work() -> apb.GetTenantResponse:
             tid = require_tenant_id(request.tenant_id)
             snap = await self.store.snapshot()
-            if tid not in snap.tenants:
-                raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
+            snap.tenant(tid)
             return apb.GetTenantResponse(tenant=self._tenant_proto(snap, tid))
 
         return await self._run(context, work())
@@ -149,9 +145,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
             paths = list(request.update_mask.paths)
             for attempt in range(_UPDATE_RETRIES):
                 snap = await self.store.snapshot()
-                current = snap.tenants.get(tid)
-                if current is None:
-                    raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
+                current = snap.tenant(tid)
                 merged = (
                     apply_mask(config_to_proto(current.config), request.tenant, paths)
                     if paths
@@ -189,8 +183,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
             tid = request.tenant_id or None
             if tid is not None:
                 require_tenant_id(tid)
-                if tid not in (await self.store.snapshot()).tenants:
-                    raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
+                (await self.store.snapshot()).tenant(tid)
             await self._write([SetDefaultTenant(tid)])
             return apb.SetDefaultTenantResponse()
 
@@ -202,64 +195,8 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
         return await self._run(context, self._apply(request))
 
     async def _apply(self, request: apb.ApplyTenantsRequest) -> apb.ApplyTenantsResponse:
-        declared: dict[str, TenantConfig] = {}
-        problems: list[FieldViolation] = []
-        for i, t in enumerate(request.tenants):
-            cfg, bad = tenant_violations(t, f"tenants[{i}]")
-            problems.extend(bad)
-            if cfg is not None and cfg.tenant_id in declared:
-                problems.append(FieldViolation(f"tenants[{i}].id", f"{t.id!r} is declared twice"))
-            elif cfg is not None:
-                declared[cfg.tenant_id] = cfg
-        default = request.default_tenant_id or None
-        if default is not None:
-            problems.extend(check_tenant_id(default, "default_tenant_id"))
         snap = await self.store.snapshot()
-        kept = set(declared) | (set() if request.prune else set(snap.tenants))
-        if default is not None and not problems and default not in kept:
-            problems.append(
-                FieldViolation(
-                    "default_tenant_id", f"{default!r} is not one of the declared tenants"
-                )
-            )
-        if problems:
-            raise InvalidRequest(problems)
-        resp = apb.ApplyTenantsResponse()
-        writes: list[TenantWrite] = []
-        for tid in sorted(set(declared) | set(snap.tenants)):
-            old = snap.tenants.get(tid)
-            new = declared.get(tid)
-            change = resp.changes.add(tenant_id=tid)
-            if new is None:
-                if request.prune:
-                    change.action = apb.TenantChange.ACTION_DELETE
-                    change.fields.extend(diff(old.config if old else None, None))
-                    writes.append(DeleteTenant(tid))
-                else:
-                    change.action = apb.TenantChange.ACTION_KEEP
-                continue
-            fields = diff(old.config if old else None, new)
-            change.fields.extend(fields)
-            if old is None:
-                change.action = apb.TenantChange.ACTION_CREATE
-            elif fields:
-                change.action = apb.TenantChange.ACTION_UPDATE
-            else:
-                change.action = apb.TenantChange.ACTION_UNCHANGED
-                continue
-            writes.append(PutTenant(new))
-        if default != snap.default_tenant_id:
-            resp.default_tenant.CopyFrom(
-                apb.FieldChange(
-                    field="default_tenant",
-                    before=snap.default_tenant_id or "",
-                    after=default or "",
-                )
-            )
-            # Set the default last, after its tenant exists (and first, cleared,
-            # when its old tenant is deleted).
-            writes.insert(0, SetDefaultTenant(None))
-            writes.append(SetDefaultTenant(default))
+        resp, writes = plan_apply(request, snap)
         if writes and not request.dry_run:
             await self._write(writes, expected_revision=snap.revision)
             resp.applied = True
@@ -271,9 +208,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     ) -> apb.IssueApiKeyResponse:
         async def work() -> apb.IssueApiKeyResponse:
             tid = require_tenant_id(request.tenant_id)
-            tenant = (await self.store.snapshot()).tenants.get(tid)
-            if tenant is None:
-                raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
+            tenant = (await self.store.snapshot()).tenant(tid)
             limits, problems = limits_from_proto(request.limits)
             problems += judged(limits, tenant.config)
             problems += _display_name_problems(request.display_name)
@@ -305,9 +240,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
     ) -> apb.UpdateApiKeyResponse:
         async def work() -> apb.UpdateApiKeyResponse:
             snap = await self.store.snapshot()
-            old = snap.keys.get(request.key_id)
-            if old is None:
-                raise NotFound(f"no API key {request.key_id!r}", key_id=request.key_id)
+            old = snap.key(request.key_id)
             tenant = snap.tenants[old.tenant_id]
             patch, problems = limits_from_proto(request.limits)
             paths = list(request.update_mask.paths)
@@ -336,9 +269,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                         )
                     ]
                 )
-            old = (await self.store.snapshot()).keys.get(request.key_id)
-            if old is None:
-                raise NotFound(f"no API key {request.key_id!r}", key_id=request.key_id)
+            old = (await self.store.snapshot()).key(request.key_id)
             now = self._now()
             if not old.active(now):
                 raise StoreConstraint(
@@ -400,7 +331,7 @@ class AdminServicer(apb_grpc.AdminServiceServicer):
                 for tid in wanted:
                     found = known.get(tid)
                     if found is None:
-                        raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
+                        raise NotFound.tenant(tid)
                     resp.usage.append(usage_to_proto(found, model.name))
             return resp
 

@@ -15,7 +15,7 @@ import time
 from fairgate.v1 import admin_pb2 as apb
 
 from scheduler.tenancy.budgets import PERIODS, Spend, Window, judge, window
-from scheduler.tenancy.tenant_store import NotFound, TenantSnapshot
+from scheduler.tenancy.tenant_store import TenantSnapshot
 from service import period_usage
 from service.admin_convert import budget_to_proto, timestamp
 from service.errors import FieldViolation, InvalidRequest
@@ -51,8 +51,8 @@ async def period_usage_response(
     wanted = list(request.tenant_ids)
     for tid in wanted:
         # With no tenants configured (open mode) any id may have spent.
-        if snap.tenants and tid not in snap.tenants:
-            raise NotFound(f"no tenant {tid!r}", tenant_id=tid)
+        if snap.tenants:
+            snap.tenant(tid)
     (fields,) = await usage.window_fields([win])
     spent = period_usage.spends(fields)
     owners = [((tid, ""), rec.config.budgets) for tid, rec in snap.tenants.items()]

@@ -53,6 +53,14 @@ class StoreError(Exception):
 class NotFound(StoreError):
     reason = "NOT_FOUND"
 
+    @classmethod
+    def tenant(cls, tenant_id: str) -> NotFound:
+        return cls(f"no tenant {tenant_id!r}", tenant_id=tenant_id)
+
+    @classmethod
+    def key(cls, key_id: str) -> NotFound:
+        return cls(f"no API key {key_id!r}", key_id=key_id)
+
 
 class AlreadyExists(StoreError):
     reason = "ALREADY_EXISTS"
@@ -112,6 +120,20 @@ class TenantSnapshot:
     default_tenant_id: str | None = None
     # Keys ever issued (never decreases): once > 0, `auto` auth requires keys.
     keys_issued_total: int = 0
+
+    def tenant(self, tenant_id: str) -> TenantRecord:
+        """The tenant's record, or NotFound."""
+        record = self.tenants.get(tenant_id)
+        if record is None:
+            raise NotFound.tenant(tenant_id)
+        return record
+
+    def key(self, key_id: str) -> ApiKeyRecord:
+        """The key's record, or NotFound."""
+        record = self.keys.get(key_id)
+        if record is None:
+            raise NotFound.key(key_id)
+        return record
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +278,7 @@ def apply_writes(
         elif isinstance(w, DeleteTenant):
             old = tenants.get(w.tenant_id)
             if old is None:
-                raise NotFound(f"no tenant {w.tenant_id!r}", tenant_id=w.tenant_id)
+                raise NotFound.tenant(w.tenant_id)
             _check_version(w.tenant_id, old, w.expected_version)
             del tenants[w.tenant_id]
             keys = {k: r for k, r in keys.items() if r.tenant_id != w.tenant_id}
@@ -278,8 +300,7 @@ def apply_writes(
 
 
 def with_key(snap: TenantSnapshot, record: ApiKeyRecord) -> TenantSnapshot:
-    if record.tenant_id not in snap.tenants:
-        raise NotFound(f"no tenant {record.tenant_id!r}", tenant_id=record.tenant_id)
+    snap.tenant(record.tenant_id)  # it must exist
     if record.key_id in snap.keys:
         raise AlreadyExists(f"key {record.key_id!r} exists", key_id=record.key_id)
     return dataclasses.replace(
@@ -294,9 +315,7 @@ def _key_changed(
     snap: TenantSnapshot, key_id: str, change: Callable[[ApiKeyRecord], ApiKeyRecord]
 ) -> tuple[TenantSnapshot, ApiKeyRecord]:
     """`snap` with key `key_id`'s record changed (the same snapshot if it is not)."""
-    old = snap.keys.get(key_id)
-    if old is None:
-        raise NotFound(f"no API key {key_id!r}", key_id=key_id)
+    old = snap.key(key_id)
     new = change(old)
     if new == old:
         return snap, old
@@ -327,8 +346,7 @@ def with_rotation(
     snap: TenantSnapshot, old_key_id: str, new: ApiKeyRecord, old_expires_at_s: float
 ) -> tuple[TenantSnapshot, ApiKeyRecord]:
     """`new` added and the old key expired, as one revision; returns the old key's record."""
-    if old_key_id not in snap.keys:
-        raise NotFound(f"no API key {old_key_id!r}", key_id=old_key_id)
+    snap.key(old_key_id)  # it must exist
     added = with_key(snap, new)
     after, old = with_expiry(added, old_key_id, old_expires_at_s)
     return dataclasses.replace(after, revision=snap.revision + 1), old
@@ -342,7 +360,7 @@ def _check_version(tenant_id: str, old: TenantRecord | None, expected: int | Non
             raise AlreadyExists(f"tenant {tenant_id!r} already exists", tenant_id=tenant_id)
         return
     if old is None:
-        raise NotFound(f"no tenant {tenant_id!r}", tenant_id=tenant_id)
+        raise NotFound.tenant(tenant_id)
     if old.version != expected:
         raise VersionConflict(
             f"tenant {tenant_id!r} changed since it was read (etag {expected} is stale; "
