@@ -5,26 +5,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 
 import grpc
-from fairgate.v1 import admin_pb2, admin_pb2_grpc, inference_pb2, inference_pb2_grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 
-from scheduler import rules
-from scheduler.budget import AdmissionLimits
-from scheduler.clock import Clock, MonotonicClock
+from scheduler.clock import MonotonicClock
 from scheduler.errors import StoreUnavailable
-from scheduler.gate import AdmissionGate
 from scheduler.key_gate import KeyGate
-from scheduler.ordering.policies import PolicyOptions
 from scheduler.state.redis_key_state import RedisKeyState
 from scheduler.tasks import stop_task
-from scheduler.tenancy.tenant_file import load_tenants
-from scheduler.tenancy.tenants import TenantRegistry
 from service.admin_servicer import AdminServicer
+from service.admission_setup import (
+    admission_limits,
+    follow_capacity,
+    isolation_for,
+    policy_options,
+)
 from service.api_keys import KeyHasher
 from service.auth import Authenticator, AuthInterceptor
 from service.budget_check import BudgetCheck
@@ -33,7 +29,8 @@ from service.decode_guard import DecodeGuardInterceptor
 from service.drain import CUT_WAIT_S, Drain
 from service.engine_factory import build_engine
 from service.engines.pool import WorkerPool
-from service.engines.protocol import Engine, EngineCapacity
+from service.engines.protocol import Engine
+from service.grpc_server import BindError, add_services, bind, new_server, serving
 from service.key_limiter import KeyLimiter
 from service.models import ModelRegistry, ServedModel
 from service.openai_http import OpenAIFront
@@ -51,65 +48,14 @@ from service.startup import EXIT_ENVIRONMENT, StartupError
 from service.telemetry.setup import build_telemetry
 from service.telemetry.telemetry import Telemetry
 from service.tenant_directory import TenantDirectory
-from service.tls import server_credentials
 from service.tokenizer import load_tokenizer
 from service.usage_log import UsageLog, observer_factory
 
+# The virtual bench (clients/fairgate/bench) builds admission as the server does,
+# importing these from here.
+__all__ = ["App", "admission_limits", "isolation_for", "policy_options"]
+
 log = logging.getLogger(__name__)
-
-SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
-ADMIN_SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
-
-
-class BindError(StartupError):
-    """A port could not be bound (taken, or a bad address)."""
-
-
-def admission_limits(cap: EngineCapacity, settings: Settings) -> AdmissionLimits:
-    return AdmissionLimits(
-        max_requests=max(1, int(cap.max_running_requests * settings.running_target_fraction)),
-        max_kv_tokens=max(1, int(cap.max_total_tokens * settings.kv_target_fraction)),
-    )
-
-
-def policy_options(
-    settings: Settings,
-    clock: Clock,
-    tenants: TenantRegistry,
-    weight_of: Callable[[str], float] | None = None,
-) -> PolicyOptions:
-    """The queue policy's options from the settings."""
-    return PolicyOptions(
-        clock=clock,
-        tenants=tenants,
-        weight_of=weight_of,
-        vtc_w_in=settings.vtc_w_in,
-        vtc_w_out=settings.vtc_w_out,
-        vtc_w_cached=settings.vtc_w_cached,
-        light_credit=settings.fair_light_credit,
-        rate_limit_per_s=settings.rate_limit_per_s,
-        rate_limit_burst=settings.rate_limit_burst or None,
-    )
-
-
-def isolation_for(setting: str, cap: EngineCapacity) -> rules.Isolation:
-    """Settings' fair_isolation against what the engine can do."""
-    if setting == "reserve":
-        return rules.Isolation.RESERVE
-    if cap.preempt_threshold is None:
-        if setting == "preempt":
-            raise ValueError(
-                "fair_isolation=preempt needs an engine that preempts by priority (SGLang "
-                "with --enable-priority-scheduling and without --disable-priority-preemption)"
-            )
-        return rules.Isolation.RESERVE
-    return rules.Isolation.PREEMPT
-
-
-def load_tenant_registry(settings: Settings) -> TenantRegistry:
-    if settings.tenants_file:
-        return load_tenants(settings.tenants_file)
-    return TenantRegistry.permissive(settings.default_tenant)
 
 
 class App:
@@ -250,15 +196,10 @@ class App:
             admin_token=settings.admin_token,
             tenant_header=settings.tenant_header,
         )
-        server = grpc.aio.server(
-            options=_server_options(settings),
-            # The telemetry span wraps authentication, so refusals are traced too.
-            # Undecodable requests: INVALID_ARGUMENT, after authentication.
-            interceptors=[
-                *telemetry.interceptors(),
-                AuthInterceptor(auth),
-                DecodeGuardInterceptor(),
-            ],
+        # The telemetry span wraps authentication, so refusals are traced too.
+        # Undecodable requests: INVALID_ARGUMENT, after authentication.
+        server = new_server(
+            settings, [*telemetry.interceptors(), AuthInterceptor(auth), DecodeGuardInterceptor()]
         )
         key_state = build_key_state(settings, clock)
         undo.push_async_callback(key_state.aclose)
@@ -272,35 +213,13 @@ class App:
         # Budgets read the usage log's counters before a request is queued.
         budgets = BudgetCheck(usage, fail_closed=settings.redis_failure_mode == "closed")
         telemetry.watch_budgets(budgets)
-        inference_pb2_grpc.add_InferenceServiceServicer_to_server(
+        health = add_services(
+            server,
             InferenceServicer(settings, models, telemetry, drain, observers, keys, budgets),
-            server,
-        )
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(directory, models, settings.policy, usage), server
-        )
-        health = HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        reflection.enable_server_reflection(
-            (
-                SERVICE_NAME,
-                ADMIN_SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            server,
+            AdminServicer(directory, models, settings.policy, usage),
         )
         undo.push_async_callback(server.stop, 0)
-        creds = server_credentials(settings)
-        try:
-            if creds is None:
-                port = server.add_insecure_port(settings.listen)
-            else:
-                port = server.add_secure_port(settings.listen, creds)
-        except RuntimeError:  # grpc's "Failed to bind to address …" (checked before: a race)
-            port = 0
-        if port == 0:
-            raise BindError("listen", f"cannot listen on {settings.listen}", EXIT_ENVIRONMENT)
+        port = bind(server, settings)
         try:
             await telemetry.start()
         except OSError as exc:  # the metrics port (a worker's: its base + its index)
@@ -310,8 +229,7 @@ class App:
                 EXIT_ENVIRONMENT,
             ) from None
         await server.start()
-        await health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        await serving(health)
         app = cls(settings, server, engine, models, health, port, directory, telemetry, drain)
         app.usage = usage
         app.keys = keys
@@ -340,7 +258,7 @@ class App:
             app._tasks.append(asyncio.create_task(key_state.run(renew_s), name="key-leases"))
         if settings.capacity_refresh_s > 0:
             app._refresh = asyncio.create_task(
-                _follow_capacity(engine, dispatcher, settings), name="capacity-refresh"
+                follow_capacity(engine, dispatcher, settings), name="capacity-refresh"
             )
         log.info(
             "fairgate serving %s on %s%s (engine=%s, policy=%s, store=%s, tls=%s, auth=%s)",
@@ -350,7 +268,7 @@ class App:
             engine.kind,
             settings.policy,
             settings.store,
-            "mutual" if settings.tls_client_ca_file else bool(creds),
+            "mutual" if settings.tls_client_ca_file else bool(settings.tls_cert_file),
             settings.auth_mode,
         )
         return app
@@ -391,32 +309,3 @@ class App:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
-
-
-async def _follow_capacity(engine: Engine, dispatcher: AdmissionGate, settings: Settings) -> None:
-    """Keep the admission limits in step with the engine's capacity (pools shrink and grow)."""
-    while True:
-        await asyncio.sleep(settings.capacity_refresh_s)
-        limits = admission_limits(engine.capacity(), settings)
-        if limits != dispatcher.budget.limits:
-            log.info("admission limits now %s", limits)
-            dispatcher.set_limits(limits)
-
-
-def _server_options(s: Settings) -> list[tuple[str, int]]:
-    opts = [
-        ("grpc.max_receive_message_length", s.max_receive_message_bytes),
-        ("grpc.max_send_message_length", s.max_send_message_bytes),
-        ("grpc.keepalive_time_ms", int(s.keepalive_time_s * 1000)),
-        ("grpc.keepalive_timeout_ms", int(s.keepalive_timeout_s * 1000)),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
-        ("grpc.http2.max_pings_without_data", 0),
-        # Explicit, since gRPC turns SO_REUSEPORT on by default (Linux): workers of
-        # one node share the port (service/workers.py); a lone server fails to bind
-        # a port already taken rather than silently splitting its traffic.
-        ("grpc.so_reuseport", 1 if s.workers > 1 else 0),
-    ]
-    if s.max_concurrent_streams:
-        opts.append(("grpc.max_concurrent_streams", s.max_concurrent_streams))
-    return opts

@@ -12,7 +12,8 @@ from fairgate import AsyncClient, Delta, FairgateError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from service.app import SERVICE_NAME, App
+from service.app import App
+from service.grpc_server import SERVICE_NAME
 from tests.conftest import StartServer
 from tests.helpers import assert_no_leaks, eventually, sim
 

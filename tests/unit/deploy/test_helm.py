@@ -24,7 +24,7 @@ import yaml
 from fairgate.bench.common import free_port
 
 from scheduler.tenancy.tenant_file import load_tenants
-from service.app import SERVICE_NAME
+from service.grpc_server import SERVICE_NAME
 from service.settings import ENV_PREFIX, Settings
 from service.settings_doc import CHART_OWNED, CHART_UNSUPPORTED
 from tests.unit.deploy.k8s_checks import (

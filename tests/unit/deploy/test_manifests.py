@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from service.app import SERVICE_NAME
+from service.grpc_server import SERVICE_NAME
 from tests.unit.deploy.k8s_checks import check_images_pinned, check_network_policies
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"

@@ -10,7 +10,7 @@ from scheduler.clock import FakeClock
 from scheduler.request import QueuedRequest
 from scheduler.shared.dispatcher import SharedDispatcher
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
-from service.app import policy_options
+from service.admission_setup import policy_options
 from service.settings import Settings
 from service.shared_state import build_dispatcher
 
