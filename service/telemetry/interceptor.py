@@ -9,8 +9,9 @@ not traced (probes every few seconds would drown the traces that matter).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -89,24 +90,31 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
         )
         return RpcScope(self.telemetry, span, is_generate=method == GENERATE_METHOD)
 
+    @contextlib.contextmanager
+    def _scope(self, method: str, metadata: Metadata | None) -> Iterator[None]:
+        """The RPC's span, current (and its RpcScope in RPC_SCOPE) while the handler runs;
+        closed with the handler's outcome."""
+        scope = self._open(method, metadata)
+        scope_token = RPC_SCOPE.set(scope)
+        ctx_token = otel_context.attach(scope.ctx)
+        failure: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            scope.close(_code_of(failure), failure)
+            otel_context.detach(ctx_token)
+            RPC_SCOPE.reset(scope_token)
+
     def _wrap_stream(
         self, behavior: Callable[..., AsyncIterator[Any]], method: str, metadata: Metadata | None
     ) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]:
         async def traced(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            scope = self._open(method, metadata)
-            scope_token = RPC_SCOPE.set(scope)
-            ctx_token = otel_context.attach(scope.ctx)
-            failure: BaseException | None = None
-            try:
+            with self._scope(method, metadata):
                 async for response in behavior(request, context):
                     yield response
-            except BaseException as exc:
-                failure = exc
-                raise
-            finally:
-                scope.close(_code_of(failure), failure)
-                otel_context.detach(ctx_token)
-                RPC_SCOPE.reset(scope_token)
 
         return traced
 
@@ -114,18 +122,7 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
         self, behavior: Callable[..., Awaitable[Any]], method: str, metadata: Metadata | None
     ) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
         async def traced(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            scope = self._open(method, metadata)
-            scope_token = RPC_SCOPE.set(scope)
-            ctx_token = otel_context.attach(scope.ctx)
-            failure: BaseException | None = None
-            try:
+            with self._scope(method, metadata):
                 return await behavior(request, context)
-            except BaseException as exc:
-                failure = exc
-                raise
-            finally:
-                scope.close(_code_of(failure), failure)
-                otel_context.detach(ctx_token)
-                RPC_SCOPE.reset(scope_token)
 
         return traced
