@@ -44,6 +44,7 @@ from service.budget_check import BudgetCheck
 from service.drain import CUT_WAIT_S, Drain
 from service.engines.protocol import EngineError
 from service.generation import Delta, Generation, Outcome
+from service.http_site import HttpSite
 from service.key_limiter import KeyLimiter
 from service.lifecycle import ObserverFactory
 from service.models import ModelRegistry
@@ -93,7 +94,7 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         return web.json_response(body, status=exc.status, headers=allow)
 
 
-class OpenAIFront:
+class OpenAIFront(HttpSite):
     def __init__(
         self,
         settings: Settings,
@@ -105,11 +106,9 @@ class OpenAIFront:
         keys: KeyLimiter | None = None,
         budgets: BudgetCheck | None = None,
     ) -> None:
-        host, _, port = settings.http_listen.rpartition(":")
+        super().__init__(settings.http_listen)
         # API keys' own limits (service/key_limiter.py); None: not enforced.
         self.keys = keys
-        self.host = host.strip("[]") or "0.0.0.0"
-        self.port = int(port)
         self.settings = settings
         self.models = models
         self.auth = auth
@@ -117,7 +116,6 @@ class OpenAIFront:
         self.drain = drain
         self.budgets = budgets
         self.observers = telemetry.observers if observers is None else tuple(observers)
-        self._runner: web.AppRunner | None = None
         self._ssl = server_ssl_context(settings)
 
     @property
@@ -144,24 +142,8 @@ class OpenAIFront:
             # the streams; this is only for handlers still sending their end.
             shutdown_timeout=CUT_WAIT_S,
         )
-        await runner.setup()
-        self._runner = runner  # stop() cleans it up, also when the port is refused
         # Workers of one node share the port (service/workers.py).
-        site = web.TCPSite(
-            runner,
-            self.host,
-            self.port,
-            ssl_context=self._ssl,
-            reuse_port=self.settings.workers > 1 or None,
-        )
-        await site.start()
-        self.port = runner.addresses[0][1]  # the bound port when 0 was asked for
-
-    async def stop(self) -> None:
-        """Close the port; `App.stop` drains (service/drain.py) before calling this."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._listen(runner, self._ssl, reuse_port=self.settings.workers > 1 or None)
 
     # -- routes ---------------------------------------------------------------------
     def _identity(self, request: web.Request) -> Identity:

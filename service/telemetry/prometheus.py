@@ -5,14 +5,13 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from service.http_site import HttpSite
 
-class MetricsEndpoint:
+
+class MetricsEndpoint(HttpSite):
     def __init__(self, listen: str, registry: CollectorRegistry) -> None:
-        host, _, port = listen.rpartition(":")
-        self.host = host.strip("[]") or "0.0.0.0"
-        self.port = int(port)
+        super().__init__(listen)
         self.registry = registry
-        self._runner: web.AppRunner | None = None
 
     async def _metrics(self, _: web.Request) -> web.Response:
         body = generate_latest(self.registry)
@@ -21,17 +20,7 @@ class MetricsEndpoint:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        self._runner = runner  # stop() cleans it up, also when the port is refused
-        site = web.TCPSite(runner, self.host, self.port)
-        await site.start()
-        self.port = runner.addresses[0][1]  # the bound port when 0 was asked for
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._listen(web.AppRunner(app, access_log=None))
 
     @property
     def url(self) -> str:
