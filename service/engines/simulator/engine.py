@@ -187,16 +187,20 @@ class SimulatedEngine:
         self.stats.started += 1
         self._wake.set()
         done = False
+
+        def empty(generated: int) -> EngineChunk:
+            return EngineChunk(
+                text="",
+                token_ids=[],
+                completion_tokens=generated,
+                prompt_tokens=sreq.prompt_len,
+                cached_tokens=sreq.cached_tokens,
+            )
+
         try:
             while not done:
                 ems = await ch.drain()
-                chunk = EngineChunk(
-                    text="",
-                    token_ids=[],
-                    completion_tokens=sreq.generated,
-                    prompt_tokens=sreq.prompt_len,
-                    cached_tokens=sreq.cached_tokens,
-                )
+                chunk = empty(sreq.generated)
                 for em in ems:
                     if em.finish is FinishKind.ABORT:
                         chunk.finish, chunk.message = FinishKind.ABORT, "aborted by the engine"
@@ -214,13 +218,7 @@ class SimulatedEngine:
                         break
                     if not self.coalesce:
                         yield chunk
-                        chunk = EngineChunk(
-                            text="",
-                            token_ids=[],
-                            completion_tokens=em.generated,
-                            prompt_tokens=sreq.prompt_len,
-                            cached_tokens=sreq.cached_tokens,
-                        )
+                        chunk = empty(em.generated)
                 if chunk.token_ids or chunk.finish is not None:
                     yield chunk
         finally:

@@ -102,26 +102,18 @@ class RadixCache:
     def insert(self, key: Sequence[int]) -> tuple[int, Node]:
         """Cache `key`; returns how many of its leading tokens were cached
         already (their copies are the caller's to free) and the node it ends at."""
-        self._tick += 1
-        node, done = self.root, 0
-        self._touch(node)
-        while done < len(key):
-            child = node.children.get(key[done])
-            if child is None:
-                new = self._node(list(key[done:]), node)
-                self._touch(new)
-                node.children[key[done]] = new
-                if self.observer is not None:
-                    self.observer.stored(new)
-                self.evictable_size += len(new.key)
-                self._update_leaf(node)
-                self._update_leaf(new)
-                return done, new
-            self._touch(child)
-            n = common_prefix_len(child.key, key, done)
-            done += n
-            node = self._split(child, n) if n < len(child.key) else child
-        return done, node
+        done, node = self.match_prefix(key)
+        if done == len(key):
+            return done, node
+        new = self._node(list(key[done:]), node)
+        self._touch(new)
+        node.children[key[done]] = new
+        if self.observer is not None:
+            self.observer.stored(new)
+        self.evictable_size += len(new.key)
+        self._update_leaf(node)
+        self._update_leaf(new)
+        return done, new
 
     def _split(self, child: Node, at: int) -> Node:
         """Put a new node holding child.key[:at] between child and its parent."""
