@@ -22,7 +22,6 @@ or are cut (a final chunk with finish_reason "abort"); only then is the port clo
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -30,9 +29,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
 
-import grpc
 from aiohttp import web
-from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind
 
@@ -53,7 +50,7 @@ from service.openai_request import PRIORITY_HEADER, param_name, to_generate_requ
 from service.openai_response import ResponseWriter, error_event
 from service.ratelimit_headers import tenant_headers
 from service.settings import Settings
-from service.telemetry.observation import RPC_SCOPE, RpcScope
+from service.telemetry.observation import RpcScope
 from service.telemetry.telemetry import Telemetry
 from service.tls import server_ssl_context
 from service.validation import validate_generate
@@ -327,22 +324,5 @@ class OpenAIFront(HttpSite):
             SpanKind.SERVER,
             {"http.request.method": "POST", "http.route": route, "url.scheme": "http"},
         )
-        scope = RpcScope(tel, span, is_generate=True)
-        scope_token = RPC_SCOPE.set(scope)
-        ctx_token = otel_context.attach(scope.ctx)
-        failure: BaseException | None = None
-        try:
+        with RpcScope(tel, span, is_generate=True).current():
             yield
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            if isinstance(failure, asyncio.CancelledError):
-                code = grpc.StatusCode.CANCELLED
-            elif failure is not None:
-                code = grpc.StatusCode.UNKNOWN
-            else:
-                code = grpc.StatusCode.OK  # or what http_error recorded
-            scope.close(code, failure)
-            otel_context.detach(ctx_token)
-            RPC_SCOPE.reset(scope_token)

@@ -8,19 +8,16 @@ not traced (probes every few seconds would drown the traces that matter).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind
 
 from service.telemetry import names as n
-from service.telemetry.observation import RPC_SCOPE, RpcScope
+from service.telemetry.observation import RpcScope
 
 if TYPE_CHECKING:
     from service.telemetry.instruments import Instruments
@@ -37,14 +34,6 @@ def _carrier(metadata: Metadata | None) -> dict[str, str]:
         for k, v in metadata or ()
         if not k.endswith("-bin")
     }
-
-
-def _code_of(exc: BaseException | None) -> grpc.StatusCode:
-    if exc is None:
-        return grpc.StatusCode.OK
-    if isinstance(exc, asyncio.CancelledError):
-        return grpc.StatusCode.CANCELLED
-    return grpc.StatusCode.UNKNOWN
 
 
 class TelemetryInterceptor(grpc.aio.ServerInterceptor):
@@ -90,29 +79,11 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
         )
         return RpcScope(self.telemetry, span, is_generate=method == GENERATE_METHOD)
 
-    @contextlib.contextmanager
-    def _scope(self, method: str, metadata: Metadata | None) -> Iterator[None]:
-        """The RPC's span, current (and its RpcScope in RPC_SCOPE) while the handler runs;
-        closed with the handler's outcome."""
-        scope = self._open(method, metadata)
-        scope_token = RPC_SCOPE.set(scope)
-        ctx_token = otel_context.attach(scope.ctx)
-        failure: BaseException | None = None
-        try:
-            yield
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            scope.close(_code_of(failure), failure)
-            otel_context.detach(ctx_token)
-            RPC_SCOPE.reset(scope_token)
-
     def _wrap_stream(
         self, behavior: Callable[..., AsyncIterator[Any]], method: str, metadata: Metadata | None
     ) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]:
         async def traced(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            with self._scope(method, metadata):
+            with self._open(method, metadata).current():
                 async for response in behavior(request, context):
                     yield response
 
@@ -122,7 +93,7 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
         self, behavior: Callable[..., Awaitable[Any]], method: str, metadata: Metadata | None
     ) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
         async def traced(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            with self._scope(method, metadata):
+            with self._open(method, metadata).current():
                 return await behavior(request, context)
 
         return traced

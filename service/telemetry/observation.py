@@ -21,11 +21,15 @@ faults only (the gRPC server-span rule of the RPC conventions).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 import grpc
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
@@ -102,6 +106,24 @@ class RpcScope:
         elif code not in CLIENT_CODES:
             self.span.set_status(Status(StatusCode.ERROR, f"{code.name}: {exc}"))
 
+    @contextlib.contextmanager
+    def current(self) -> Iterator[None]:
+        """This scope current while the handler runs (in RPC_SCOPE, its span the
+        current span), then closed with the handler's outcome: the status the error
+        mapping recorded, else OK, CANCELLED or UNKNOWN. For gRPC and HTTP alike."""
+        scope_token = RPC_SCOPE.set(self)
+        ctx_token = otel_context.attach(self.ctx)
+        failure: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self.close(_code_of(failure), failure)
+            otel_context.detach(ctx_token)
+            RPC_SCOPE.reset(scope_token)
+
     def close(self, code: grpc.StatusCode, exc: BaseException | None) -> None:
         code = self.code or code
         self.attrs[n.RPC_GRPC_STATUS_CODE] = code.value[0]
@@ -119,6 +141,14 @@ class RpcScope:
             tel.duration.record(time.monotonic() - self.start_s, attrs.outcome(outcome, code))
         self.span.set_attributes(self.attrs)
         self.span.end()
+
+
+def _code_of(exc: BaseException | None) -> grpc.StatusCode:
+    if exc is None:
+        return grpc.StatusCode.OK
+    if isinstance(exc, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED
+    return grpc.StatusCode.UNKNOWN
 
 
 def rejection_attrs(tenant_label: str, reason: str, limit: str) -> dict[str, AttributeValue]:
