@@ -42,7 +42,7 @@ from scheduler.quotas import BucketLimits
 from scheduler.request import Priority, QueuedRequest
 from scheduler.tenancy.key_limits import KeyLimits
 from scheduler.tenancy.tenants import TenantConfig
-from scheduler.token_bucket import TokenBucket
+from scheduler.token_bucket import TokenBucket, reconfigured
 
 log = logging.getLogger(__name__)
 MAX_CONCURRENT = "max_concurrent"
@@ -228,18 +228,6 @@ class _KeyEntry:
     open: set[str] = field(default_factory=set)
 
 
-def _bucket(
-    old: TokenBucket | None, rate: float | None, burst: float | None, clock: Clock
-) -> TokenBucket | None:
-    if rate is None or burst is None:
-        return None
-    if old is None:
-        return TokenBucket(rate, burst, clock)
-    if (old.rate_per_s, old.burst) != (rate, burst):
-        old.reconfigure(rate, burst)
-    return old
-
-
 class MemoryKeyState:
     """One replica's key state (store=memory): token buckets and open requests."""
 
@@ -249,8 +237,8 @@ class MemoryKeyState:
 
     def _entry(self, key_id: str, b: BucketLimits) -> _KeyEntry:
         e = self._keys.setdefault(key_id, _KeyEntry())
-        e.requests = _bucket(e.requests, b.requests_per_s, b.requests_burst, self.clock)
-        e.tokens = _bucket(e.tokens, b.tokens_per_s, b.tokens_burst, self.clock)
+        e.requests = reconfigured(e.requests, b.requests_per_s, b.requests_burst, self.clock)
+        e.tokens = reconfigured(e.tokens, b.tokens_per_s, b.tokens_burst, self.clock)
         return e
 
     async def take(self, t: Take) -> tuple[str, float]:

@@ -25,7 +25,7 @@ from scheduler.errors import QuotaExceeded, RequestTooLarge
 from scheduler.request import QueuedRequest
 from scheduler.rules import binding_limit, kv_tokens, own_limit_wait_s, refund
 from scheduler.tenancy.tenants import OverQuotaMode, TenantConfig, TenantQuotas, TenantRegistry
-from scheduler.token_bucket import TokenBucket
+from scheduler.token_bucket import TokenBucket, reconfigured
 
 
 @dataclass(slots=True, eq=False)
@@ -98,17 +98,6 @@ class BucketLimits:
 
 
 NO_BUCKETS = BucketLimits()
-
-
-def _bucket(
-    old: TokenBucket | None, rate_per_s: float | None, burst: float | None, clock: Clock
-) -> TokenBucket | None:
-    if rate_per_s is None or burst is None:
-        return None
-    if old is None:
-        return TokenBucket(rate_per_s, burst, clock)
-    old.reconfigure(rate_per_s, burst)
-    return old
 
 
 def check_arrival(cfg: TenantConfig, req: QueuedRequest, queued: int, where: str = "") -> None:
@@ -202,10 +191,12 @@ class QuotaLedger:
     def _configure(self, usage: TenantUsage, cfg: TenantConfig) -> None:
         b = BucketLimits.of(cfg.quotas)
         usage.config = cfg
-        usage.request_bucket = _bucket(
+        usage.request_bucket = reconfigured(
             usage.request_bucket, b.requests_per_s, b.requests_burst, self.clock
         )
-        usage.token_bucket = _bucket(usage.token_bucket, b.tokens_per_s, b.tokens_burst, self.clock)
+        usage.token_bucket = reconfigured(
+            usage.token_bucket, b.tokens_per_s, b.tokens_burst, self.clock
+        )
 
     def usage(self, tenant_id: str) -> TenantUsage | None:
         return self._usage.get(tenant_id)

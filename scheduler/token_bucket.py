@@ -89,3 +89,17 @@ class TokenBucket:
         self.rate_per_s = rate_per_s
         self.burst = burst
         self._stored = StoredLevel(min(level, burst), self._clock.now_s())
+
+
+def reconfigured(
+    old: TokenBucket | None, rate_per_s: float | None, burst: float | None, clock: Clock
+) -> TokenBucket | None:
+    """The bucket for these limits (None: not limited): `old`, its level carried
+    over to new limits, or a new full one."""
+    if rate_per_s is None or burst is None:
+        return None
+    if old is None:
+        return TokenBucket(rate_per_s, burst, clock)
+    if (old.rate_per_s, old.burst) != (rate_per_s, burst):
+        old.reconfigure(rate_per_s, burst)
+    return old
