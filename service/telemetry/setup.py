@@ -22,6 +22,7 @@ slow never delays a request.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -66,36 +67,31 @@ def _protocol(env: Mapping[str, str], signal: str) -> str:
     return proto
 
 
-def _span_exporter(name: str, env: Mapping[str, str]) -> Any:
+# Each signal's exporter classes ("module:class"), imported only when chosen: the
+# OTLP exporters pull in their transports.
+_EXPORTERS = {
+    "traces": (
+        "opentelemetry.sdk.trace.export:ConsoleSpanExporter",
+        "opentelemetry.exporter.otlp.proto.grpc.trace_exporter:OTLPSpanExporter",
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter:OTLPSpanExporter",
+    ),
+    "metrics": (
+        "opentelemetry.sdk.metrics.export:ConsoleMetricExporter",
+        "opentelemetry.exporter.otlp.proto.grpc.metric_exporter:OTLPMetricExporter",
+        "opentelemetry.exporter.otlp.proto.http.metric_exporter:OTLPMetricExporter",
+    ),
+}
+
+
+def _exporter(signal: str, name: str, env: Mapping[str, str]) -> Any:
+    """The `signal`'s exporter `name` (console or otlp, over the configured protocol)."""
+    console, otlp_grpc, otlp_http = _EXPORTERS[signal]
     if name == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-        return ConsoleSpanExporter()
-    if _protocol(env, "traces") == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter()
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-        OTLPSpanExporter as HttpSpanExporter,
-    )
-
-    return HttpSpanExporter()
-
-
-def _metric_exporter(name: str, env: Mapping[str, str]) -> Any:
-    if name == "console":
-        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
-
-        return ConsoleMetricExporter()
-    if _protocol(env, "metrics") == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
-        return OTLPMetricExporter()
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-        OTLPMetricExporter as HttpMetricExporter,
-    )
-
-    return HttpMetricExporter()
+        chosen = console
+    else:
+        chosen = otlp_grpc if _protocol(env, signal) == "grpc" else otlp_http
+    module, _, cls = chosen.partition(":")
+    return getattr(importlib.import_module(module), cls)()
 
 
 def exemplar_filter(env: Mapping[str, str]) -> Any:
@@ -159,10 +155,10 @@ def build_telemetry(settings: Settings, environ: Mapping[str, str] | None = None
     if trace_names:
         tracer_provider = TracerProvider(resource=resource)
         for name in trace_names:
-            tracer_provider.add_span_processor(BatchSpanProcessor(_span_exporter(name, env)))
+            tracer_provider.add_span_processor(BatchSpanProcessor(_exporter("traces", name, env)))
         shutdown.append(tracer_provider.shutdown)
     readers: list[MetricReader] = [
-        PeriodicExportingMetricReader(_metric_exporter(name, env)) for name in metric_names
+        PeriodicExportingMetricReader(_exporter("metrics", name, env)) for name in metric_names
     ]
     endpoint = None
     if metrics_listen:
