@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from opentelemetry import metrics, trace
@@ -28,6 +28,7 @@ from service.telemetry.observation import RPC_SCOPE, GenerateObservation
 if TYPE_CHECKING:
     import grpc
 
+    from scheduler.gate_stats import GateStats
     from scheduler.request import QueuedRequest
     from scheduler.tenancy.tenants import TenantRegistry
     from service.budget_check import BudgetCheck
@@ -200,22 +201,23 @@ class Telemetry(Instruments):
     def _tenant_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
         return self._per_tenant("in_flight")
 
-    def _engine_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
+    def _per_model(self) -> Iterator[tuple[ServedModel, GateStats, dict[str, str]]]:
+        """Each served model, its admission stats and its gauges' attributes."""
         for model in list(self._models):
-            stats = model.dispatcher.stats()
             attrs = {n.GEN_AI_REQUEST_MODEL: model.name, n.ENGINE_KIND: model.engine.kind}
+            yield model, model.dispatcher.stats(), attrs
+
+    def _engine_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
+        for _model, stats, attrs in self._per_model():
             yield Observation(stats.in_flight, {**attrs, "fairgate.kind": "used"})
             yield Observation(stats.limits.max_requests, {**attrs, "fairgate.kind": "limit"})
 
     def _lent_admissions(self, _: CallbackOptions) -> Iterable[Observation]:
-        for model in list(self._models):
-            attrs = {n.GEN_AI_REQUEST_MODEL: model.name, n.ENGINE_KIND: model.engine.kind}
-            yield Observation(model.dispatcher.stats().lent_total, attrs)
+        for _model, stats, attrs in self._per_model():
+            yield Observation(stats.lent_total, attrs)
 
     def _engine_kv_tokens(self, _: CallbackOptions) -> Iterable[Observation]:
-        for model in list(self._models):
-            stats = model.dispatcher.stats()
-            attrs = {n.GEN_AI_REQUEST_MODEL: model.name, n.ENGINE_KIND: model.engine.kind}
+        for model, stats, attrs in self._per_model():
             yield Observation(stats.in_flight_kv_tokens, {**attrs, "fairgate.kind": "used"})
             yield Observation(stats.limits.max_kv_tokens, {**attrs, "fairgate.kind": "limit"})
             capacity = model.engine.capacity().max_total_tokens
