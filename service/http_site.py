@@ -1,7 +1,8 @@
 """An aiohttp application listening on one host:port, served in the server's loop.
 
-The OpenAI-compatible front (service/openai_http.py) and the Prometheus scrape
-endpoint (service/telemetry/prometheus.py) listen this way: the address parsed
+The OpenAI-compatible front (service/openai_http.py), the Prometheus scrape
+endpoint (service/telemetry/prometheus.py) and the simulator's SGLang-style
+server (service/engines/simulator/sim_server.py) listen this way: the address parsed
 from a `host:port` setting (port 0 picks a free one, reported once bound), and
 a stop that also cleans up after a refused port.
 """

@@ -27,8 +27,8 @@ from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.engine import SimulatedEngine
 from service.engines.simulator.hardware import preset
-from service.engines.simulator.http_server import SimServer
 from service.engines.simulator.kv_events import SimKvEventsPublisher
+from service.engines.simulator.sim_server import SimServer
 
 KV_TOKENS = 8192  # each worker's
 PREFIXES = 24

@@ -11,7 +11,7 @@ from service.app import App
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.engine import SimulatedEngine
 from service.engines.simulator.hardware import preset
-from service.engines.simulator.http_server import SimServer
+from service.engines.simulator.sim_server import SimServer
 from tests.helpers import eventually
 
 StartSim = Callable[..., Awaitable[SimServer]]

@@ -33,7 +33,7 @@ from service.engines.protocol import EngineRequest
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.engine import SimulatedEngine
 from service.engines.simulator.hardware import preset
-from service.engines.simulator.http_server import SimServer
+from service.engines.simulator.sim_server import SimServer
 from tests.integration.serve_process import start_serve
 
 REPLICAS = 3

@@ -20,7 +20,7 @@ from service.engines.sglang_inproc import SglangInprocEngine
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.engine import SimulatedEngine
 from service.engines.simulator.hardware import preset
-from service.engines.simulator.http_server import SimServer
+from service.engines.simulator.sim_server import SimServer
 from tests.helpers import eventually
 
 

@@ -17,7 +17,7 @@ from fairgate import AsyncClient
 from scheduler.dispatcher import Dispatcher
 from scheduler.ordering.vtc import VtcPolicy
 from service.engines.pool import WorkerPool
-from service.engines.simulator.http_server import SimServer
+from service.engines.simulator.sim_server import SimServer
 from tests.conftest import StartServer
 from tests.helpers import eventually
 from tests.sglang_helpers import StartSim, assert_no_sglang_leaks, sglang_settings
