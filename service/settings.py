@@ -275,6 +275,12 @@ class Settings(BaseSettings):
         "Staged prefill: one staged prompt at a time per engine, from its first stage to its "
         "first token (a prefill step then carries one stage, not one from each long prompt).",
     )
+    staged_prefill_cold_only: bool = _s(
+        False,
+        "Staged prefill: stage only a prompt whose part uncached on the worker the pool "
+        "chose reaches the length to stage (a cached shared document goes whole); "
+        "without a pool (one URL) every long prompt is staged.",
+    )
     # -- admission and fairness -----------------------------------------------------
     kv_target_fraction: float = _s(
         0.9,

@@ -98,3 +98,42 @@ async def test_prefills_reach_the_other_replica_and_end_there(redis_url: str) ->
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_loads_reach_the_other_replica_when_they_change_and_each_refresh(
+    redis_url: str,
+) -> None:
+    """A replica's in-flight count per worker reaches the other as its latest value
+    only (one entry per worker and round), and again every refresh unchanged."""
+    heard: list[tuple[str, str, int, int]] = []
+    a = _share(redis_url, "a", [])
+    a.load_refresh_s = 3600.0  # no refresh but the first, until set below
+    b = PrefixShare(
+        connect(redis_url, timeout_s=0.5),
+        "t:{d}:routes",
+        "b",
+        lambda u, k: None,
+        learn_load=lambda u, r, n, kv: heard.append((u, r, n, kv)),
+    )
+    try:
+        a.publish_load("http://w1", 1, 100)
+        a.publish_load("http://w1", 2, 250)  # the same round: only the latest goes
+        a.publish_load("http://w0", 1, 40)
+        await a.sync()
+        await b.sync()
+        assert sorted(heard) == [("http://w0", "a", 1, 40), ("http://w1", "a", 2, 250)]
+        sent = a.sent_total
+        await a.sync()  # nothing changed, no refresh due: nothing sent
+        assert a.sent_total == sent
+        a.load_refresh_s = 0.0
+        await a.sync()  # a refresh repeats every worker's load
+        await b.sync()
+        assert a.sent_total == sent + 2
+        assert sorted(heard[2:]) == [("http://w0", "a", 1, 40), ("http://w1", "a", 2, 250)]
+        await b.client.xadd("t:{d}:routes", {"u": "http://w1", "l": "x", "v": "1", "r": "c"})
+        await b.client.xadd("t:{d}:routes", {"u": "http://w1", "l": "0", "v": "0", "r": "c"})
+        await b.sync()
+        assert heard[-1] == ("http://w1", "c", 0, 0)  # the malformed one skipped
+    finally:
+        await a.aclose()
+        await b.aclose()
