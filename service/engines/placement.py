@@ -202,6 +202,9 @@ class Placement:
         # back through `learn_load` (remote_load.py).
         self.on_load: Callable[[str, int, int], None] | None = None
         self.remote_load = RemoteLoads(n)
+        # Replicas: this replica placed a light tenant's short request (the stagger's
+        # light tenant is active); the others' come back through `learn_light`.
+        self.on_light: Callable[[], None] | None = None
 
     # -- load -----------------------------------------------------------------------
     def load(self, i: int, now_s: float, kv_tokens: int = 0, requests: int = 0) -> float:
@@ -420,7 +423,8 @@ class Placement:
         long prompt never takes the last worker on short steps, so a light request
         always has one whose next step ends soon (`route(soonest)` finds it)."""
         now_s = self.clock()
-        self.stagger.saw(req.prompt_tokens, req.light, now_s)
+        if self.stagger.saw(req.prompt_tokens, req.light, now_s) and self.on_light is not None:
+            self.on_light()
         healthy = [t.healthy for t in self.targets]
         pending = self._all_pending()
         return self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s)
@@ -483,6 +487,11 @@ class Placement:
                 else:
                     self.remote_prefill[i].pop(prefill_id, None)
                 return
+
+    def learn_light(self) -> None:
+        """Another replica placed a light tenant's short request: the light tenant is
+        active here too (staggered prefill and the hold keep a worker for it)."""
+        self.stagger.heard(self.clock())
 
     def learn_load(self, url: str, replica: str, requests: int, kv_tokens: int) -> None:
         """Replica `replica` has `requests` of `kv_tokens` in flight on `url`."""

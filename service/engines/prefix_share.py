@@ -25,7 +25,10 @@ And each replica's requests and KV in flight per worker (`publish_load`): a
 worker the other replicas filled is full for this one's routing too
 (`Placement.learn_load`). At most one entry per worker and round, only when the
 count changed, and every worker's again every `load_refresh_s`, so that the
-others can drop a replica that went silent (remote_load.py).
+others can drop a replica that went silent (remote_load.py). And that a light
+tenant's short request was placed (`publish_light`, at most one entry a round):
+staggered prefill keeps a worker for an active light tenant, which a replica
+must know of even when the other replicas placed its requests.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class PrefixShare:
         *,
         learn_prefill: Callable[[str, str, int], None] | None = None,
         learn_load: Callable[[str, str, int, int], None] | None = None,
+        learn_light: Callable[[], None] | None = None,
         interval_s: float = 0.05,
         load_refresh_s: float = 1.0,
         maxlen: int = 50_000,
@@ -65,6 +69,8 @@ class PrefixShare:
         self.learn = learn
         self.learn_prefill = learn_prefill
         self.learn_load = learn_load
+        self.learn_light = learn_light
+        self._light = False  # a light request placed since the last round
         self.load_refresh_s = load_refresh_s
         # This replica's load per worker URL, and those changed since the last send.
         self._loads: dict[str, tuple[int, int]] = {}
@@ -95,6 +101,10 @@ class PrefixShare:
         (sent with the next round, the latest count only)."""
         self._loads[url] = (requests, kv_tokens)
         self._loads_changed.add(url)
+
+    def publish_light(self) -> None:
+        """This replica placed a light tenant's short request (sent with the next round)."""
+        self._light = True
 
     def _queue_loads(self) -> None:
         """The loads changed since the last round; every one once per refresh."""
@@ -141,6 +151,9 @@ class PrefixShare:
     async def sync(self) -> None:
         """Send what this replica routed since the last call; learn the others'."""
         self._queue_loads()
+        if self._light:
+            self._light = False
+            self._send({"u": "", "s": "light"})
         out, self._out = self._out, []
         if out:
             pipe = self.client.pipeline(transaction=False)
@@ -168,6 +181,8 @@ class PrefixShare:
                 self.learn_prefill(f["u"], f"{f.get('r', '')}:{f['p']}", int(f["n"]))
             elif "l" in f and "v" in f and self.learn_load is not None:
                 self.learn_load(f["u"], f.get("r", ""), int(f["l"]), int(f["v"]))
+            elif f.get("s") == "light" and self.learn_light is not None:
+                self.learn_light()
             else:
                 return
             self.learned_total += 1

@@ -137,3 +137,30 @@ async def test_loads_reach_the_other_replica_when_they_change_and_each_refresh(
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_a_light_request_placed_reaches_the_other_replica_once_a_round(
+    redis_url: str,
+) -> None:
+    heard: list[str] = []
+    a = _share(redis_url, "a", [])
+    b = PrefixShare(
+        connect(redis_url, timeout_s=0.5),
+        "t:{d}:routes",
+        "b",
+        lambda u, k: None,
+        learn_light=lambda: heard.append("light"),
+    )
+    try:
+        await a.sync()
+        sent = a.sent_total
+        a.publish_light()
+        a.publish_light()
+        await a.sync()
+        assert a.sent_total == sent + 1
+        await a.sync()  # none placed since: nothing sent
+        await b.sync()
+        assert heard == ["light"]
+    finally:
+        await a.aclose()
+        await b.aclose()

@@ -165,8 +165,9 @@ class _Worker:
 
 
 def _share(placements: list[Placement]) -> None:
-    """Each placement hears the others' routes, long prefills and loads on each
-    worker as they happen (what prefix_share.py carries between live replicas)."""
+    """Each placement hears the others' routes, long prefills, loads on each worker
+    and light requests as they happen (what prefix_share.py carries between live
+    replicas)."""
     for k, p in enumerate(placements):
         others = [q for q in placements if q is not p]
 
@@ -184,7 +185,11 @@ def _share(placements: list[Placement]) -> None:
             for q in others:
                 q.learn_load(url, str(k), n, kv)
 
-        p.on_routed, p.on_prefill, p.on_load = routed, prefill, loaded
+        def light(others: list[Placement] = others) -> None:
+            for q in others:
+                q.learn_light()
+
+        p.on_routed, p.on_prefill, p.on_load, p.on_light = routed, prefill, loaded, light
         # Heard at once and never lost: no replica's load expires here.
         p.remote_load.ttl_s = math.inf
 

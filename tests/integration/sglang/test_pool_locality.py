@@ -394,3 +394,23 @@ async def test_a_replica_weighs_the_requests_the_other_has_in_flight(
         )
     for app in apps:
         await _all_ended(app, _pool(app), workers)
+
+
+async def test_a_replica_hears_the_light_tenant_the_other_placed(
+    start_server: StartServer, start_sim: StartSim, redis_url: str
+) -> None:
+    """Staggered prefill on two replicas: a light tenant's short request replica A
+    places makes the light tenant active on replica B too."""
+    workers = [await start_sim(time_scale=0.0) for _ in range(2)]
+    settings = sglang_settings(
+        *workers, store="redis", redis_url=redis_url, sglang_stagger_prefill_tokens=1024
+    )
+    apps = [await start_server(**settings) for _ in range(2)]
+    a, b = (_pool(app).placement for app in apps)
+    assert not b.stagger.light_active(b.clock())
+    async with AsyncClient(apps[0].address, tenant="chat") as c:
+        await c.complete([5, 6, 7], max_tokens=2, ignore_eos=True)
+    assert a.stagger.light_active(a.clock())
+    await eventually(lambda: b.stagger.light_active(b.clock()), what="B hears the light tenant")
+    for app in apps:
+        await _all_ended(app, _pool(app), workers)

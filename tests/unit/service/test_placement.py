@@ -349,3 +349,25 @@ def test_two_replicas_route_by_each_others_requests_in_flight() -> None:
     assert b.load(0, now[0]) == 0.0 and b.remote_load.by_worker[0] == {}
     b.learn_load("nowhere", "a", 3, 300)  # an unknown worker is ignored
     assert b.remote_load.by_worker == [{}, {}]
+
+
+def test_a_replica_keeps_a_worker_for_the_light_tenant_another_replica_placed() -> None:
+    """Replica B has placed no light request; replica A has, and says so (the
+    prefix share carries it): B's long prompts keep the last worker on short steps
+    too, and stop once the light tenant's window has passed."""
+    now = [0.0]
+    a = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    b = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    a.on_light = b.learn_light
+    for p in (a, b):
+        p.stagger = Stagger(min_tokens=1024, light_window_s=10.0)
+    a.released(a.place(_request(3000, light=False), [], set()) or pytest.fail())
+    assert not b.stagger.light_active(now[0])  # a long request marks nothing
+    a.released(a.place(_request(40, light=True), [], set()) or pytest.fail())
+    assert b.stagger.light_active(now[0])
+    b.pending_prefill[0] = 3000  # w0 mid-prefill: w1 is the last on short steps
+    long_b = b.place(_request(3000, light=False), [], set())
+    assert long_b is not None and long_b.worker == 0 and b.stagger.kept_free == 1
+    now[0] += 10.5
+    late = b.place(_request(3000, light=False), [], set())
+    assert late is not None and late.worker == 1 and b.stagger.kept_free == 1
