@@ -276,10 +276,11 @@ class Settings(BaseSettings):
         "first token (a prefill step then carries one stage, not one from each long prompt).",
     )
     staged_prefill_cold_only: bool = _s(
-        False,
+        True,
         "Staged prefill: stage only a prompt whose part uncached on the worker the pool "
-        "chose reaches the length to stage (a cached shared document goes whole); "
-        "without a pool (one URL) every long prompt is staged.",
+        "chose reaches the length to stage, from above the part held there; a long prompt "
+        "cached there goes whole, in its turn among the engine's staged prompts. Without "
+        "a pool (one URL) every long prompt is staged.",
     )
     # -- admission and fairness -----------------------------------------------------
     kv_target_fraction: float = _s(

@@ -65,7 +65,7 @@ class StagedPrefill:
     # its stages start above the held part. A long prompt cached there goes whole,
     # in its turn in the lane (`laned`): what the placement counts as held may be
     # the prompt ahead of it in the lane, still being computed.
-    cold_only: bool = False
+    cold_only: bool = True
 
     def __post_init__(self) -> None:
         if self.min_tokens < 0 or self.stage_tokens < 1:

@@ -131,7 +131,7 @@ async def test_cold_only_stages_a_document_once_then_sends_it_whole_where_it_is_
     on the worker it routes the second prompt to, so that prompt goes whole; the
     rest above the document is short of the length to stage."""
     workers = [await start_sim(time_scale=0.0) for _ in range(2)]
-    settings = {**STAGED, "staged_prefill_cold_only": True}
+    settings = {**STAGED}  # staged_prefill_cold_only: on by default
     app = await start_server(**sglang_settings(*workers, **settings))
     doc = [5, *range(200, 2199)]  # 2000 tokens
     async with AsyncClient(app.address, tenant="t") as c:

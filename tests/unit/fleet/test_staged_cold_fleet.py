@@ -46,7 +46,7 @@ def test_only_prompts_cold_where_they_go_are_staged(engines: int) -> None:
 
 
 def test_without_cold_only_every_long_prompt_is_staged() -> None:
-    plan = StagedPrefill(min_tokens=2049, stage_tokens=512)
+    plan = StagedPrefill(min_tokens=2049, stage_tokens=512, cold_only=False)
     drv = fleet(_trace(), 2, None, plan)
     assert all(c.staging is not None for c in drv.calls)
     # The warm one's stages found the document cached: only its last one computed.

@@ -56,7 +56,9 @@ def test_cold_only_stages_what_is_uncached_where_the_request_goes() -> None:
     assert plan.ends(2000, 4, held_tokens=1024) == []  # 976 uncached
     assert plan.ends(2000, 4, held_tokens=999) == [1024, 1536]  # 1001 uncached
     # Without cold_only what is held does not matter.
-    assert StagedPrefill(1000, 512).ends(2000, 4, held_tokens=1500) == [512, 1024, 1536]
+    every = StagedPrefill(1000, 512, cold_only=False)
+    assert every.ends(2000, 4, held_tokens=1500) == [512, 1024, 1536]
+    assert StagedPrefill(1000, 512).cold_only  # the default
 
 
 def test_a_prefill_only_request_ends_with_its_prompt_cached_and_no_token() -> None:
