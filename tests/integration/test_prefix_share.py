@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,11 @@ def _share(url: str, replica: str, learned: list[tuple[str, int]], **kw: int) ->
         lambda u, k: learned.append((u, k)),
         **kw,
     )
+
+
+def _listener(url: str, **learn: Any) -> PrefixShare:
+    """Replica "b", hearing only what `learn` names (learn_prefill, learn_load, ...)."""
+    return PrefixShare(connect(url, timeout_s=0.5), "t:{d}:routes", "b", lambda u, k: None, **learn)
 
 
 async def test_each_replica_learns_the_others_routes_not_its_own(redis_url: str) -> None:
@@ -71,13 +77,7 @@ async def test_prefills_reach_the_other_replica_and_end_there(redis_url: str) ->
     ended: list[tuple[str, str, int]] = []
     heard: list[tuple[str, str, int]] = []
     a = _share(redis_url, "a", [])
-    b = PrefixShare(
-        connect(redis_url, timeout_s=0.5),
-        "t:{d}:routes",
-        "b",
-        lambda u, k: None,
-        learn_prefill=lambda u, pid, n: heard.append((u, pid, n)),
-    )
+    b = _listener(redis_url, learn_prefill=lambda u, pid, n: heard.append((u, pid, n)))
     a.learn_prefill = lambda u, pid, n: ended.append((u, pid, n))
     try:
         a.publish_prefill("http://w1", "7", 3000)
@@ -108,13 +108,7 @@ async def test_loads_reach_the_other_replica_when_they_change_and_each_refresh(
     heard: list[tuple[str, str, int, int]] = []
     a = _share(redis_url, "a", [])
     a.load_refresh_s = 3600.0  # no refresh but the first, until set below
-    b = PrefixShare(
-        connect(redis_url, timeout_s=0.5),
-        "t:{d}:routes",
-        "b",
-        lambda u, k: None,
-        learn_load=lambda u, r, n, kv: heard.append((u, r, n, kv)),
-    )
+    b = _listener(redis_url, learn_load=lambda u, r, n, kv: heard.append((u, r, n, kv)))
     try:
         a.publish_load("http://w1", 1, 100)
         a.publish_load("http://w1", 2, 250)  # the same round: only the latest goes
@@ -144,13 +138,7 @@ async def test_a_light_request_placed_reaches_the_other_replica_once_a_round(
 ) -> None:
     heard: list[str] = []
     a = _share(redis_url, "a", [])
-    b = PrefixShare(
-        connect(redis_url, timeout_s=0.5),
-        "t:{d}:routes",
-        "b",
-        lambda u, k: None,
-        learn_light=lambda: heard.append("light"),
-    )
+    b = _listener(redis_url, learn_light=lambda: heard.append("light"))
     try:
         await a.sync()
         sent = a.sent_total
