@@ -159,3 +159,10 @@ class EngineSettings(BaseModel):
         "Staged prefill: one staged prompt at a time per engine, from its first stage to its "
         "first token (a prefill step then carries one stage, not one from each long prompt).",
     )
+    staged_prefill_cold_only: bool = _s(
+        True,
+        "Staged prefill: stage only a prompt whose part uncached on the worker the pool "
+        "chose reaches the length to stage, from above the part held there; a long prompt "
+        "cached there goes whole, in its turn among the engine's staged prompts. Without "
+        "a pool (one URL) every long prompt is staged.",
+    )

@@ -138,15 +138,25 @@ async def build_dispatcher(
 
 def build_prefix_share(settings: Settings, model_name: str, placement: Placement) -> PrefixShare:
     """With store=redis, the replicas' pools tell each other what they routed where,
-    and which prefills are still running there (staggered prefill, routing)."""
+    which prefills are still running there (staggered prefill, routing), and how
+    many requests each has in flight on each worker (routing's fullness), and when
+    a light tenant's request was placed (staggered prefill's light tenant)."""
     client = connect(settings.redis_url, timeout_s=settings.redis_timeout_s)
     domain = settings.redis_domain or model_name
     stream = f"{settings.redis_prefix}:{{{domain}}}:routes"
     share = PrefixShare(
-        client, stream, replica_id(), placement.learn, learn_prefill=placement.learn_prefill
+        client,
+        stream,
+        replica_id(),
+        placement.learn,
+        learn_prefill=placement.learn_prefill,
+        learn_load=placement.learn_load,
+        learn_light=placement.learn_light,
     )
     placement.on_routed = share.publish
     placement.on_prefill = share.publish_prefill
+    placement.on_load = share.publish_load
+    placement.on_light = share.publish_light
     return share
 
 

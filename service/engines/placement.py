@@ -15,7 +15,8 @@ worker's reported `cached_tokens` corrects the prefix index), `finished`
 it keeps the prefix index (`prefix_index.py`), the prefill routed there that has
 not streamed yet (its own, and the other replicas' as they announce it:
 `prefill_pending`), and the replicas' share (`on_routed` / `learn`,
-`on_prefill` / `learn_prefill`, `prefix_share.py`). The targets say how large
+`on_prefill` / `learn_prefill`; the requests and KV each replica has in flight on
+each worker, `on_load` / `learn_load`; `prefix_share.py`). The targets say how large
 and healthy they are; the placement never waits on them. The clock is injected.
 
 Admission's locality estimate (`cached_prefix`, `QueuedRequest.cached_estimate`)
@@ -38,6 +39,7 @@ from scheduler.request import Priority, QueuedRequest
 from service.engines.kv_view import CacheView
 from service.engines.prefix_index import PrefixIndex
 from service.engines.protocol import EngineRequest, SamplingOptions
+from service.engines.remote_load import RemoteLoads
 from service.engines.routing import Routing, WorkerView, fullness, route
 from service.engines.stagger import Stagger
 
@@ -195,14 +197,24 @@ class Placement:
         self.remote_prefill: list[dict[str, tuple[int, float]]] = [{} for _ in range(n)]
         self.remote_prefill_ttl_s = REMOTE_PREFILL_TTL_S
         self._prefills = itertools.count(1)
+        # Replicas: this replica's requests and KV in flight on a worker whenever they
+        # change (worker URL, requests, KV tokens) go to the others, whose loads come
+        # back through `learn_load` (remote_load.py).
+        self.on_load: Callable[[str, int, int], None] | None = None
+        self.remote_load = RemoteLoads(n)
+        # Replicas: this replica placed a light tenant's short request (the stagger's
+        # light tenant is active); the others' come back through `learn_light`.
+        self.on_light: Callable[[], None] | None = None
 
     # -- load -----------------------------------------------------------------------
     def load(self, i: int, now_s: float, kv_tokens: int = 0, requests: int = 0) -> float:
         """How full worker `i` would be with `requests` more of `kv_tokens` in all,
         as a fraction of its own capacity (1.0: full)."""
         t = self.targets[i]
-        busy = self.in_flight[i] + t.penalty(now_s)
-        return fullness(busy, self.kv_in_flight[i], t.slots(), t.kv_capacity(), requests, kv_tokens)
+        remote_requests, remote_kv = self.remote_load.of(i, now_s)
+        busy = self.in_flight[i] + remote_requests + t.penalty(now_s)
+        kv_busy = self.kv_in_flight[i] + remote_kv
+        return fullness(busy, kv_busy, t.slots(), t.kv_capacity(), requests, kv_tokens)
 
     # -- what admission asks ----------------------------------------------------------
     def prefill_pending(self, i: int) -> int:
@@ -268,6 +280,7 @@ class Placement:
         self.in_flight[i] += 1
         self.kv_in_flight[i] += kv
         self.pending_prefill[i] += pending
+        self._loaded(i)
         self._routed(i, keys)
         placed = Placed(i, priority, view.matched, kv, pending, keys)
         if self.on_prefill is not None and pending >= self._shared_prefill_tokens():
@@ -336,7 +349,13 @@ class Placement:
         i = p.worker
         self.in_flight[i] -= 1
         self.kv_in_flight[i] -= p.kv_tokens
+        self._loaded(i)
         self._prefilled(p)
+
+    def _loaded(self, i: int) -> None:
+        """This replica's load on worker `i` changed: the others weigh it too."""
+        if self.on_load is not None:
+            self.on_load(self.targets[i].url, self.in_flight[i], self.kv_in_flight[i])
 
     def _shared_prefill_tokens(self) -> int:
         """The shortest prefill announced to the other replicas: one the stagger
@@ -404,7 +423,8 @@ class Placement:
         long prompt never takes the last worker on short steps, so a light request
         always has one whose next step ends soon (`route(soonest)` finds it)."""
         now_s = self.clock()
-        self.stagger.saw(req.prompt_tokens, req.light, now_s)
+        if self.stagger.saw(req.prompt_tokens, req.light, now_s) and self.on_light is not None:
+            self.on_light()
         healthy = [t.healthy for t in self.targets]
         pending = self._all_pending()
         return self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s)
@@ -466,6 +486,18 @@ class Placement:
                     self.remote_prefill[i][prefill_id] = (tokens, until_s)
                 else:
                     self.remote_prefill[i].pop(prefill_id, None)
+                return
+
+    def learn_light(self) -> None:
+        """Another replica placed a light tenant's short request: the light tenant is
+        active here too (staggered prefill and the hold keep a worker for it)."""
+        self.stagger.heard(self.clock())
+
+    def learn_load(self, url: str, replica: str, requests: int, kv_tokens: int) -> None:
+        """Replica `replica` has `requests` of `kv_tokens` in flight on `url`."""
+        for i, t in enumerate(self.targets):
+            if t.url == url:
+                self.remote_load.learn(i, replica, requests, kv_tokens, self.clock())
                 return
 
     def set_capacity(self, i: int, kv_tokens: int) -> None:

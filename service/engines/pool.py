@@ -233,11 +233,7 @@ class WorkerPool:
             if placed is None:
                 raise last or EngineError("no healthy SGLang worker", retryable=True)
             w = self.workers[placed.worker]
-            sent = (
-                req
-                if placed.priority == req.priority
-                else dataclasses.replace(req, priority=placed.priority)
-            )
+            sent = dataclasses.replace(req, priority=placed.priority, held_tokens=placed.matched)
             tried.add(placed.worker)
             if last is not None:
                 self.moved_requests += 1

@@ -20,6 +20,15 @@ short steps and routes a light request where its first step ends soonest
 (`Placement._staggered`, `routing.route`), which two replicas can only do when
 each counts the prefill the other sent (`Placement.learn_prefill`). A prefill
 whose end is lost (its replica died) stops counting after the placement's TTL.
+
+And each replica's requests and KV in flight per worker (`publish_load`): a
+worker the other replicas filled is full for this one's routing too
+(`Placement.learn_load`). At most one entry per worker and round, only when the
+count changed, and every worker's again every `load_refresh_s`, so that the
+others can drop a replica that went silent (remote_load.py). And that a light
+tenant's short request was placed (`publish_light`, at most one entry a round):
+staggered prefill keeps a worker for an active light tenant, which a replica
+must know of even when the other replicas placed its requests.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +56,10 @@ class PrefixShare:
         learn: Callable[[str, int], None],
         *,
         learn_prefill: Callable[[str, str, int], None] | None = None,
+        learn_load: Callable[[str, str, int, int], None] | None = None,
+        learn_light: Callable[[], None] | None = None,
         interval_s: float = 0.05,
+        load_refresh_s: float = 1.0,
         maxlen: int = 50_000,
         batch: int = 2_000,
     ) -> None:
@@ -54,6 +68,14 @@ class PrefixShare:
         self.replica_id = replica_id
         self.learn = learn
         self.learn_prefill = learn_prefill
+        self.learn_load = learn_load
+        self.learn_light = learn_light
+        self._light = False  # a light request placed since the last round
+        self.load_refresh_s = load_refresh_s
+        # This replica's load per worker URL, and those changed since the last send.
+        self._loads: dict[str, tuple[int, int]] = {}
+        self._loads_changed: set[str] = set()
+        self._loads_sent_s = -math.inf
         self.interval_s = interval_s
         self.maxlen = maxlen
         self.batch = batch
@@ -73,6 +95,27 @@ class PrefixShare:
         """This replica routed `tokens` uncached prompt tokens to worker `url` under
         `prefill_id` (0: that prefill is over)."""
         self._send({"u": url, "p": prefill_id, "n": str(tokens)})
+
+    def publish_load(self, url: str, requests: int, kv_tokens: int) -> None:
+        """This replica now has `requests` of `kv_tokens` in flight on worker `url`
+        (sent with the next round, the latest count only)."""
+        self._loads[url] = (requests, kv_tokens)
+        self._loads_changed.add(url)
+
+    def publish_light(self) -> None:
+        """This replica placed a light tenant's short request (sent with the next round)."""
+        self._light = True
+
+    def _queue_loads(self) -> None:
+        """The loads changed since the last round; every one once per refresh."""
+        now_s = time.monotonic()
+        if now_s - self._loads_sent_s >= self.load_refresh_s:
+            self._loads_sent_s = now_s
+            self._loads_changed.update(self._loads)
+        for url in sorted(self._loads_changed):
+            n, kv = self._loads[url]
+            self._send({"u": url, "l": str(n), "v": str(kv)})
+        self._loads_changed.clear()
 
     def _send(self, fields: dict[str, str]) -> None:
         if len(self._out) < self.batch:
@@ -107,6 +150,10 @@ class PrefixShare:
 
     async def sync(self) -> None:
         """Send what this replica routed since the last call; learn the others'."""
+        self._queue_loads()
+        if self._light:
+            self._light = False
+            self._send({"u": "", "s": "light"})
         out, self._out = self._out, []
         if out:
             pipe = self.client.pipeline(transaction=False)
@@ -132,6 +179,10 @@ class PrefixShare:
                 self.learn(f["u"], int(f["k"]))
             elif "p" in f and "n" in f and self.learn_prefill is not None:
                 self.learn_prefill(f["u"], f"{f.get('r', '')}:{f['p']}", int(f["n"]))
+            elif "l" in f and "v" in f and self.learn_load is not None:
+                self.learn_load(f["u"], f.get("r", ""), int(f["l"]), int(f["v"]))
+            elif f.get("s") == "light" and self.learn_light is not None:
+                self.learn_light()
             else:
                 return
             self.learned_total += 1

@@ -53,6 +53,9 @@ class EngineRequest:
     # The worker admission counted a cached prefix on (`QueuedRequest.cached_on`):
     # a pool routes there while it has room (`placement.Placement.place`).
     cached_on: int | None = None
+    # Prompt tokens the pool's placement counts as cached on the worker it sent the
+    # request to (`Placed.matched`); None: no pool placed it (staged_prefill.py).
+    held_tokens: int | None = None
 
     @property
     def prompt_tokens(self) -> int:

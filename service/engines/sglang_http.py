@@ -209,9 +209,10 @@ class SglangHttpEngine:
             return False
 
     def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
-        ends = self.config.staged_prefill.stage_ends(req)
-        if ends:
-            lane = self.stage_lane if self.config.staged_prefill.one_at_a_time else None
+        plan = self.config.staged_prefill
+        if plan.laned(req):
+            ends = plan.stage_ends(req)
+            lane = self.stage_lane if plan.one_at_a_time else None
             return staged(self._generate_one, req, ends, self.staging, self.page_tokens, lane)
         return self._generate_one(req)
 

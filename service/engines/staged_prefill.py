@@ -60,6 +60,12 @@ class StagedPrefill:
     # token): the engine's prefill steps then carry at most one stage of long
     # prompts, not a chunk filled from every long prompt queued there.
     one_at_a_time: bool = True
+    # Stage only a prompt cold where it goes: its part uncached on the worker the
+    # pool's placement chose (`EngineRequest.held_tokens`) reaches `min_tokens`, and
+    # its stages start above the held part. A long prompt cached there goes whole,
+    # in its turn in the lane (`laned`): what the placement counts as held may be
+    # the prompt ahead of it in the lane, still being computed.
+    cold_only: bool = True
 
     def __post_init__(self) -> None:
         if self.min_tokens < 0 or self.stage_tokens < 1:
@@ -69,17 +75,29 @@ class StagedPrefill:
     def enabled(self) -> bool:
         return self.min_tokens > 0
 
+    def laned(self, req: EngineRequest) -> bool:
+        """Does `req` go through the engine's lane (`staged`), staged or whole?"""
+        if req.prompt_text is not None and not self.exact_ids:
+            return False
+        return self.in_lane(req.prompt_tokens, req.max_tokens)
+
+    def in_lane(self, prompt_tokens: int, max_tokens: int) -> bool:
+        """A prompt this long would be staged were it cold: it takes the lane."""
+        return bool(self.ends(prompt_tokens, max_tokens))
+
     def stage_ends(self, req: EngineRequest) -> list[int]:
         """The stages' lengths for `req` ([]: send it as it is)."""
         if req.prompt_text is not None and not self.exact_ids:
             return []
-        return self.ends(req.prompt_tokens, req.max_tokens)
+        return self.ends(req.prompt_tokens, req.max_tokens, req.held_tokens or 0)
 
-    def ends(self, prompt_tokens: int, max_tokens: int) -> list[int]:
-        """The stages' lengths for a token-id prompt of `prompt_tokens`."""
-        if not self.enabled or prompt_tokens < self.min_tokens or max_tokens == 0:
+    def ends(self, prompt_tokens: int, max_tokens: int, held_tokens: int = 0) -> list[int]:
+        """The stages' lengths for a token-id prompt of `prompt_tokens`, of which the
+        worker is thought to hold the first `held_tokens` (read with `cold_only`)."""
+        held = min(max(0, held_tokens), prompt_tokens) if self.cold_only else 0
+        if not self.enabled or prompt_tokens - held < self.min_tokens or max_tokens == 0:
             return []
-        return list(range(self.stage_tokens, prompt_tokens, self.stage_tokens))
+        return [e for e in range(self.stage_tokens, prompt_tokens, self.stage_tokens) if e > held]
 
 
 class Staging:
@@ -154,9 +172,9 @@ async def staged(
     page_tokens: int = 1,
     lane: StageLane | None = None,
 ) -> AsyncGenerator[EngineChunk, None]:
-    """`req` through `send` in prefix stages ending at `ends`, then whole; with a
-    `lane`, only once it holds it, until its first token."""
-    stats.staged_requests += 1
+    """`req` through `send` in prefix stages ending at `ends` (none: it goes whole),
+    then whole; with a `lane`, only once it holds it, until its first token."""
+    stats.staged_requests += bool(ends)
     staging = Staging(ends, page_tokens)
     held = False
     try:

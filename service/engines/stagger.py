@@ -19,7 +19,7 @@ rules keep a worker on short steps for the light tenant:
 
 A prompt is long when its uncached tokens (the prompt less the longest prefix a
 worker holds) reach `min_tokens`; a light tenant is active for `light_window_s`
-after its last short request was placed.
+after its last short request was placed, by this replica or (`heard`) another.
 """
 
 from __future__ import annotations
@@ -46,11 +46,18 @@ class Stagger:
     held: int = 0
     held_to_bound: int = 0
 
-    def saw(self, prompt_tokens: int, light: bool, now_s: float) -> None:
+    def saw(self, prompt_tokens: int, light: bool, now_s: float) -> bool:
         """A request is being placed: a light tenant's short one marks it active (its
-        long prompts, as every tenant's first ones, are long prefills like any other)."""
+        long prompts, as every tenant's first ones, are long prefills like any other).
+        True: it did."""
         if light and self.min_tokens and prompt_tokens < self.min_tokens:
             self.light_seen_s = now_s
+            return True
+        return False
+
+    def heard(self, now_s: float) -> None:
+        """Another replica placed a light tenant's short request (about) now."""
+        self.light_seen_s = max(self.light_seen_s, now_s)
 
     def light_active(self, now_s: float) -> bool:
         return now_s - self.light_seen_s <= self.light_window_s

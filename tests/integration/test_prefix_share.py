@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,11 @@ def _share(url: str, replica: str, learned: list[tuple[str, int]], **kw: int) ->
         lambda u, k: learned.append((u, k)),
         **kw,
     )
+
+
+def _listener(url: str, **learn: Any) -> PrefixShare:
+    """Replica "b", hearing only what `learn` names (learn_prefill, learn_load, ...)."""
+    return PrefixShare(connect(url, timeout_s=0.5), "t:{d}:routes", "b", lambda u, k: None, **learn)
 
 
 async def test_each_replica_learns_the_others_routes_not_its_own(redis_url: str) -> None:
@@ -71,13 +77,7 @@ async def test_prefills_reach_the_other_replica_and_end_there(redis_url: str) ->
     ended: list[tuple[str, str, int]] = []
     heard: list[tuple[str, str, int]] = []
     a = _share(redis_url, "a", [])
-    b = PrefixShare(
-        connect(redis_url, timeout_s=0.5),
-        "t:{d}:routes",
-        "b",
-        lambda u, k: None,
-        learn_prefill=lambda u, pid, n: heard.append((u, pid, n)),
-    )
+    b = _listener(redis_url, learn_prefill=lambda u, pid, n: heard.append((u, pid, n)))
     a.learn_prefill = lambda u, pid, n: ended.append((u, pid, n))
     try:
         a.publish_prefill("http://w1", "7", 3000)
@@ -95,6 +95,60 @@ async def test_prefills_reach_the_other_replica_and_end_there(redis_url: str) ->
         await b.client.xadd("t:{d}:routes", {"u": "http://w1", "p": "8", "n": "5"})
         await b.sync()
         assert heard[-1] == ("http://w1", ":8", 5)
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_loads_reach_the_other_replica_when_they_change_and_each_refresh(
+    redis_url: str,
+) -> None:
+    """A replica's in-flight count per worker reaches the other as its latest value
+    only (one entry per worker and round), and again every refresh unchanged."""
+    heard: list[tuple[str, str, int, int]] = []
+    a = _share(redis_url, "a", [])
+    a.load_refresh_s = 3600.0  # no refresh but the first, until set below
+    b = _listener(redis_url, learn_load=lambda u, r, n, kv: heard.append((u, r, n, kv)))
+    try:
+        a.publish_load("http://w1", 1, 100)
+        a.publish_load("http://w1", 2, 250)  # the same round: only the latest goes
+        a.publish_load("http://w0", 1, 40)
+        await a.sync()
+        await b.sync()
+        assert sorted(heard) == [("http://w0", "a", 1, 40), ("http://w1", "a", 2, 250)]
+        sent = a.sent_total
+        await a.sync()  # nothing changed, no refresh due: nothing sent
+        assert a.sent_total == sent
+        a.load_refresh_s = 0.0
+        await a.sync()  # a refresh repeats every worker's load
+        await b.sync()
+        assert a.sent_total == sent + 2
+        assert sorted(heard[2:]) == [("http://w0", "a", 1, 40), ("http://w1", "a", 2, 250)]
+        await b.client.xadd("t:{d}:routes", {"u": "http://w1", "l": "x", "v": "1", "r": "c"})
+        await b.client.xadd("t:{d}:routes", {"u": "http://w1", "l": "0", "v": "0", "r": "c"})
+        await b.sync()
+        assert heard[-1] == ("http://w1", "c", 0, 0)  # the malformed one skipped
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_a_light_request_placed_reaches_the_other_replica_once_a_round(
+    redis_url: str,
+) -> None:
+    heard: list[str] = []
+    a = _share(redis_url, "a", [])
+    b = _listener(redis_url, learn_light=lambda: heard.append("light"))
+    try:
+        await a.sync()
+        sent = a.sent_total
+        a.publish_light()
+        a.publish_light()
+        await a.sync()
+        assert a.sent_total == sent + 1
+        await a.sync()  # none placed since: nothing sent
+        await b.sync()
+        assert heard == ["light"]
     finally:
         await a.aclose()
         await b.aclose()

@@ -304,8 +304,11 @@ def bench_stagger(
     seeds: Annotated[str, typer.Option(help="trace seeds, e.g. 1-3 or 1,4,7")] = "1-3",
     mixes: Annotated[str, typer.Option(help="comma-separated: long, prefix")] = "long,prefix",
     levers: Annotated[
-        str, typer.Option(help="comma-separated among none, stagger, staged, hold, all")
-    ] = "none,stagger,staged,hold,all",
+        str,
+        typer.Option(
+            help="comma-separated among none, stagger, staged, hold, all, staged-cold, all-cold"
+        ),
+    ] = "none,stagger,staged,hold,all,staged-cold,all-cold",
     min_tokens: Annotated[
         int, typer.Option(min=1, help="stagger and hold: a long prompt's uncached tokens")
     ] = 1024,

@@ -165,8 +165,9 @@ class _Worker:
 
 
 def _share(placements: list[Placement]) -> None:
-    """Each placement hears the others' routes and long prefills as they happen
-    (what prefix_share.py carries between live replicas)."""
+    """Each placement hears the others' routes, long prefills, loads on each worker
+    and light requests as they happen (what prefix_share.py carries between live
+    replicas)."""
     for k, p in enumerate(placements):
         others = [q for q in placements if q is not p]
 
@@ -180,7 +181,17 @@ def _share(placements: list[Placement]) -> None:
             for q in others:
                 q.learn_prefill(url, f"{k}:{pid}", n)
 
-        p.on_routed, p.on_prefill = routed, prefill
+        def loaded(url: str, n: int, kv: int, k: int = k, others: list[Placement] = others) -> None:
+            for q in others:
+                q.learn_load(url, str(k), n, kv)
+
+        def light(others: list[Placement] = others) -> None:
+            for q in others:
+                q.learn_light()
+
+        p.on_routed, p.on_prefill, p.on_load, p.on_light = routed, prefill, loaded, light
+        # Heard at once and never lost: no replica's load expires here.
+        p.remote_load.ttl_s = math.inf
 
 
 class Driver:
@@ -470,8 +481,9 @@ class Driver:
         w = self.workers[call.worker]
         call.engine_priority = priority
         self._running[call.req.request_id] = call
-        ends = self.staged_prefill.ends(call.req.prompt_tokens, call.req.max_tokens)
-        if ends:
+        held = call.placed.matched if call.placed is not None else 0
+        ends = self.staged_prefill.ends(call.req.prompt_tokens, call.req.max_tokens, held)
+        if self.staged_prefill.in_lane(call.req.prompt_tokens, call.req.max_tokens):
             call.staging = Staging(ends)
             if w.lane is None or not self.staged_prefill.one_at_a_time:
                 w.lane = call

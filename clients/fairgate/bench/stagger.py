@@ -12,7 +12,8 @@ one of two mixes:
   shared by another's; `fleet_scenarios.py`) at load 0.6.
 
 Each trace runs under each lever combination (`LEVERS`: none, staggered
-prefill, staged prefill, the cold-start hold, all three) and the light
+prefill, staged prefill, the cold-start hold, all three; staged prefill of
+only the prompts cold where they go, alone and with the other two) and the light
 tenant's arrivals alone on the same engines (its solo run); `stagger_report.py`
 turns the runs into the table (median and spread over the seeds).
 
@@ -65,6 +66,8 @@ class Levers:
     hold_max_s: float = 0.0
     stage_tokens: int = 0
     min_tokens: int = 1024
+    # Staged prefill only for prompts cold where the placement sends them.
+    cold_only: bool = False
 
     def stagger(self) -> Stagger | None:
         if not (self.keep_free or self.hold_max_s):
@@ -76,7 +79,9 @@ class Levers:
     def staged(self) -> StagedPrefill | None:
         if not self.stage_tokens:
             return None
-        return StagedPrefill(min_tokens=CHUNK_TOKENS + 1, stage_tokens=self.stage_tokens)
+        return StagedPrefill(
+            min_tokens=CHUNK_TOKENS + 1, stage_tokens=self.stage_tokens, cold_only=self.cold_only
+        )
 
 
 def levers(min_tokens: int, hold_max_s: float, stage_tokens: int) -> dict[str, Levers]:
@@ -87,6 +92,8 @@ def levers(min_tokens: int, hold_max_s: float, stage_tokens: int) -> dict[str, L
         "staged": Levers(stage_tokens=stage_tokens, min_tokens=min_tokens),
         "hold": Levers(hold_max_s=hold_max_s, min_tokens=min_tokens),
         "all": Levers(True, hold_max_s, stage_tokens, min_tokens),
+        "staged-cold": Levers(stage_tokens=stage_tokens, min_tokens=min_tokens, cold_only=True),
+        "all-cold": Levers(True, hold_max_s, stage_tokens, min_tokens, cold_only=True),
     }
 
 

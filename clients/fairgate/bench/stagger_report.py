@@ -209,7 +209,7 @@ def print_table(summary: list[dict[str, Any]], seeds: Sequence[int]) -> None:
         f"{b.chunk_s * 1e3:.1f} ms"
     )
     print(
-        f"{'mix':<6} {'eng':>3} {'levers':<8} | {'p50/solo':<17} | {'p99/solo':<19} | "
+        f"{'mix':<6} {'eng':>3} {'levers':<11} | {'p50/solo':<17} | {'p99/solo':<19} | "
         f"{'p99-solo ms':<19} | {'p99/bar':<17} | bar | {'tok/s x none':<21} | "
         f"{'Jain svc':<21} | {'Jain wait':<21} | {'gap/B':<17} | held"
     )
@@ -217,7 +217,7 @@ def print_table(summary: list[dict[str, Any]], seeds: Sequence[int]) -> None:
         ms = s["p99_minus_solo_s"]
         ms = None if ms is None else tuple(x * 1e3 for x in ms)
         print(
-            f"{s['mix']:<6} {s['engines']:>3} {s['levers']:<8} | "
+            f"{s['mix']:<6} {s['engines']:>3} {s['levers']:<11} | "
             f"{_fmt(s['p50_over_solo'], '.1f'):<17} | {_fmt(s['p99_over_solo'], '.1f'):<19} | "
             f"{_fmt(ms, '.0f'):<19} | {_fmt(s['p99_over_bar'], '.2f'):<17} | "
             f"{'yes' if s['bar_met'] else 'no':<3} | {_fmt(s['tokens_vs_none'], '.3f'):<21} | "

@@ -165,9 +165,10 @@ class SimulatedEngine:
             )
 
     def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
-        ends = self.staged_prefill.stage_ends(req)
-        if ends:
-            lane = self.stage_lane if self.staged_prefill.one_at_a_time else None
+        plan = self.staged_prefill
+        if plan.laned(req):
+            ends = plan.stage_ends(req)
+            lane = self.stage_lane if plan.one_at_a_time else None
             return staged(self._generate_one, req, ends, self.staging, lane=lane)
         return self._generate_one(req)
 

@@ -357,3 +357,60 @@ async def test_a_replica_counts_the_long_prefill_the_other_sent(
     for app, p in zip(apps, (a, b), strict=True):
         await _all_ended(app, _pool(app), workers)
         assert p.remote_prefill == [{}, {}]
+
+
+async def test_a_replica_weighs_the_requests_the_other_has_in_flight(
+    start_server: StartServer, start_sim: StartSim, redis_url: str
+) -> None:
+    """Two replicas over Redis in front of the same two workers: the requests
+    replica A has in flight on a worker weigh on replica B's routing there
+    (prefix_share.py carries A's counts), and stop weighing once they end."""
+    workers = [await start_sim(time_scale=0.0) for _ in range(2)]
+    apps = [
+        await start_server(**sglang_settings(*workers, store="redis", redis_url=redis_url))
+        for _ in range(2)
+    ]
+    a, b = (_pool(app).placement for app in apps)
+    for w in workers:
+        w.faults.first_chunk_delay_s = 30.0
+    async with AsyncClient(apps[0].address) as c:
+        calls = [
+            asyncio.create_task(c.complete([5, 6, 7], max_tokens=4, ignore_eos=True))
+            for _ in range(3)
+        ]
+        await eventually(lambda: sum(a.in_flight) == 3, what="three in flight on A")
+        for i in range(2):
+            await eventually(
+                lambda i=i: b.remote_load.of(i, b.clock())[0] == a.in_flight[i],
+                what=f"B weighs A's requests on worker {i}",
+            )
+        assert b.in_flight == [0, 0]  # B's own counts are untouched
+        busiest = max(range(2), key=lambda i: a.in_flight[i])
+        assert b.load(busiest, b.clock()) > b.load(1 - busiest, b.clock())
+        await _cancel(calls)
+    for i in range(2):
+        await eventually(
+            lambda i=i: b.remote_load.of(i, b.clock()) == (0, 0), what="B hears they ended"
+        )
+    for app in apps:
+        await _all_ended(app, _pool(app), workers)
+
+
+async def test_a_replica_hears_the_light_tenant_the_other_placed(
+    start_server: StartServer, start_sim: StartSim, redis_url: str
+) -> None:
+    """Staggered prefill on two replicas: a light tenant's short request replica A
+    places makes the light tenant active on replica B too."""
+    workers = [await start_sim(time_scale=0.0) for _ in range(2)]
+    settings = sglang_settings(
+        *workers, store="redis", redis_url=redis_url, sglang_stagger_prefill_tokens=1024
+    )
+    apps = [await start_server(**settings) for _ in range(2)]
+    a, b = (_pool(app).placement for app in apps)
+    assert not b.stagger.light_active(b.clock())
+    async with AsyncClient(apps[0].address, tenant="chat") as c:
+        await c.complete([5, 6, 7], max_tokens=2, ignore_eos=True)
+    assert a.stagger.light_active(a.clock())
+    await eventually(lambda: b.stagger.light_active(b.clock()), what="B hears the light tenant")
+    for app in apps:
+        await _all_ended(app, _pool(app), workers)

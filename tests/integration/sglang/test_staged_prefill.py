@@ -122,3 +122,33 @@ async def test_one_staged_prompt_at_a_time_per_engine(
     grouped = firsts in ([5] * 4 + [6] * 4, [6] * 4 + [5] * 4)
     assert grouped is one_at_a_time
     await assert_no_sglang_leaks(app, stand_in)
+
+
+async def test_cold_only_stages_a_document_once_then_sends_it_whole_where_it_is_cached(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    """`staged_prefill_cold_only`: the pool's placement counts the document cached
+    on the worker it routes the second prompt to, so that prompt goes whole; the
+    rest above the document is short of the length to stage."""
+    workers = [await start_sim(time_scale=0.0) for _ in range(2)]
+    settings = {**STAGED}  # staged_prefill_cold_only: on by default
+    app = await start_server(**sglang_settings(*workers, **settings))
+    doc = [5, *range(200, 2199)]  # 2000 tokens
+    async with AsyncClient(app.address, tenant="t") as c:
+        first = await c.complete(doc, max_tokens=4, ignore_eos=True)
+        second = await c.complete([*doc, *range(3000, 3300)], max_tokens=4, ignore_eos=True)
+        # Cold: 1500 tokens past the document's 2000 (staged from above them).
+        third = await c.complete([*doc, *range(4000, 5500)], max_tokens=4, ignore_eos=True)
+    assert first.result.usage.cached_tokens == 1536  # its own stages
+    on = next(w for w in workers if any(n == 2000 for n, _ in _sent(w)))
+    long_sent = [s for s in _sent(on) if s[0] >= 512]
+    assert long_sent[:4] == [(512, 0), (1024, 0), (1536, 0), (2000, 4)]
+    # The second prompt went whole, to the worker holding the document.
+    assert long_sent[4] == (2300, 4)
+    assert second.result.usage.cached_tokens >= 1536
+    # The third's stages start above what the worker holds.
+    assert long_sent[5:] == [(2048, 0), (2560, 0), (3072, 0), (3500, 4)]
+    assert third.result.usage.cached_tokens == 3072
+    other = next(w for w in workers if w is not on)
+    assert all(n < 512 for n, _ in _sent(other))
+    await assert_no_sglang_leaks(app, *workers)

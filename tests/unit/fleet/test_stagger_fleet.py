@@ -51,12 +51,15 @@ def test_a_worker_kept_on_short_steps_shortens_the_light_tenants_tail() -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, 2, 3])
 def test_two_replicas_keep_the_gain_only_by_hearing_each_others_prefills(seed: int) -> None:
     """Two replicas place half the requests each over the same four engines. Apart,
     each keeps its own view of which engine is on short steps and the light
-    tenant's tail stays where no stagger left it; sharing their long prefills (as
-    prefix_share.py does live) they keep one engine free together."""
+    tenant's tail stays where no stagger left it; sharing their long prefills and
+    light requests (as prefix_share.py does live) they keep one engine free
+    together, as one replica does (seed 3: a replica that had placed none of the
+    light tenant's requests yet gave the last free engine to a long prompt, 1.7x
+    one replica's p99, until replicas heard each other's light requests)."""
     arrivals = long_prompt_mix(seed, 20.0)
     p99 = {}
     for share in (True, False):
@@ -68,4 +71,4 @@ def test_two_replicas_keep_the_gain_only_by_hearing_each_others_prefills(seed: i
         p99[share] = quantile(light_ttft_s(drv), 0.99)
     one = quantile(light_ttft_s(fleet(arrivals, ENGINES, Stagger(min_tokens=1024))), 0.99)
     assert p99[True] < p99[False]
-    assert p99[True] < 1.5 * one
+    assert p99[True] <= 1.05 * one

@@ -320,3 +320,54 @@ def test_a_prompt_whose_prefix_the_soonest_worker_holds_is_not_cold() -> None:
     assert p.hold_until(req, keys, 0.0, True) is None
     p.index.clear(0)
     assert p.hold_until(req, keys, 0.0, True) == 2.0
+
+
+def test_two_replicas_route_by_each_others_requests_in_flight() -> None:
+    """Replica B weighs the requests replica A has in flight on each worker (as the
+    prefix share carries them): A filled w0, so B's requests go to w1 where its own
+    counts alone would tie; the load ends when A's requests leave, or after the
+    TTL when A falls silent."""
+    now = [0.0]
+    a = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    b = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    a.on_load = lambda url, n, kv: b.learn_load(url, "a", n, kv)
+    on_a = [a.place(_request(100, light=False), [], {1}) or pytest.fail() for _ in range(SLOTS)]
+    assert [p.worker for p in on_a] == [0] * SLOTS
+    assert b.load(0, now[0]) == pytest.approx(1.0) and b.load(1, now[0]) == 0.0
+    assert b.in_flight == [0, 0]  # B's own counts are untouched
+    for _ in range(2):
+        placed = b.place(_request(100, light=False), [], set())
+        assert placed is not None and placed.worker == 1
+    for p in on_a:
+        a.released(p)
+    assert b.load(0, now[0]) == 0.0 and b.remote_load.by_worker[0] == {"a": (0, 0, 5.0)}
+    # A silent replica's last load counts for the TTL only.
+    b.learn_load("w0", "a", 3, 300)
+    now[0] += b.remote_load.ttl_s - 1
+    assert b.load(0, now[0]) == pytest.approx(3 / SLOTS)
+    now[0] += 1
+    assert b.load(0, now[0]) == 0.0 and b.remote_load.by_worker[0] == {}
+    b.learn_load("nowhere", "a", 3, 300)  # an unknown worker is ignored
+    assert b.remote_load.by_worker == [{}, {}]
+
+
+def test_a_replica_keeps_a_worker_for_the_light_tenant_another_replica_placed() -> None:
+    """Replica B has placed no light request; replica A has, and says so (the
+    prefix share carries it): B's long prompts keep the last worker on short steps
+    too, and stop once the light tenant's window has passed."""
+    now = [0.0]
+    a = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    b = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    a.on_light = b.learn_light
+    for p in (a, b):
+        p.stagger = Stagger(min_tokens=1024, light_window_s=10.0)
+    a.released(a.place(_request(3000, light=False), [], set()) or pytest.fail())
+    assert not b.stagger.light_active(now[0])  # a long request marks nothing
+    a.released(a.place(_request(40, light=True), [], set()) or pytest.fail())
+    assert b.stagger.light_active(now[0])
+    b.pending_prefill[0] = 3000  # w0 mid-prefill: w1 is the last on short steps
+    long_b = b.place(_request(3000, light=False), [], set())
+    assert long_b is not None and long_b.worker == 0 and b.stagger.kept_free == 1
+    now[0] += 10.5
+    late = b.place(_request(3000, light=False), [], set())
+    assert late is not None and late.worker == 1 and b.stagger.kept_free == 1

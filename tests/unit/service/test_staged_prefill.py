@@ -44,6 +44,23 @@ def test_which_prompts_are_staged_and_where_stages_end() -> None:
         StagedPrefill(min_tokens=10, stage_tokens=0)
 
 
+def test_cold_only_stages_what_is_uncached_where_the_request_goes() -> None:
+    plan = StagedPrefill(min_tokens=1000, stage_tokens=512, cold_only=True)
+    # Nothing known held (no pool placed it): as without cold_only.
+    assert plan.stage_ends(_req(2000)) == [512, 1024, 1536]
+    # 1500 of 2000 held: 500 uncached, short of 1000: whole.
+    held = EngineRequest("r", list(range(300, 2300)), 4, IGNORE_EOS, held_tokens=1500)
+    assert plan.stage_ends(held) == []
+    # 600 held: 1400 uncached, staged from above the held part.
+    assert plan.ends(2000, 4, held_tokens=600) == [1024, 1536]
+    assert plan.ends(2000, 4, held_tokens=1024) == []  # 976 uncached
+    assert plan.ends(2000, 4, held_tokens=999) == [1024, 1536]  # 1001 uncached
+    # Without cold_only what is held does not matter.
+    every = StagedPrefill(1000, 512, cold_only=False)
+    assert every.ends(2000, 4, held_tokens=1500) == [512, 1024, 1536]
+    assert StagedPrefill(1000, 512).cold_only  # the default
+
+
 def test_a_prefill_only_request_ends_with_its_prompt_cached_and_no_token() -> None:
     core = SimCore(SimConfig(cost=preset(), chunked_prefill_size=512))
     stage = core.make_request("s", list(range(300, 1300)), 0, IGNORE_EOS)
