@@ -49,7 +49,13 @@ from fairgate.bench.gateway_clients import (
     Sample,
     SglangClient,
 )
-from fairgate.bench.gateway_report import Cell, print_capacity, print_mode, print_scaling
+from fairgate.bench.gateway_report import (
+    Cell,
+    print_capacity,
+    print_cpu_ratios,
+    print_mode,
+    print_scaling,
+)
 from fairgate.bench.procstat import proc_cpu_s, tree_cpu_s, tree_rss_bytes
 from fairgate.bench.redis_local import RedisServer, find_redis_server
 
@@ -405,6 +411,7 @@ async def main(
         )
         print_mode(mode, workers, tokens, reps, cells)
         print_scaling(cells, [f"{v.label} grpc" for v in variants])
+        print_cpu_ratios(cells, [f"{v.label} grpc" for v in variants], "smg")
     if capacity_workers:
         await capacity(
             per_worker_c,

@@ -158,6 +158,30 @@ def print_scaling(cells: Sequence[Cell], variants: Sequence[str]) -> None:
         print(f"{c:>5} | " + " | ".join(ratios))
 
 
+def cpu_ratios(cells: Sequence[Cell], target: str, reference: str, c: int) -> list[float]:
+    """`target`'s CPU per token ÷ `reference`'s, one ratio per repetition: each pairs
+    cells measured back to back, so the machine's load (which moves both) mostly
+    cancels, and the spread shows how far one run's ratio can be trusted."""
+    return [
+        (mine.cpu_s / mine.tokens) / (ref.cpu_s / ref.tokens)
+        for mine, ref in zip(_by(cells, target, c), _by(cells, reference, c), strict=True)
+        if mine.tokens and ref.tokens and ref.cpu_s > 0
+    ]
+
+
+def print_cpu_ratios(cells: Sequence[Cell], variants: Sequence[str], reference: str) -> None:
+    """Each variant's CPU per token ÷ the reference's (smg), repetition by repetition."""
+    if not any(cell.target == reference for cell in cells):
+        return
+    print(f"µs CPU/tok ÷ {reference}'s, each repetition (paired):")
+    for c in sorted({cell.c for cell in cells}):
+        parts = []
+        for name in variants:
+            ratios = cpu_ratios(cells, name, reference, c)
+            parts.append(f"{name} " + " ".join(f"{r:.2f}" for r in ratios))
+        print(f"{c:>5} | " + " | ".join(parts))
+
+
 def print_capacity(
     rows: Sequence[tuple[int, Sequence[Cell]]], ttft_budget_ms: float, min_ratio: float, final: bool
 ) -> bool:

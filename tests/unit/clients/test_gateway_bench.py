@@ -15,7 +15,13 @@ import pytest
 from fairgate.bench.common import source_checkout
 from fairgate.bench.gateway import Variant, parse_variant, requests_for
 from fairgate.bench.gateway_clients import Sample, _Gaps
-from fairgate.bench.gateway_report import Cell, print_capacity, summarize
+from fairgate.bench.gateway_report import (
+    Cell,
+    cpu_ratios,
+    print_capacity,
+    print_cpu_ratios,
+    summarize,
+)
 from fairgate.bench.procstat import descendants, tree_cpu_s, tree_rss_bytes
 
 
@@ -83,6 +89,28 @@ def test_summary_ratios_pair_cells_of_the_same_repetition() -> None:
     assert s.cores == pytest.approx(0.1)
     assert (s.failures, s.requests, s.rss_mb) == (0, 8, 100)
     assert s.ttft_p50_s == pytest.approx(0.012) and s.ttft_p99_s == pytest.approx(0.020)
+
+
+def test_cpu_ratios_pair_each_repetition_with_the_reference() -> None:
+    # Two repetitions; 4 samples of 10 tokens per cell: 40 tokens each.
+    cells = [
+        _cell("fg grpc", 1.0, [0.01] * 4, 0.012),  # 300 µs/token
+        _cell("smg", 1.0, [0.01] * 4, 0.004),  # 100
+        _cell("smg", 1.0, [0.01] * 4, 0.002),  # 50: the machine was quieter
+        _cell("fg grpc", 1.0, [0.01] * 4, 0.008),  # 200
+    ]
+    # Paired by repetition (3.0 and 4.0), not the ratio of the sums (20/6 = 3.33).
+    assert cpu_ratios(cells, "fg grpc", "smg", 4) == pytest.approx([3.0, 4.0])
+
+
+def test_cpu_ratios_are_printed_only_beside_the_reference(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cells = [_cell("fg grpc", 1.0, [0.01] * 4, 0.012), _cell("smg", 1.0, [0.01] * 4, 0.004)]
+    print_cpu_ratios(cells, ["fg grpc"], "smg")
+    assert capsys.readouterr().out.splitlines()[-1] == "    4 | fg grpc 3.00"
+    print_cpu_ratios(cells[:1], ["fg grpc"], "smg")  # --no-smg: nothing to pair with
+    assert capsys.readouterr().out == ""
 
 
 def test_inter_message_gaps_are_pooled_over_requests() -> None:
