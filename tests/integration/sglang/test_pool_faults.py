@@ -74,6 +74,10 @@ async def test_a_worker_that_garbles_its_streams_is_ejected(
     app = await start_server(
         engine="sglang-http",
         sglang_urls=f"{good},{bad}",
+        # By load alone: each batch splits between the two workers. (Locality would
+        # follow the prompts' shared prefix to where it was served, and the bad
+        # worker's share of the traffic would depend on timing.)
+        sglang_routing="least_full",
         sglang_health_interval_s=0.05,
         sglang_eject_after_failures=3,
         sglang_ejection_base_s=300.0,  # no re-admission during this test
