@@ -29,12 +29,16 @@ from hypothesis import strategies as st
 
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import FakeClock
-from scheduler.dispatcher import Dispatcher
 from scheduler.errors import SchedulingError
+from scheduler.local_admission import LocalAdmission, LocalDispatcher, local_dispatcher
 from scheduler.ordering.vtc import VtcPolicy
 from scheduler.request import Priority, QueuedRequest
 from scheduler.rules import LIGHT_QUEUE
-from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
+from scheduler.shared.admission import (
+    SharedDispatcher,
+    SharedOptions,
+    shared_dispatcher,
+)
 from scheduler.state.memory_store import MemoryStore
 from scheduler.tenancy.tenants import OverQuotaMode, TenantConfig, TenantQuotas, TenantRegistry
 from scheduler.timers import ManualTimers
@@ -103,7 +107,7 @@ def traces(
 class Side:
     """One dispatcher and the requests sent to it, in the order it admitted them."""
 
-    def __init__(self, gate: Dispatcher | SharedDispatcher) -> None:
+    def __init__(self, gate: LocalDispatcher | SharedDispatcher) -> None:
         self.gate = gate
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.reqs: dict[str, QueuedRequest] = {}
@@ -141,11 +145,12 @@ async def quiesce() -> None:
 
 
 def counters(side: Side) -> dict[str, float]:
-    if isinstance(side.gate, Dispatcher):
-        policy = side.gate.policy
+    state = side.gate.state
+    if isinstance(state, LocalAdmission):
+        policy = state.policy
         assert isinstance(policy, VtcPolicy)
         return {t: policy.counter(t) for t in TENANTS}
-    store = side.gate.store
+    store = state.store
     assert isinstance(store, MemoryStore)
     return {t: store.counters.get(t, 0.0) for t in TENANTS}
 
@@ -196,7 +201,7 @@ async def run_trace(trace: Trace) -> None:
     clock = FakeClock(100.0)
     registry = TenantRegistry(trace.tenants)
     locality = cached_of if trace.local else None
-    one = Dispatcher(
+    one = local_dispatcher(
         VtcPolicy(
             registry.weight_of,
             w_in=1.0,
@@ -212,7 +217,7 @@ async def run_trace(trace: Trace) -> None:
         locality=locality,
         allowance=trace.allowance,
     )
-    shared = SharedDispatcher(
+    shared = shared_dispatcher(
         MemoryStore(clock),
         trace.limits,
         clock,
