@@ -80,7 +80,8 @@ class AdmissionEntry:
 
     @property
     def started(self) -> bool:
-        return self.state in (RequestState.ADMITTED, RequestState.STREAMING)
+        s = self.state  # per streamed chunk: two identity checks
+        return s is RequestState.STREAMING or s is RequestState.ADMITTED
 
     @property
     def withdrawn(self) -> bool:

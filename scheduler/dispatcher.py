@@ -213,7 +213,8 @@ class Dispatcher(Generic[E, S]):
         entry = self._entries.get(id(req))
         if entry is None or not entry.started or tokens <= 0:
             return
-        entry.streamed(tokens)
+        entry.state = RequestState.STREAMING  # entry.streamed, inline: per chunk
+        entry.output_tokens += tokens
         self.state.charge_output(entry, tokens)
 
     def finish(self, req: QueuedRequest) -> None:
