@@ -162,7 +162,7 @@ class Fleet:
 async def assert_nothing_left(fleet: Fleet) -> None:
     """Every settlement reached Redis: no lease, no in-flight count, no reservation."""
     for d in fleet.replicas:
-        await eventually(lambda d=d: d.pending_settlements == 0, what="settlements sent")  # type: ignore[misc]
+        await eventually(lambda d=d: d.state.pending_settlements == 0, what="settlements sent")  # type: ignore[misc]
         assert d.state.quotas.open_reservations == 0 and d.in_flight == 0 and d.queued == 0
     await eventually(lambda: fleet.engine.running == 0, what="engine idle")
     snap = await fleet.snapshot()
