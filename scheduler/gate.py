@@ -5,11 +5,11 @@
             ticket.charge(chunk_tokens)         # streamed output tokens
     # leaving the block settles exactly once, however it is left
 
-`AdmissionGate` is what the service sees of `Dispatcher` (one replica) and
-`SharedDispatcher` (replicas sharing a store): the front door, limits and
+`AdmissionGate` is what the service sees of `Dispatcher`, over its state in
+memory (one replica) or shared by replicas through a store: the front door, limits and
 tenants to apply, `stats()` for admin and telemetry, and `aclose()`.
 `Admission` is the one implementation of the front door over a gate's
-`admit` / `on_output_tokens` / `finish`; both dispatchers return it from
+`admit` / `on_output_tokens` / `finish`; `Dispatcher` returns it from
 `admitted(req)`.
 
 A request's life is an explicit `RequestState` on its `Ticket`:

@@ -1,8 +1,8 @@
 """What an admission gate reports: `GateStats`, one frozen snapshot for every reader.
 
 Admin `GetUsage` and the telemetry gauges read `gate.stats()` and nothing
-else, so they never ask which dispatcher runs. `Dispatcher.stats()` builds it
-from its quota ledger, policy and budget; `SharedDispatcher.stats()` from its
+else, so they never ask which state runs. In memory, `Dispatcher.stats()` builds it
+from its quota ledger, policy and budget; over a shared store, from its
 local requests, its counter mirror, totals of what ended here and the store's
 last snapshot (`refresh_stats`), which holds the fleet-wide buckets
 (shared_stats.py).

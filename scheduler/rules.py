@@ -158,7 +158,7 @@ def vtc_bound(
     """The weighted service gap allowed between two backlogged tenants, per unit
     weight: 2 * max(w_in * L_in, w_out * M), plus `light_credit` when either may
     be light (`order_key`). With replicas, add the fleet allowance (`behind`) and
-    the counter lag (`SharedDispatcher.max_charge_lag`)."""
+    the counter lag (`SharedAdmission.max_charge_lag`)."""
     return 2 * max(w_in * max_prompt_tokens, w_out * max_kv_tokens) + light_credit
 
 

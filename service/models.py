@@ -17,7 +17,7 @@ class ServedModel:
     name: str
     engine: Engine
     tokenizer: Tokenizer
-    # Dispatcher (one replica) or SharedDispatcher (store=redis): never asked which.
+    # The Dispatcher, in memory or shared (store=redis): never asked which.
     dispatcher: AdmissionGate
     max_context_tokens: int
     max_output_tokens: int

@@ -12,13 +12,13 @@ from typing import Literal
 from scheduler import rules
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
-from scheduler.dispatcher import Dispatcher
 from scheduler.gate import AdmissionGate
 from scheduler.key_gate import KeyState, MemoryKeyState
+from scheduler.local_admission import local_dispatcher
 from scheduler.ordering.policies import PolicyOptions, make_policy
 from scheduler.redis_io import connect
 from scheduler.request import Locality
-from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
+from scheduler.shared.admission import SharedOptions, shared_dispatcher
 from scheduler.state.redis_key_state import RedisKeyState
 from scheduler.state.redis_store import RedisStore
 from scheduler.tenancy.redis_tenant_store import RedisTenantStore
@@ -80,7 +80,7 @@ async def build_dispatcher(
 ) -> AdmissionGate:
     """`locality`: the engine pool's prefix index, for locality-aware admission."""
     if settings.store == "memory":
-        return Dispatcher(
+        return local_dispatcher(
             make_policy(settings.policy, options),
             AdmissionBudget(limits),
             clock,
@@ -105,7 +105,7 @@ async def build_dispatcher(
     mode: Literal["open", "closed"] = (
         "closed" if settings.redis_failure_mode == "closed" else "open"
     )
-    shared = SharedDispatcher(
+    shared = shared_dispatcher(
         store,
         limits,
         clock,

@@ -2,7 +2,7 @@
 
 Python serves one core per process (the GIL), so a node with spare cores runs
 several *workers*: each is a whole fairgate server (its own engine adapter,
-its own `SharedDispatcher`, a replica of its own in Redis, named by its pid),
+its own shared `Dispatcher`, a replica of its own in Redis, named by its pid),
 and the kernel spreads new connections across them (SO_REUSEPORT on the gRPC
 port and the OpenAI HTTP port). Admission state — quotas, VTC counters, the
 engine's room, tenants and keys — is shared through the Redis store, exactly

@@ -1,4 +1,4 @@
-"""Store failure and recovery for `SharedDispatcher`: the `FailoverController`.
+"""Store failure and recovery for `SharedAdmission`: the `FailoverController`.
 
 A failed call first makes the store *suspect*: the caller retries after a
 short backoff, and only `failover_after_failures` failures in a row, or

@@ -1,22 +1,19 @@
 """A replica's local side of shared scheduling: its queued and in-flight requests.
 
-`SharedDispatcher` keeps, per replica, the requests it holds (queues per
+`SharedAdmission` keeps, per replica, the requests it holds (queues per
 tenant, FIFO per class with the batch anti-starvation rule of `TenantQueue`),
 which tenants are eligible (queued and not paused), a mirror of the fleet's
-counters (to pick which tenants to offer a decision), and the per-request
-bookkeeping settlement needs (`Entry`, indexed by `Entries`). No I/O here.
+counters (to pick which tenants to offer a decision), and what settlement
+needs of each request (`Entry`, by lease id in `Entries`). No I/O here.
 
-An entry's life is a `RequestState` (scheduler/gate.py): QUEUED, then
-ADMITTED (STREAMING once it charged output), or withdrawn while queued:
-CANCELLED (its caller left), EXPIRED (max_queue_wait_s) or REJECTED (the
-store failed closed). Where its lease and its bucket charges live is a
+An entry's life is `Dispatcher`'s (`AdmissionEntry`: its `RequestState`).
+Where its lease and its bucket charges live is a
 `Place` each: SHARED (the store: its settlement goes there) or LOCAL (the
 fail-open fallback, or nothing taken yet).
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import heapq
 import math
@@ -24,15 +21,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from scheduler import rules
-from scheduler.gate import RequestState
+from scheduler.admission_port import AdmissionEntry
 from scheduler.ordering.tenant_queue import TenantQueue
 from scheduler.quotas import BucketLimits
 from scheduler.request import QueuedRequest
 from scheduler.state.store import Candidate, Lease, Settlement
 from scheduler.tenancy.tenants import TenantConfig
-from scheduler.timers import TimerHandle
-
-_WITHDRAWN = frozenset({RequestState.CANCELLED, RequestState.EXPIRED, RequestState.REJECTED})
 
 
 class Place(enum.Enum):
@@ -40,56 +34,18 @@ class Place(enum.Enum):
     LOCAL = "local"  # in the fail-open fallback (or not taken at all)
 
 
-@dataclass(slots=True, eq=False)
-class Entry:
-    req: QueuedRequest
+@dataclass(slots=True, eq=False, kw_only=True)
+class Entry(AdmissionEntry):
     cfg: TenantConfig
     lease_id: str
-    fut: asyncio.Future[None]
     buckets: BucketLimits
     requests_taken: float = 0.0
     tokens_taken: float = 0.0
-    state: RequestState = RequestState.QUEUED
-    output_tokens: int = 0
     # Its lease: in the store (or maybe there: offered in a step whose answer was
     # lost), or admitted by the fail-open fallback and not adopted yet.
     lease_at: Place = Place.SHARED
     # Its bucket charges: made in the store (refunds go there), or locally / none.
     buckets_at: Place = Place.LOCAL
-    expiry: TimerHandle | None = None
-
-    @property
-    def queued(self) -> bool:
-        return self.state is RequestState.QUEUED
-
-    @property
-    def started(self) -> bool:
-        return self.state in (RequestState.ADMITTED, RequestState.STREAMING)
-
-    @property
-    def withdrawn(self) -> bool:
-        """Left the queue without being admitted (its caller left, expired, refused)."""
-        return self.state in _WITHDRAWN
-
-    @property
-    def wanted(self) -> bool:
-        return self.queued and not self.fut.done()
-
-    def withdraw(self, to: RequestState) -> None:
-        assert self.queued and to in _WITHDRAWN, (self.state, to)
-        self.state = to
-        if self.expiry is not None:
-            self.expiry.cancel()
-
-    def start(self) -> None:
-        assert self.queued, self.state
-        self.state = RequestState.ADMITTED
-        if self.expiry is not None:
-            self.expiry.cancel()
-
-    def streamed(self, tokens: int) -> None:
-        self.state = RequestState.STREAMING
-        self.output_tokens += tokens
 
     def taken(self, kv_tokens: float) -> tuple[float, float]:
         """What admitting it takes from its buckets: (requests, tokens)."""
@@ -127,25 +83,20 @@ class Entry:
 
 
 class Entries:
-    """This replica's entries (queued or in flight), by lease id and by request."""
+    """This replica's entries by lease id (the store's name for them): queued, in
+    flight, or withdrawn while a step that offered them was away."""
 
     def __init__(self) -> None:
         self._by_lease: dict[str, Entry] = {}
-        self._lease_ids: dict[int, str] = {}  # id(request) -> lease id
 
     def add(self, entry: Entry) -> None:
         self._by_lease[entry.lease_id] = entry
-        self._lease_ids[id(entry.req)] = entry.lease_id
 
     def get(self, lease_id: str) -> Entry | None:
         return self._by_lease.get(lease_id)
 
-    def of(self, req: QueuedRequest) -> Entry | None:
-        return self._by_lease.get(self._lease_ids.get(id(req), ""))
-
     def remove(self, entry: Entry) -> bool:
         """Forget `entry`; False if it was gone already."""
-        self._lease_ids.pop(id(entry.req), None)
         return self._by_lease.pop(entry.lease_id, None) is not None
 
     def in_flight(self) -> list[Entry]:

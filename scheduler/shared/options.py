@@ -1,4 +1,4 @@
-"""Options and small state types of `SharedDispatcher` (shared_dispatcher.py)."""
+"""Options and small state types of `SharedAdmission` (admission.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The pump of `SharedDispatcher`: one `Step` to the shared store at a time.
+"""The pump of `SharedAdmission`: one `Step` to the shared store at a time.
 
 An async task sleeps until something is due — a settlement or a backlog
 change to send, batched output charges (`flush_s`), a heartbeat
@@ -19,7 +19,7 @@ admission is decided against a fleet count missing them (the engine limit).
 
 The pump owns the task, the due times and what the fleet was told (announced
 tenants, candidates in flight); the decisions reach the requests through
-`Offers` (the dispatcher).
+`Offers` (`SharedAdmission`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from scheduler.budget import AdmissionBudget
 from scheduler.clock import Clock
 from scheduler.errors import StoreUnavailable
 from scheduler.quotas import BucketLimits
+from scheduler.request import QueuedRequest
 from scheduler.shared.failover import FailoverController
 from scheduler.shared.local import Entries, Entry, LocalQueues, Place
 from scheduler.shared.options import SharedOptions
@@ -48,7 +49,7 @@ log = logging.getLogger("scheduler.shared.dispatcher")
 
 
 class Offers(Protocol):
-    """Where the pump's decisions land (the dispatcher)."""
+    """Where the pump's decisions land (`SharedAdmission`)."""
 
     def after_offer(
         self, admitted: list[str], step: Step, decided_by: Place, lent: Set[str] = frozenset()
@@ -76,6 +77,7 @@ class Pump:
         budget: AdmissionBudget,
         local: LocalQueues,
         entries: Entries,
+        entry_of: Callable[[QueuedRequest], Entry | None],
         outbox: Outbox,
         failover: FailoverController,
         offers: Offers,
@@ -87,6 +89,7 @@ class Pump:
         self._budget = budget
         self._local = local
         self._entries = entries
+        self._entry_of = entry_of
         self._outbox = outbox
         self._failover = failover
         self._offers = offers
@@ -298,7 +301,7 @@ class Pump:
                 if extra <= 0:
                     continue
                 extra -= 1
-            entry = self._entries.of(req)
+            entry = self._entry_of(req)
             assert entry is not None
             ahead[t] = n + 1
             if opts.locality is not None:

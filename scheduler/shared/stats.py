@@ -1,4 +1,5 @@
-"""`stats()` of `SharedDispatcher`: what it knows locally, and what the store holds.
+"""`stats()` of a replica sharing a store (`SharedAdmission`): what it knows and
+what the store holds.
 
 This replica knows its queued and in-flight requests, a mirror of the fleet's
 counters (updated by every step and by its own output charges) and the totals
@@ -18,10 +19,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from scheduler.admission_port import GateTotals
 from scheduler.budget import AdmissionBudget
 from scheduler.clock import Clock
 from scheduler.errors import QuotaExceeded, RequestTooLarge, StoreUnavailable
-from scheduler.gate_stats import BucketStats, GateStats, StoreMode, TenantStats, stored_buckets
+from scheduler.gate_stats import BucketStats, GateStats, TenantStats, stored_buckets
 from scheduler.quotas import BucketLimits
 from scheduler.shared import fleet_usage
 from scheduler.shared.fleet_usage import ReplicaUsage
@@ -86,19 +88,10 @@ class TenantTally:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class GateTotals:
-    admitted_total: int
-    reserve_holds_total: int
-    store: StoreMode
-    lent_total: int = 0
-
-
 class SharedStats:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.tally = TenantTally()
-        self.expired_total = 0
         # The store's last snapshot and the local time it was taken.
         self._snapshot: tuple[StoreSnapshot, float] | None = None
         # The other live replicas' usage as last read: replica -> tenant -> usage.
@@ -199,7 +192,7 @@ class SharedStats:
             limits=budget.limits,
             queued=len(local),
             admitted_total=totals.admitted_total,
-            expired_total=self.expired_total,
+            expired_total=totals.expired_total,
             store=totals.store,
             reserve_holds_total=totals.reserve_holds_total,
             tenants=tuple(out),

@@ -5,7 +5,7 @@ the same state model as the in-process dispatcher: its counters, in-flight
 counts and reserve window are `admission_state.py`'s classes; what is its own
 is the fleet (each replica's backlog, lease and done-set expiry, buckets as
 stored levels, the Lua's keys). Used by the contract tests, by benchmarks as
-the no-network baseline, and by `SharedDispatcher` as the fail-open fallback
+the no-network baseline, and by `SharedAdmission` as the fail-open fallback
 while Redis is unreachable (then with this replica's share of the limits).
 """
 

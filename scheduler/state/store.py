@@ -21,7 +21,7 @@ Implementations: `memory_store.MemoryStore` (one replica; also the fail-open
 fallback) and `redis_store.RedisStore`. The embedded single-replica server
 keeps using the synchronous `Dispatcher`, which decides with the same
 `decision.admit_round` over the same in-memory state classes
-(`admission_state.py`); `SharedDispatcher` drives a `Store`.
+(`admission_state.py`); `SharedAdmission` drives a `Store`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,10 @@ from scheduler.budget import AdmissionLimits
 from scheduler.clock import MonotonicClock
 from scheduler.errors import SchedulingError, StoreUnavailable
 from scheduler.request import QueuedRequest
-from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
+from scheduler.shared.admission import (
+    SharedOptions,
+    shared_dispatcher,
+)
 from scheduler.state.redis_store import RedisStore
 from scheduler.state.store import StoreSnapshot
 from scheduler.tenancy.tenants import TenantRegistry
@@ -67,7 +70,7 @@ class Fleet:
         self.record = Record()
         options.setdefault("replicas", n)
         self.replicas = [
-            SharedDispatcher(
+            shared_dispatcher(
                 RedisStore.from_url(
                     url, timeout_s=timeout_s, domain=DOMAIN, lease_ttl_s=10.0, backlog_ttl_s=1.0
                 ),
@@ -137,10 +140,10 @@ class Fleet:
         self._stop = asyncio.Event()
 
     def modes(self) -> list[str]:
-        return [d.health.mode for d in self.replicas]
+        return [d.state.health.mode for d in self.replicas]
 
     def transitions(self) -> list[int]:
-        return [d.health.transitions_total for d in self.replicas]
+        return [d.state.health.transitions_total for d in self.replicas]
 
     async def aclose(self) -> None:
         if self._clients:
@@ -159,8 +162,8 @@ class Fleet:
 async def assert_nothing_left(fleet: Fleet) -> None:
     """Every settlement reached Redis: no lease, no in-flight count, no reservation."""
     for d in fleet.replicas:
-        await eventually(lambda d=d: d.pending_settlements == 0, what="settlements sent")  # type: ignore[misc]
-        assert d.quotas.open_reservations == 0 and d.in_flight == 0 and d.queued == 0
+        await eventually(lambda d=d: d.state.pending_settlements == 0, what="settlements sent")  # type: ignore[misc]
+        assert d.state.quotas.open_reservations == 0 and d.in_flight == 0 and d.queued == 0
     await eventually(lambda: fleet.engine.running == 0, what="engine idle")
     snap = await fleet.snapshot()
     assert snap.in_flight == 0 and snap.leases == set() and snap.concurrency == {}

@@ -109,9 +109,9 @@ async def test_the_master_of_the_domain_killed_and_restarted(
         print(
             f"\ncluster master kill: transitions per replica {fleet.transitions()}, "
             f"engine peak {fleet.engine.peak}/{LIMIT}, "
-            f"pump restarts {[d.pump_restarts_total for d in fleet.replicas]}"
+            f"pump restarts {[d.state.pump_restarts_total for d in fleet.replicas]}"
         )
-        assert [d.pump_restarts_total for d in fleet.replicas] == [0, 0]
+        assert [d.state.pump_restarts_total for d in fleet.replicas] == [0, 0]
         assert not caplog.records  # no ERROR: nothing escaped
         assert all(t >= 2 and t % 2 == 0 for t in fleet.transitions())
         assert fleet.record.count("unavailable") == 0

@@ -10,7 +10,8 @@ import grpc
 import pytest
 from fairgate import AsyncClient, FairgateError
 
-from scheduler.shared.dispatcher import SharedDispatcher
+from scheduler.dispatcher import Dispatcher
+from scheduler.shared.admission import SharedAdmission, SharedDispatcher
 from scheduler.state.redis_store import RedisStore
 from service.app import App
 from tests.conftest import StartServer
@@ -30,7 +31,8 @@ def own_redis() -> Iterator[RedisServer]:
 
 def shared(app: App) -> SharedDispatcher:
     model = app.models.resolve("")
-    assert model is not None and isinstance(model.dispatcher, SharedDispatcher)
+    assert model is not None and isinstance(model.dispatcher, Dispatcher)
+    assert isinstance(model.dispatcher.state, SharedAdmission)
     return model.dispatcher
 
 
@@ -67,7 +69,7 @@ async def test_redis_killed_and_restarted_under_load(
         first = [asyncio.create_task(_stream(c, i)) for i in range(8)]
         await eventually(lambda: d.in_flight == 4 and d.queued == 4, what="4 running, 4 queued")
         own_redis.kill()
-        await eventually(lambda: d.health.mode == mode, what=f"failing {mode}")
+        await eventually(lambda: d.state.health.mode == mode, what=f"failing {mode}")
         during = [asyncio.create_task(_stream(c, i)) for i in range(2)]
         results = await asyncio.gather(*first)
         results_during = await asyncio.gather(*during)
@@ -87,13 +89,13 @@ async def test_redis_killed_and_restarted_under_load(
         late = [asyncio.create_task(_stream(c, i)) for i in range(2)] if mode == "open" else []
         await eventually(lambda: d.in_flight == len(late), what="the late streams run")
         own_redis.start()  # empty: the state was lost with the process
-        await eventually(lambda: d.health.mode == "ok", timeout_s=5, what="reconciled")
+        await eventually(lambda: d.state.health.mode == "ok", timeout_s=5, what="reconciled")
         assert all(r == "length" for r in await asyncio.gather(*late))
         after = await asyncio.gather(*(_stream(c, i) for i in range(3)))
         assert after == ["length"] * 3
-    assert d.health.transitions_total == 2
+    assert d.state.health.transitions_total == 2
     await assert_no_leaks(app)
-    assert d.quotas.open_reservations == 0
+    assert d.state.quotas.open_reservations == 0
     store = RedisStore.from_url(own_redis.url, domain=app.models.default)
 
     async def nothing_held() -> bool:
@@ -105,7 +107,7 @@ async def test_redis_killed_and_restarted_under_load(
         await eventually(nothing_held, what="the store holds nothing")
     finally:
         await store.aclose()
-    assert d.pending_settlements == 0
+    assert d.state.pending_settlements == 0
     messages = [r.getMessage() for r in caplog.records]
     assert any(f"failing {mode}" in m for m in messages)
     assert any("shared store back" in m for m in messages)

@@ -166,8 +166,8 @@ async def test_a_script_error_is_a_store_failure_and_the_pump_lives(
     await eventually(lambda: fleet.modes() == ["ok"], what="back")
     await fleet.stop_load()
     d = fleet.replicas[0]
-    assert d.health.transitions_total == 2 and "script" in d.health.last_error.lower()
-    assert d.pump_restarts_total == 0 and not caplog.records
+    assert d.state.health.transitions_total == 2 and "script" in d.state.health.last_error.lower()
+    assert d.state.pump_restarts_total == 0 and not caplog.records
     assert fleet.record.count("unavailable") == 0
 
 
@@ -183,13 +183,13 @@ async def test_leases_that_end_during_a_probe_are_released(
     own_redis.kill()
     d = fleet.replicas[0]
     running = [asyncio.create_task(fleet.one(0, "t", 100, hold_s=0.8)) for _ in range(3)]
-    await eventually(lambda: d.health.mode == "open" and d.in_flight == 3, what="3 fail-open")
+    await eventually(lambda: d.state.health.mode == "open" and d.in_flight == 3, what="3 fail-open")
     own_redis.start()
     own_redis.pause()  # the next probe is sent and hangs
     await asyncio.gather(*running)  # they end while the probe waits
     own_redis.resume()
-    await eventually(lambda: d.health.mode == "ok", what="reconciled")
-    assert d.health.reconciled_leases == 3  # the probe did re-register them
+    await eventually(lambda: d.state.health.mode == "ok", what="reconciled")
+    assert d.state.health.reconciled_leases == 3  # the probe did re-register them
     await assert_nothing_left(fleet)
 
 

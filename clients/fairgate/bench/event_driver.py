@@ -25,8 +25,8 @@ from fairgate.bench.workload import distinct_prompt_ids
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import FakeClock
 from scheduler.decision import judge
-from scheduler.dispatcher import Dispatcher
 from scheduler.errors import SchedulingError
+from scheduler.local_admission import local_dispatcher
 from scheduler.ordering.policy import QueuePolicy
 from scheduler.request import Locality, Priority, QueuedRequest
 from scheduler.rules import Isolation, Verdict, admission_charge, cached_shortfall
@@ -250,7 +250,7 @@ class Driver:
                 _share(self.placements)
             if locality is None and self.placement.routing == "locality":
                 locality = self._cached_prefix
-        self.dispatcher = Dispatcher(
+        self.dispatcher = local_dispatcher(
             policy,
             AdmissionBudget(limits),
             self.clock,
@@ -334,12 +334,13 @@ class Driver:
     # -- invariants -------------------------------------------------------------
     def check(self) -> None:
         d = self.dispatcher
-        head = d.policy.peek_next()
+        s = d.state
+        head = s.policy.peek_next()
         if head is not None:
             call = next(c for c in self.calls if c.req is head)
             if call.wanted():
                 # Work conservation: the head waits only for room, or for the reserve.
-                v, _ = judge(d.round(), head, d.reserve.fraction, d.isolation)
+                v, _ = judge(s.round(), head, s.reserve.fraction, s.isolation)
                 waits = v in (Verdict.FULL, Verdict.HOLD)
                 assert waits, "work conservation: an admissible request waits"
         next_timer = self.timers.next_s()
@@ -424,7 +425,7 @@ class Driver:
                 call.gone = True
                 call.state = "cancelled"
                 self._dequeued(call)
-                self.dispatcher.pump()  # its next pump notices (or a later one does)
+                self.dispatcher.state.decide()  # its next pump notices (or a later one does)
             else:
                 assert self.dispatcher.cancel(call.req)
                 call.state = "cancelled"

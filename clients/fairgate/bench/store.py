@@ -1,14 +1,15 @@
 """`fairgate bench store`: the cost of shared admission, in-memory vs Redis, in one run.
 
-The same `SharedDispatcher` runs the same closed-loop workload (no engine:
-admit, stream a few output-token charges, finish) once over the in-memory
-store and once per flush interval over Redis. Printed per run: admissions/s,
+The same `Dispatcher` over a shared state (`shared_dispatcher`) runs the
+same closed-loop workload (no engine: admit, stream a few output-token
+charges, finish) once over the in-memory store and once per flush interval
+over Redis. Printed per run: admissions/s,
 step latency p50/p99 (one `Store.step` that carries candidates, and may
 admit several: for Redis, one round trip and one Lua script), Redis round trips per request
 (decisions, settlements, charge flushes, heartbeats and polls together), and
 the largest batched counter increment (how stale one tenant's counter was
 for the other replicas, in weighted tokens). The embedded synchronous
-`Dispatcher` (the single-replica default) is the first row, for reference.
+`Dispatcher` in memory (the single-replica default) is the first row, for reference.
 """
 
 from __future__ import annotations
@@ -17,16 +18,18 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from fairgate.bench.common import percentile
 from fairgate.bench.redis_local import RedisServer, find_redis_server
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import MonotonicClock
 from scheduler.dispatcher import Dispatcher
+from scheduler.local_admission import local_dispatcher
 from scheduler.ordering.vtc import VtcPolicy
 from scheduler.quotas import BucketLimits
 from scheduler.request import QueuedRequest
-from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
+from scheduler.shared.admission import SharedAdmission, SharedOptions, shared_dispatcher
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.redis_store import RedisStore
 from scheduler.state.store import Step, StepOutcome, Store, StoreSnapshot
@@ -91,7 +94,7 @@ def _tenants(n: int) -> TenantRegistry:
 
 
 async def _worker(
-    d: Dispatcher | SharedDispatcher, tenant: str, ids: itertools.count[int], stop_s: float
+    d: Dispatcher[Any, Any], tenant: str, ids: itertools.count[int], stop_s: float
 ) -> int:
     done = 0
     while time.monotonic() < stop_s:
@@ -106,7 +109,7 @@ async def _worker(
 
 
 async def _drive(
-    d: Dispatcher | SharedDispatcher, tenants: int, concurrency: int, seconds: float
+    d: Dispatcher[Any, Any], tenants: int, concurrency: int, seconds: float
 ) -> tuple[float, float]:
     """(admissions/s, CPU µs per admission)."""
     ids = itertools.count()
@@ -123,7 +126,9 @@ async def _drive(
 
 async def _embedded(tenants: int, concurrency: int, seconds: float) -> Row:
     reg = _tenants(tenants)
-    d = Dispatcher(VtcPolicy(reg.weight_of), AdmissionBudget(LIMITS), MonotonicClock(), tenants=reg)
+    d = local_dispatcher(
+        VtcPolicy(reg.weight_of), AdmissionBudget(LIMITS), MonotonicClock(), tenants=reg
+    )
     rate, cpu_us = await _drive(d, tenants, concurrency, seconds)
     return Row("embedded Dispatcher (sync)", rate, cpu_us, None, None, None, None)
 
@@ -134,7 +139,9 @@ async def _shared(
     timed = TimedStore(store)
     reg = _tenants(tenants)
     opts = SharedOptions(replica_id="bench", flush_s=flush_ms / 1000, poll_s=0.002)
-    d = SharedDispatcher(timed, LIMITS, MonotonicClock(), opts, tenants=reg)
+    d = shared_dispatcher(timed, LIMITS, MonotonicClock(), opts, tenants=reg)
+    state = d.state
+    assert isinstance(state, SharedAdmission)
     await d.start()
     rate, cpu_us = await _drive(d, tenants, concurrency, seconds)
     await d.aclose()
@@ -147,7 +154,7 @@ async def _shared(
         percentile(lat, 50) * 1e3,
         percentile(lat, 99) * 1e3,
         rt,
-        d.max_charge_lag,
+        state.max_charge_lag,
     )
 
 

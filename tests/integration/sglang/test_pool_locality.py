@@ -11,6 +11,7 @@ from fairgate import AsyncClient, Completion
 
 from scheduler import rules
 from scheduler.dispatcher import Dispatcher
+from scheduler.local_admission import LocalAdmission
 from scheduler.ordering.vtc import VtcPolicy
 from scheduler.rules import LIGHT_QUEUE
 from service.app import App
@@ -197,7 +198,7 @@ async def test_admission_lets_a_cached_request_into_the_worker_that_holds_it(
     model = app.models.resolve("")
     assert model is not None
     d = model.dispatcher
-    assert isinstance(d, Dispatcher)
+    assert isinstance(d, Dispatcher) and isinstance(d.state, LocalAdmission)
     prefix = [11, *range(3000, 3800)]
     clients = {t: AsyncClient(app.address, tenant=t) for t in "abxy"}
 
@@ -211,9 +212,9 @@ async def test_admission_lets_a_cached_request_into_the_worker_that_holds_it(
     await eventually(lambda: pool.placement.in_flight[1] == 1, what="worker 1 busy")
     # a has more than LIGHT_QUEUE queued (heavy: locality may pass it).
     a = [send("a", [41, 42, i], 2) for i in range(LIGHT_QUEUE + 1)]
-    await eventually(lambda: len(d.policy) == LIGHT_QUEUE + 1, what="a queued")
+    await eventually(lambda: len(d.state.policy) == LIGHT_QUEUE + 1, what="a queued")
     b = send("b", [*prefix, 2], 2)
-    await eventually(lambda: len(d.policy) == LIGHT_QUEUE + 2, what="b queued")
+    await eventually(lambda: len(d.state.policy) == LIGHT_QUEUE + 2, what="b queued")
     short.cancel()  # worker 0 frees first
     await asyncio.gather(short, return_exceptions=True)
     done_a, done_b = await a[0], await b
@@ -227,10 +228,10 @@ async def test_admission_lets_a_cached_request_into_the_worker_that_holds_it(
     if allowance:
         assert order == [11] + [41] * n
         assert done_b.result.usage.cached_tokens >= len(prefix) - pool.placement.index.block
-        assert d.locality_picks_total == 1
+        assert d.state.locality_picks_total == 1
     else:
         assert order == [41] * n + [11]
-        assert d.locality_picks_total == 0
+        assert d.state.locality_picks_total == 0
     assert done_a.result.finish_reason == "length"
     await eventually(lambda: pool.in_flight == 0, what="all ended")
     await assert_no_sglang_leaks(app, *workers)
@@ -247,8 +248,8 @@ async def test_a_cache_hit_is_charged_at_the_cached_rate_and_a_miss_in_full(
     model = app.models.resolve("")
     assert model is not None
     d = model.dispatcher
-    assert isinstance(d, Dispatcher)
-    policy = d.policy
+    assert isinstance(d, Dispatcher) and isinstance(d.state, LocalAdmission)
+    policy = d.state.policy
     assert isinstance(policy, VtcPolicy)
     prefix = [5, *range(200, 1000)]  # 801 tokens: 800 in whole blocks
     async with AsyncClient(app.address, tenant="t") as c:

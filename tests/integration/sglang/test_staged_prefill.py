@@ -15,6 +15,7 @@ import pytest
 from fairgate import AsyncClient
 
 from scheduler.dispatcher import Dispatcher
+from scheduler.local_admission import LocalAdmission
 from scheduler.ordering.vtc import VtcPolicy
 from service.engines.pool import WorkerPool
 from service.engines.simulator.sim_server import SimServer
@@ -43,8 +44,8 @@ async def test_a_long_prompt_goes_in_stages_to_one_worker_and_is_charged_in_full
     model = app.models.resolve("")
     assert model is not None
     d = model.dispatcher
-    assert isinstance(d, Dispatcher)
-    policy = d.policy
+    assert isinstance(d, Dispatcher) and isinstance(d.state, LocalAdmission)
+    policy = d.state.policy
     assert isinstance(policy, VtcPolicy)
     prompt = [5, *range(200, 2199)]  # 2000 tokens
     async with AsyncClient(app.address, tenant="t") as c:

@@ -10,9 +10,14 @@ from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import FakeClock
 from scheduler.dispatcher import Dispatcher
 from scheduler.gate import Admission, AdmissionGate
+from scheduler.local_admission import local_dispatcher
 from scheduler.ordering.vtc import VtcPolicy
 from scheduler.request import QueuedRequest
-from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
+from scheduler.shared.admission import (
+    SharedAdmission,
+    SharedOptions,
+    shared_dispatcher,
+)
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.store import Store
 from scheduler.tenancy.tenants import TenantRegistry
@@ -30,13 +35,15 @@ async def open_gate(
     timers: ManualTimers,
     store: Store | None = None,
 ) -> AsyncIterator[AdmissionGate]:
-    """`local`: Dispatcher; `shared`: SharedDispatcher over `store` (default: a
+    """`local`: the dispatcher in memory; `shared`: over `store` (default: a
     MemoryStore on the same fake clock). Timers fire only when the test runs them."""
     if kind == "local":
         policy = VtcPolicy(registry.weight_of)
-        yield Dispatcher(policy, AdmissionBudget(limits), clock, tenants=registry, timers=timers)
+        yield local_dispatcher(
+            policy, AdmissionBudget(limits), clock, tenants=registry, timers=timers
+        )
         return
-    shared = SharedDispatcher(
+    shared = shared_dispatcher(
         store or MemoryStore(clock, lease_ttl_s=3600, backlog_ttl_s=3600),
         limits,
         clock,
@@ -53,9 +60,9 @@ async def open_gate(
 
 def quiet(gate: AdmissionGate) -> bool:
     """Nothing left for a shared gate's pump to tell the store (always so for local)."""
-    if not isinstance(gate, SharedDispatcher):
+    if not isinstance(gate, Dispatcher) or not isinstance(gate.state, SharedAdmission):
         return True
-    return gate.told_everything
+    return gate.state.told_everything
 
 
 async def until(cond: Callable[[], bool], what: str, max_loops: int = 5_000) -> None:

@@ -16,7 +16,11 @@ from collections.abc import Callable
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import FakeClock
 from scheduler.request import QueuedRequest
-from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
+from scheduler.shared.admission import (
+    SharedDispatcher,
+    SharedOptions,
+    shared_dispatcher,
+)
 from scheduler.state.store import Store
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import ManualTimers
@@ -93,7 +97,7 @@ async def start(
     **options: object,
 ) -> Driver:
     opts = SharedOptions(replica, poll_s=0.005, **options)  # type: ignore[arg-type]
-    d = SharedDispatcher(store, limits, fake.clock, opts, tenants=tenants, timers=fake.timers)
+    d = shared_dispatcher(store, limits, fake.clock, opts, tenants=tenants, timers=fake.timers)
     await d.start()
     drivers.append(Driver(d))
     return drivers[-1]

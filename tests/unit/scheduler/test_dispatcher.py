@@ -6,8 +6,8 @@ import pytest
 
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import FakeClock, MonotonicClock
-from scheduler.dispatcher import Dispatcher
 from scheduler.errors import DeadlineExpired, QueueTimeout, QuotaExceeded, UnknownTenant
+from scheduler.local_admission import LocalDispatcher, local_dispatcher
 from scheduler.ordering.fcfs import FcfsPolicy
 from scheduler.ordering.rate_limit import RateLimitPolicy
 from scheduler.ordering.vtc import VtcPolicy
@@ -18,11 +18,11 @@ from tests.unit.scheduler.helpers import Waiter, req
 
 def make(
     *tenants: TenantConfig, max_requests: int = 1, expire_deadlines: bool = False
-) -> tuple[Dispatcher, FakeClock, ManualTimers]:
+) -> tuple[LocalDispatcher, FakeClock, ManualTimers]:
     clock = FakeClock()
     timers = ManualTimers(clock)
     reg = TenantRegistry(tenants, template=TenantConfig("x")) if tenants else None
-    d = Dispatcher(
+    d = local_dispatcher(
         VtcPolicy(),
         AdmissionBudget(AdmissionLimits(max_requests=max_requests, max_kv_tokens=10_000)),
         clock,
@@ -81,12 +81,12 @@ def test_reject_mode_raises_with_retry_and_leaves_no_trace() -> None:
     with pytest.raises(QuotaExceeded) as err:
         d.submit(req("a"), Waiter())
     assert err.value.retry_after_s == pytest.approx(1.0)
-    assert d.queued == 0 and d.quotas.open_reservations == 1
+    assert d.queued == 0 and d.state.quotas.open_reservations == 1
 
 
 def test_unknown_tenant_is_refused() -> None:
     clock = FakeClock()
-    d = Dispatcher(
+    d = local_dispatcher(
         FcfsPolicy(),
         AdmissionBudget(AdmissionLimits(1, 100)),
         clock,
@@ -121,9 +121,9 @@ def test_max_queue_wait_rejects_the_queued_request() -> None:
     advance_to_next_timer(clock, timers)
     assert len(w.errors) == 1 and isinstance(w.errors[0], QueueTimeout)
     assert "waited 2.000 s" in str(w.errors[0]) and w.errors[0].limit == "max_queue_wait_s"
-    assert d.queued == 0 and d.quotas.open_reservations == 1
+    assert d.queued == 0 and d.state.quotas.open_reservations == 1
     d.finish(hog)
-    assert d.quotas.open_reservations == 0 and d.expired_total == 1
+    assert d.state.quotas.open_reservations == 0 and d.expired_total == 1
 
 
 def test_deadline_expiry_is_opt_in() -> None:
@@ -149,14 +149,14 @@ def test_gone_caller_is_dropped_uncharged_at_admission_time() -> None:
     w.gone = True
     d.finish(hog)
     assert w.admitted_count == 0 and d.queued == 0 and d.in_flight == 0
-    usage = d.quotas.usage("a")
+    usage = d.state.quotas.usage("a")
     # No output: all of max_tokens was refunded.
     assert usage is not None and usage.charged_tokens == hog.prompt_tokens
 
 
 def test_policy_rejection_refunds_the_reservation() -> None:
     clock = FakeClock()
-    d = Dispatcher(
+    d = local_dispatcher(
         RateLimitPolicy(clock, requests_per_s=1, burst=1),
         AdmissionBudget(AdmissionLimits(1, 100)),
         clock,
@@ -166,7 +166,7 @@ def test_policy_rejection_refunds_the_reservation() -> None:
     d.submit(req("a"), Waiter())
     with pytest.raises(QuotaExceeded):
         d.submit(req("a"), Waiter())
-    usage = d.quotas.usage("a")
+    usage = d.state.quotas.usage("a")
     assert usage is not None and usage.queued == 0 and usage.open_reservations == 1
 
 
@@ -181,7 +181,7 @@ def test_set_limits_pumps_and_budget_gates_kv_tokens() -> None:
 
 
 async def test_admit_cancel_while_queued_charges_nothing() -> None:
-    d = Dispatcher(VtcPolicy(), AdmissionBudget(AdmissionLimits(1, 1000)), MonotonicClock())
+    d = local_dispatcher(VtcPolicy(), AdmissionBudget(AdmissionLimits(1, 1000)), MonotonicClock())
     hog = req("a")
     await d.admit(hog)
     queued = req("b", prompt=99)
@@ -192,13 +192,13 @@ async def test_admit_cancel_while_queued_charges_nothing() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert d.queued == 0
-    assert isinstance(d.policy, VtcPolicy) and d.policy.counter("b") == 0
+    assert isinstance(d.state.policy, VtcPolicy) and d.state.policy.counter("b") == 0
     d.finish(hog)
-    assert d.in_flight == 0 and d.quotas.open_reservations == 0
+    assert d.in_flight == 0 and d.state.quotas.open_reservations == 0
 
 
 async def test_admit_cancelled_in_the_tick_it_was_admitted_gives_room_back() -> None:
-    d = Dispatcher(VtcPolicy(), AdmissionBudget(AdmissionLimits(1, 1000)), MonotonicClock())
+    d = local_dispatcher(VtcPolicy(), AdmissionBudget(AdmissionLimits(1, 1000)), MonotonicClock())
     hog = req("a")
     await d.admit(hog)
     task = asyncio.create_task(d.admit(req("b")))
@@ -207,12 +207,12 @@ async def test_admit_cancelled_in_the_tick_it_was_admitted_gives_room_back() -> 
     task.cancel()  # ...but its task is cancelled before it resumes
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert d.in_flight == 0 and d.queued == 0 and d.quotas.open_reservations == 0
+    assert d.in_flight == 0 and d.queued == 0 and d.state.quotas.open_reservations == 0
 
 
 async def test_admit_raises_queue_timeout_with_real_timers() -> None:
     reg = TenantRegistry([TenantConfig("a", quotas=TenantQuotas(max_queue_wait_s=0.02))])
-    d = Dispatcher(
+    d = local_dispatcher(
         FcfsPolicy(), AdmissionBudget(AdmissionLimits(1, 1000)), MonotonicClock(), tenants=reg
     )
     hog = req("a")
@@ -220,7 +220,7 @@ async def test_admit_raises_queue_timeout_with_real_timers() -> None:
     with pytest.raises(QueueTimeout):
         await asyncio.wait_for(d.admit(req("a")), timeout=2.0)
     d.finish(hog)
-    assert d.quotas.open_reservations == 0
+    assert d.state.quotas.open_reservations == 0
 
 
 def test_stale_expiry_wakeups_do_not_pile_up() -> None:
@@ -239,7 +239,7 @@ def test_output_charges_can_admit_a_request_waiting_behind_an_oversized_head() -
     # counter above c's, and c (which fits) must be admitted at once, not at
     # the next arrival or finish.
     clock = FakeClock()
-    d = Dispatcher(
+    d = local_dispatcher(
         VtcPolicy(),
         AdmissionBudget(AdmissionLimits(max_requests=3, max_kv_tokens=200)),
         clock,
@@ -265,7 +265,7 @@ def test_idle_unconfigured_tenants_are_forgotten_configured_ones_kept() -> None:
     clock = FakeClock()
     quota = TenantQuotas(tokens_per_min=60.0, tokens_burst=600.0)  # refills 1 token/s
     reg = TenantRegistry([TenantConfig("known")], template=TenantConfig("x", quotas=quota))
-    d = Dispatcher(
+    d = local_dispatcher(
         VtcPolicy(),
         AdmissionBudget(AdmissionLimits(max_requests=4, max_kv_tokens=10_000)),
         clock,
@@ -278,15 +278,21 @@ def test_idle_unconfigured_tenants_are_forgotten_configured_ones_kept() -> None:
         d.submit(r, Waiter())
         d.on_output_tokens(r, 10)
         d.finish(r)  # 110 tokens drained: full again after 110 s
-    assert len(d.quotas.usages()) == 501
+    assert len(d.state.quotas.usages()) == 501
+
+    def arrival() -> None:  # the sweep runs at an arrival (a configured tenant's here)
+        r = req("known", prompt=1, max_tokens=1)
+        d.submit(r, Waiter())
+        d.finish(r)
+
     clock.advance(61.0)
-    d.pump()
+    arrival()
     assert d.forgotten_total == 0  # idle long enough, but a drained bucket is kept
     clock.advance(60.0)
-    d.pump()
+    arrival()
     assert d.forgotten_total == 500
-    assert [u.config.tenant_id for u in d.quotas.usages()] == ["known"]
-    policy = d.policy
+    assert [u.config.tenant_id for u in d.state.quotas.usages()] == ["known"]
+    policy = d.state.policy
     assert isinstance(policy, VtcPolicy)
     assert set(policy.counters.values) == {"known"} and set(policy._backlog._queues) <= {"known"}
     # A forgotten tenant that returns starts afresh, with full buckets.

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import FakeClock
 from scheduler.decision import window_end
-from scheduler.dispatcher import Dispatcher
+from scheduler.local_admission import LocalDispatcher, local_dispatcher
 from scheduler.ordering.backlog import Backlog
 from scheduler.ordering.keyed_heap import KeyedHeap
 from scheduler.ordering.vtc import VtcPolicy
@@ -88,10 +88,10 @@ def test_heads_upto_is_every_eligible_tenant_within_the_window_in_fair_order(
     assert rest == sorted(rest)
 
 
-def _dispatcher(cached: dict[str, int], allowance: float) -> tuple[Dispatcher, VtcPolicy]:
+def _dispatcher(cached: dict[str, int], allowance: float) -> tuple[LocalDispatcher, VtcPolicy]:
     policy = VtcPolicy()
     clock = FakeClock()
-    d = Dispatcher(
+    d = local_dispatcher(
         policy,
         AdmissionBudget(AdmissionLimits(max_requests=1, max_kv_tokens=10**6)),
         clock,
@@ -103,7 +103,7 @@ def _dispatcher(cached: dict[str, int], allowance: float) -> tuple[Dispatcher, V
 
 
 def _submit(
-    d: Dispatcher, rid: str, tenant: str, prompt: int = 100
+    d: LocalDispatcher, rid: str, tenant: str, prompt: int = 100
 ) -> tuple[QueuedRequest, Waiter]:
     r, w = QueuedRequest(rid, tenant, prompt, 1), Waiter()
     d.submit(r, w)
@@ -122,7 +122,7 @@ def test_the_cached_request_within_the_allowance_goes_first_and_beyond_it_waits(
     # All three within 150: c's cached prefix is the longest, c goes first.
     d.finish(a0)
     assert (wa[0].admitted_count, wb1.admitted_count, wc1.admitted_count) == (0, 0, 1)
-    assert d.locality_picks_total == 1
+    assert d.state.locality_picks_total == 1
     # c is now at 300, beyond 100 + 150: its next request waits although it is
     # cached; b (cached, within the allowance of a) goes before a.
     _, wc2 = _submit(d, "c2", "c")
@@ -131,11 +131,11 @@ def test_the_cached_request_within_the_allowance_goes_first_and_beyond_it_waits(
     d.finish(b1)
     assert (wa[0].admitted_count, wc2.admitted_count) == (1, 0)
     assert policy.counter("c") == 300
-    assert d.locality_picks_total == 2
+    assert d.state.locality_picks_total == 2
 
 
 def test_nothing_cached_keeps_the_fair_order() -> None:
-    def order(d: Dispatcher) -> list[int]:
+    def order(d: LocalDispatcher) -> list[int]:
         running, _ = _submit(d, "a0", "a")
         queued = [_submit(d, f"x{i}", t, 50 * (i + 1)) for i, t in enumerate("abcabcab")]
         seen: list[int] = []
@@ -148,11 +148,11 @@ def test_nothing_cached_keeps_the_fair_order() -> None:
 
     local, _ = _dispatcher({}, allowance=10_000)
     plain, _ = _dispatcher({}, allowance=0)
-    plain.locality = None
+    plain.state.locality = None
     fair = order(plain)
     assert order(local) == fair
     assert sorted(fair) == list(range(8))
-    assert local.locality_picks_total == 0
+    assert local.state.locality_picks_total == 0
 
 
 def test_locality_never_passes_a_light_tenants_head() -> None:
@@ -164,4 +164,4 @@ def test_locality_never_passes_a_light_tenants_head() -> None:
     _, wb = _submit(d, "b1", "b", prompt=10)
     d.finish(a0)
     assert (wl.admitted_count, wb.admitted_count) == (1, 0)
-    assert d.locality_picks_total == 0
+    assert d.state.locality_picks_total == 0

@@ -14,7 +14,10 @@ from scheduler.budget import AdmissionLimits
 from scheduler.clock import FakeClock
 from scheduler.errors import QueueTimeout, QuotaExceeded
 from scheduler.request import QueuedRequest
-from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
+from scheduler.shared.admission import (
+    SharedOptions,
+    shared_dispatcher,
+)
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.redis_store import RedisStore
 from scheduler.state.store import Step, StepOutcome, Store
@@ -64,21 +67,21 @@ async def victim_after_the_first_wave(drv: Driver, *, reserve: bool) -> asyncio.
     for k in range(24):
         drv.submit(f"f{k}", "flood")
     await eventually(
-        lambda: len(drv.running("flood")) == 8 and drv.d.told_everything,
+        lambda: len(drv.running("flood")) == 8 and drv.d.state.told_everything,
         what="the flood fills the engine",
     )
     first = drv.submit("v1", "victim")
-    decisions = drv.d.decisions_total
-    await eventually(lambda: drv.d.decisions_total > decisions, what="v1 is considered")
+    decisions = drv.d.state.decisions_total
+    await eventually(lambda: drv.d.state.decisions_total > decisions, what="v1 is considered")
     assert not first.done()  # the first wave holds every slot
     drv.finish(drv.running("flood")[0])
     await eventually(first.done, what="v1 takes the freed slot (a newcomer wins the tie)")
     for rid in drv.running("flood"):  # the flood streams: its counter moves ahead
         drv.d.on_output_tokens(drv.reqs[rid], 20)
-    holds = drv.d.reserve_holds_total
+    holds = drv.d.state.reserve_holds_total
     drv.finish(drv.running("flood")[0])  # a slot frees while only the flood is queued
     if reserve:
-        await eventually(lambda: drv.d.reserve_holds_total > holds, what="the flood is held")
+        await eventually(lambda: drv.d.state.reserve_holds_total > holds, what="the flood is held")
         assert drv.d.in_flight == 7
     else:
         await eventually(lambda: drv.d.in_flight == 8, what="the flood takes the slot")
@@ -107,16 +110,16 @@ async def test_the_reserve_is_kept_for_a_light_tenant_queued_on_another_replica(
     for k in range(24):
         flood.submit(f"f{k}", "flood")
     await eventually(
-        lambda: len(flood.running("flood")) == 8 and flood.d.told_everything,
+        lambda: len(flood.running("flood")) == 8 and flood.d.state.told_everything,
         what="the flood fills the engine alone",
     )
     v1 = victim.submit("v1", "victim")
-    decisions = victim.d.decisions_total
-    await eventually(lambda: victim.d.decisions_total > decisions, what="v1 is considered")
+    decisions = victim.d.state.decisions_total
+    await eventually(lambda: victim.d.state.decisions_total > decisions, what="v1 is considered")
     assert not v1.done()  # every slot is the flood's
-    holds = flood.d.reserve_holds_total
+    holds = flood.d.state.reserve_holds_total
     flood.finish(flood.running("flood")[0])  # r1 steps first: the 8th slot is the reserve
-    await eventually(lambda: flood.d.reserve_holds_total > holds, what="the flood is held")
+    await eventually(lambda: flood.d.state.reserve_holds_total > holds, what="the flood is held")
     assert flood.d.in_flight == 7
     # r2 learns of the room at its next poll.
     await fake.until(v1.done, "v1 gets the slot the flood was held out of")
@@ -128,8 +131,8 @@ async def test_without_the_reserve_the_victim_waits(
 ) -> None:
     drv = await start(drivers, fake, await make_store(), AdmissionLimits(8, 100_000))
     second = await victim_after_the_first_wave(drv, reserve=False)
-    decisions = drv.d.decisions_total
-    await eventually(lambda: drv.d.decisions_total > decisions, what="v2 is considered")
+    decisions = drv.d.state.decisions_total
+    await eventually(lambda: drv.d.state.decisions_total > decisions, what="v2 is considered")
     assert not second.done()  # the engine is full: v2 waits for a flood request to end
     drv.finish(drv.running("flood")[0])
     await eventually(second.done, what="v2 takes the next free slot")
@@ -150,17 +153,17 @@ async def test_preempt_lends_the_room_beyond_a_full_fleet_to_a_light_tenant(
     for k in range(12):
         flood.submit(f"f{k}", "flood")
     await eventually(
-        lambda: len(flood.running("flood")) == 8 and flood.d.told_everything,
+        lambda: len(flood.running("flood")) == 8 and flood.d.state.told_everything,
         what="the flood fills the engine alone",
     )
-    decisions = flood.d.decisions_total
-    await fake.until(lambda: flood.d.decisions_total > decisions, "the flood polls again")
+    decisions = flood.d.state.decisions_total
+    await fake.until(lambda: flood.d.state.decisions_total > decisions, "the flood polls again")
     assert flood.d.in_flight == 8 and flood.d.stats().lent_total == 0
     await victim.submit("v1", "victim")
     assert victim.reqs["v1"].lent and victim.d.stats().lent_total == 1
     v2 = victim.submit("v2", "victim")
-    decisions = victim.d.decisions_total
-    await eventually(lambda: victim.d.decisions_total > decisions, what="v2 is considered")
+    decisions = victim.d.state.decisions_total
+    await eventually(lambda: victim.d.state.decisions_total > decisions, what="v2 is considered")
     assert not v2.done()  # beyond the lent room: it waits for a request to end
     flood.finish(flood.running("flood")[0])
     await fake.until(v2.done, "v2 takes the freed slot (r2 learns of it at its next poll)")
@@ -186,7 +189,7 @@ async def test_fail_open_admits_half_the_engine_room_with_two_replicas(
     for k in range(8):
         drv.submit(f"r{k}", "t", kv=kv)
     # Suspect first: the clock moves through the retries' backoffs until it fails over.
-    await fake.until(lambda: drv.d.health.mode == "open", "failing open")
+    await fake.until(lambda: drv.d.state.health.mode == "open", "failing open")
     probe_s = fake.clock.now_s() + retry_s  # the clock stands still from here
 
     def parked_full() -> bool:
@@ -228,7 +231,7 @@ async def test_fail_open_gives_each_replica_half_a_tenants_buckets(
     )
     for k in range(2):
         await asyncio.wait_for(drv.submit(f"rq{k}", "rq"), 1.0)
-    assert drv.d.health.mode == "open"
+    assert drv.d.state.health.mode == "open"
     with pytest.raises(QuotaExceeded) as err:
         await drv.submit("rq2", "rq")  # half the burst of 4 is gone
     assert err.value.limit == "requests_per_s"
@@ -249,7 +252,7 @@ async def test_queue_wait_and_pump_wake_ups_run_on_the_injected_clock() -> None:
     clock = FakeClock(100.0)
     timers = ManualTimers(clock)
     tenants = TenantRegistry([TenantConfig("t", quotas=TenantQuotas(max_queue_wait_s=5.0))])
-    d = SharedDispatcher(
+    d = shared_dispatcher(
         MemoryStore(clock),
         AdmissionLimits(1, 1000),
         clock,
@@ -262,10 +265,10 @@ async def test_queue_wait_and_pump_wake_ups_run_on_the_injected_clock() -> None:
     await asyncio.wait_for(d.admit(first), 1.0)
     second = asyncio.create_task(d.admit(QueuedRequest("2", "t", 10, 10)))
     await eventually(lambda: d.queued == 1 and timers.next_s() == 100.5, what="full: poll")
-    decisions = d.decisions_total
+    decisions = d.state.decisions_total
     clock.set(104.9)
     timers.run_due()  # the poll: the engine is still full
-    await eventually(lambda: d.decisions_total > decisions, what="the poll's step")
+    await eventually(lambda: d.state.decisions_total > decisions, what="the poll's step")
     assert not second.done() and timers.next_s() == 105.0  # its queue-wait expiry
     clock.set(105.0)
     timers.run_due()
@@ -298,7 +301,7 @@ async def test_a_finish_during_a_step_that_finds_the_engine_full_is_not_lost() -
     clock = FakeClock(100.0)
     timers = ManualTimers(clock)
     store = Gated(clock)
-    d = SharedDispatcher(
+    d = shared_dispatcher(
         store, AdmissionLimits(1, 1000), clock, SharedOptions("r1", poll_s=0.5), timers=timers
     )
     await d.start()
@@ -327,15 +330,17 @@ async def test_idle_tenants_the_registry_does_not_configure_are_forgotten_fleet_
     store = await make_store()
     reg = TenantRegistry([TenantConfig("known")], template=TenantConfig("x"))
     opts = SharedOptions("r1", idle_ttl_s=60.0)
-    d = SharedDispatcher(store, AdmissionLimits(4, 10_000), clock, opts, tenants=reg, timers=timers)
+    d = shared_dispatcher(
+        store, AdmissionLimits(4, 10_000), clock, opts, tenants=reg, timers=timers
+    )
     await d.start()
     for tid in ["known", *(f"t{i}" for i in range(50))]:
         r = QueuedRequest(tid, tid, 10, 10)
         await asyncio.wait_for(d.admit(r), 1.0)
         d.on_output_tokens(r, 10)
         d.finish(r)
-    await eventually(lambda: d.told_everything, what="settled in the store")
-    assert len((await store.snapshot()).counters) == 51 and len(d.counters()) == 51
+    await eventually(lambda: d.state.told_everything, what="settled in the store")
+    assert len((await store.snapshot()).counters) == 51 and len(d.state.counters()) == 51
     assert len(d.stats().tenants) == 51
     busy = QueuedRequest("b", "t0", 10, 10)
     clock.set(150.0)
@@ -343,11 +348,11 @@ async def test_idle_tenants_the_registry_does_not_configure_are_forgotten_fleet_
     clock.set(166.0)  # the sweep at 150 set the next one for 165 (every ttl / 4)
     new = QueuedRequest("n", "new", 10, 10)
     await asyncio.wait_for(d.admit(new), 1.0)  # its arrival sweeps the idle ones
-    await eventually(lambda: d.told_everything, what="the forgets reach the store")
+    await eventually(lambda: d.state.told_everything, what="the forgets reach the store")
     assert d.forgotten_total == 49
     kept = {"known", "t0", "new"}
     assert set((await store.snapshot()).counters) == kept
-    assert set(d.counters()) <= kept
+    assert set(d.state.counters()) <= kept
     assert {t.tenant_id for t in d.stats().tenants} == kept
     d.finish(busy)
     d.finish(new)
@@ -378,10 +383,10 @@ async def test_a_dead_pump_is_logged_and_restarted(
     await asyncio.wait_for(drv.submit("a", "t"), 1.0)
     store.armed = True
     second = drv.submit("b", "t")  # its step kills the pump
-    await eventually(lambda: drv.d.pump_restarts_total == 1, what="the pump restarted")
+    await eventually(lambda: drv.d.state.pump_restarts_total == 1, what="the pump restarted")
     await asyncio.wait_for(second, 1.0)  # the restarted pump admits it
     assert any("shared pump died" in r.getMessage() for r in caplog.records)
-    assert drv.d.health.mode == "ok"
+    assert drv.d.state.health.mode == "ok"
 
 
 # -- several admissions per step -----------------------------------------------------

@@ -31,7 +31,11 @@ from hypothesis import strategies as st
 
 from scheduler.clock import FakeClock
 from scheduler.errors import QueueTimeout, QuotaExceeded, SchedulingError
-from scheduler.shared.dispatcher import SharedDispatcher, SharedOptions
+from scheduler.shared.admission import (
+    SharedDispatcher,
+    SharedOptions,
+    shared_dispatcher,
+)
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.redis_store import RedisStore
 from scheduler.state.store import Store
@@ -63,7 +67,7 @@ class Side(dispatch_differential.Side):
 
     def __init__(self, store: Store, trace: Trace, clock: FakeClock) -> None:
         self.timers = ManualTimers(clock)
-        gate = SharedDispatcher(
+        gate = shared_dispatcher(
             store,
             trace.limits,
             clock,
@@ -95,7 +99,7 @@ class Side(dispatch_differential.Side):
         """Its pump waits with nothing owed or due, and every request still
         waiting is in its queues (not reserving its buckets at arrival)."""
         waiting = [rid for rid in self.queued() if rid not in self.admitted]
-        return self.gate.idle and len(waiting) == self.gate.queued
+        return self.gate.state.idle_pump and len(waiting) == self.gate.queued
 
 
 async def settle(sides: list[Side]) -> None:

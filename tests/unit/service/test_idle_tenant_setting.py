@@ -7,8 +7,9 @@ import pytest
 
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import FakeClock
+from scheduler.dispatcher import Dispatcher
 from scheduler.request import QueuedRequest
-from scheduler.shared.dispatcher import SharedDispatcher
+from scheduler.shared.admission import SharedAdmission
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 from service.admission_setup import policy_options
 from service.settings import Settings
@@ -68,7 +69,7 @@ async def test_the_fleet_allowance_setting_reaches_the_shared_dispatcher(redis_u
         settings, policy_options(settings, clock, reg), AdmissionLimits(4, 10_000), clock, reg, "m"
     )
     try:
-        assert isinstance(gate, SharedDispatcher)
-        assert gate.options.step(AdmissionLimits(4, 10_000)).allowance == 123.0
+        assert isinstance(gate, Dispatcher) and isinstance(gate.state, SharedAdmission)
+        assert gate.state.options.step(AdmissionLimits(4, 10_000)).allowance == 123.0
     finally:
         await gate.aclose()

@@ -1,6 +1,7 @@
-"""The dispatcher of replicas that share their scheduling state in a `Store` (Redis).
+"""The admission state of replicas that share it in a `Store` (Redis).
 
-Same front door as `Dispatcher` (`admit` / `on_output_tokens` / `finish`),
+The front door and every request's bookkeeping are `Dispatcher`'s
+(scheduler/dispatcher.py; `shared_dispatcher` builds one over this state),
 but admission is decided fleet-wide: an async pump task sends the store one
 `Step` per iteration — pending settlements, batched output charges, backlog
 changes, heartbeat renewals, and the heads of this replica's eligible tenants
@@ -18,36 +19,36 @@ While the engine is full, a replica learns of room freed by other replicas by
 polling (`poll_s`); its own finishes wake it at once. Tenants over their
 fleet-wide quota are paused locally until the store says they may go.
 
-The dispatcher composes objects that each own their state: the `Outbox`
-(settlements and batched charges owed to the store, shared_outbox.py), the
-`Pump` (the task, due times, building and applying steps, shared_pump.py),
-the `FailoverController` (health, the fail-open fallback, the probe and the
-reconciliation, shared_failover.py), and the local queues and entries
-(shared_local.py). The dispatcher itself keeps the per-request bookkeeping —
-admit, start, drop, settle — which the pump and the controller reach through
-the small protocols `Offers` and `ReplicaView`. Options: shared_options.py.
+`SharedAdmission` composes objects that each own their state: the `Outbox`
+(settlements and batched charges owed to the store, outbox.py), the `Pump`
+(the task, due times, building and applying steps, pump.py), the
+`FailoverController` (health, the fail-open fallback, the probe and the
+reconciliation, failover.py), and the local queues and lease-keyed entries
+(local.py). It keeps where each request's lease and bucket charges live —
+start, withdraw, settle — which the pump and the controller reach through
+the small protocols `Offers` and `ReplicaView`. Options: options.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Awaitable, Iterable, Mapping, Set
 from dataclasses import replace
 
 from scheduler import rules
+from scheduler.admission_port import AdmissionWaiter, Door, GateTotals
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import Clock
+from scheduler.dispatcher import Dispatcher
 from scheduler.errors import (
     QuotaExceeded,
     RequestTooLarge,
     SchedulingError,
     StoreUnavailable,
 )
-from scheduler.gate import Admission, RequestState
-from scheduler.gate_stats import GateStats, TenantBuckets, stored_buckets
-from scheduler.idle import IdleTenants
+from scheduler.gate import RequestState
+from scheduler.gate_stats import GateStats, StoreMode, TenantBuckets, stored_buckets
 from scheduler.quotas import BucketLimits, bucket_exceeded, check_arrival
 from scheduler.request import QueuedRequest
 from scheduler.shared import fleet_usage
@@ -56,56 +57,64 @@ from scheduler.shared.local import Entries, Entry, LocalQueues, Place
 from scheduler.shared.options import FailureMode, QuotaView, SharedOptions, StoreHealth
 from scheduler.shared.outbox import Outbox
 from scheduler.shared.pump import Pump
-from scheduler.shared.stats import GateTotals, Refusal, SharedStats
+from scheduler.shared.stats import Refusal, SharedStats
 from scheduler.state.store import BucketReader, Candidate, Lease, SeenLevel, Settlement, Step, Store
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import AsyncioTimers, Timers
 
-__all__ = ["FailureMode", "SharedDispatcher", "SharedOptions", "StoreHealth"]
+__all__ = [
+    "FailureMode",
+    "SharedAdmission",
+    "SharedDispatcher",
+    "SharedOptions",
+    "StoreHealth",
+    "shared_dispatcher",
+]
 
 
-class SharedDispatcher:
+class SharedAdmission:
+    """`AdmissionState` shared through a `Store` (scheduler/admission_port.py)."""
+
     def __init__(
         self,
         store: Store,
         limits: AdmissionLimits,
         clock: Clock,
         options: SharedOptions,
+        timers: Timers,
         *,
         tenants: TenantRegistry | None = None,
-        timers: Timers | None = None,
     ) -> None:
-        """`timers`: wake-ups on `clock` (default: the running event loop's)."""
         self.store = store
         self.clock = clock
-        self.timers: Timers = timers or AsyncioTimers(clock)
         self.options = options
         self.replica_id = options.replica_id
         self.quotas = QuotaView(tenants or TenantRegistry.permissive())
         # This replica's in-flight requests (the fleet's count lives in the store).
         self.budget = AdmissionBudget(limits)
-        self.admitted_total = 0
-        self.lent_total = 0
         self._local = LocalQueues(options.batch_every_n, options.light_credit)
         self._entries = Entries()
-        self._seq = itertools.count(1)
+        self._lease_seq = 0
         self._outbox = Outbox(options.flush_s)
         self._failover = FailoverController(store, clock, options, self._outbox, self)
         self._pump = Pump(
             store,
             clock,
-            self.timers,
+            timers,
             options,
             budget=self.budget,
             local=self._local,
             entries=self._entries,
+            entry_of=lambda req: self.door.entry_of(req),
             outbox=self._outbox,
             failover=self._failover,
             offers=self,
         )
-        self._stats = SharedStats(clock)  # what stats() reports besides the above
-        self._idle = IdleTenants(options.idle_ttl_s, clock.now_s())
-        self.forgotten_total = 0
+        self._stats = SharedStats(clock)  # what stats() reports besides the door's totals
+        self.door: Door[Entry]
+
+    def bind(self, door: Door[Entry]) -> None:
+        self.door = door
 
     # -- life cycle ------------------------------------------------------------
     async def start(self) -> None:
@@ -122,6 +131,10 @@ class SharedDispatcher:
     @property
     def health(self) -> StoreHealth:
         return self._failover.health
+
+    @property
+    def mode(self) -> StoreMode:
+        return self.health.mode
 
     @property
     def decisions_total(self) -> int:
@@ -152,7 +165,7 @@ class SharedDispatcher:
         return self._pump.told_everything
 
     @property
-    def idle(self) -> bool:
+    def idle_pump(self) -> bool:
         """The pump waits with nothing owed or due (tests settle on it)."""
         return self._pump.idle
 
@@ -161,26 +174,17 @@ class SharedDispatcher:
         return len(self._local)
 
     @property
-    def in_flight(self) -> int:
-        return self.budget.engine.requests
-
-    @property
     def pending_settlements(self) -> int:
         """Settlements not yet handed to the shared store."""
         return len(self._outbox.settlements)
 
     @property
-    def paused_tenants(self) -> dict[str, float]:
-        return dict(self._local.paused_until)
-
-    def set_limits(self, limits: AdmissionLimits) -> None:
-        self.budget.limits = limits
-        self._pump.kick()
+    def paused_until(self) -> Mapping[str, float]:
+        return self._local.paused_until
 
     def set_tenants(self, tenants: TenantRegistry) -> None:
         self.quotas.tenants = tenants
         self._local.paused_until.clear()
-        self._pump.kick()
 
     # -- what the failover controller and the pump see (ReplicaView, Offers) ---------
     @property
@@ -199,8 +203,7 @@ class SharedDispatcher:
 
     def refuse_queued(self, exc: StoreUnavailable) -> None:
         for entry in [e for e in self._entries if e.wanted]:
-            self._drop(entry, RequestState.REJECTED)
-            entry.fut.set_exception(exc)
+            self.door.reject(entry, exc)
 
     def adopt_in_flight(self, renewed: list[Lease]) -> None:
         for lease in renewed:
@@ -217,7 +220,7 @@ class SharedDispatcher:
         return sorted(tenants)
 
     def usage(self) -> bytes:
-        return fleet_usage.encode(self.stats().tenants)
+        return fleet_usage.encode(self.door.stats().tenants)
 
     def buckets_of(self, tenant_id: str) -> BucketLimits:
         try:
@@ -226,44 +229,26 @@ class SharedDispatcher:
             return BucketLimits()
 
     # -- arrival -----------------------------------------------------------------
-    async def admit(self, req: QueuedRequest) -> None:
-        """Wait until `req` is admitted fleet-wide, or raise a SchedulingError."""
+    def _lease_id(self) -> str:
+        self._lease_seq += 1
+        return f"{self.replica_id}:{self._lease_seq}"
+
+    def open(self, req: QueuedRequest, waiter: AdmissionWaiter) -> Entry:
         if self.health.mode == "closed":
             raise StoreUnavailable("the shared state store is unreachable; retry later")
-        self._sweep_idle()
         cfg = self.quotas.tenants.resolve(req.tenant_id, req.priority)
         req.tenant_id = cfg.tenant_id
-        buckets = BucketLimits.of(cfg.quotas)
         try:
             check_arrival(cfg, req, self._local.queued(cfg.tenant_id), " on this replica")
         except (RequestTooLarge, QuotaExceeded) as exc:
-            self._refused(exc)
-            raise
-        q = cfg.quotas
-        req.seq = next(self._seq)
-        req.arrival_s = self.clock.now_s()
-        loop = asyncio.get_running_loop()
-        entry = Entry(req, cfg, f"{self.replica_id}:{req.seq}", loop.create_future(), buckets)
-        if cfg.over_quota == "reject" and buckets.any:
-            await self._reserve(entry)
-        self._entries.add(entry)
-        self.quotas.open_reservations += 1
-        self._local.push(req)
-        self._idle.drop(req.tenant_id)
-        self._outbox.forget.pop(req.tenant_id, None)
-        # Deadlines are the gRPC layer's (it cancels the call).
-        expires_s = rules.queue_expiry_s(req.arrival_s, q.max_queue_wait_s, None)
-        if expires_s is not None:
-            entry.expiry = self.timers.call_at(expires_s, lambda: self._expire(entry))
-        self._pump.kick()
-        try:
-            await entry.fut
-        except asyncio.CancelledError:
-            if entry.started:
-                self.finish(req)  # admitted in the same tick the caller was cancelled
-            elif entry.queued:
-                self._drop(entry, RequestState.CANCELLED)
-            raise
+            raise self._stats.tally.refused(exc) from None
+        buckets = BucketLimits.of(cfg.quotas)
+        return Entry(req, waiter, cfg=cfg, lease_id=self._lease_id(), buckets=buckets)
+
+    def reservation(self, entry: Entry) -> Awaitable[None] | None:
+        if entry.cfg.over_quota == "reject" and entry.buckets.any:
+            return self._reserve(entry)
+        return None
 
     async def _reserve(self, entry: Entry) -> None:
         req = entry.req
@@ -297,58 +282,51 @@ class SharedDispatcher:
             )
         entry.requests_taken, entry.tokens_taken = entry.taken(float(req.kv_tokens))
 
-    def _expire(self, entry: Entry) -> None:
-        if not entry.wanted:
-            return
-        req = entry.req
-        error = rules.queue_expired(
-            req.request_id,
-            req.tenant_id,
-            req.arrival_s,
-            self.clock.now_s(),
-            entry.cfg.quotas.max_queue_wait_s,
-            None,  # deadlines are the gRPC layer's (it cancels the call)
-        )
-        self._drop(entry, RequestState.EXPIRED)
-        self._stats.expired_total += 1
-        entry.fut.set_exception(error)
+    def _refused(self, exc: Refusal) -> Refusal:
+        """Count a refusal at arrival (its tenant's totals are state too)."""
+        return self._stats.tally.refused(exc)
 
-    def _drop(self, entry: Entry, to: RequestState) -> None:
-        """Withdraw a queued entry: give back what it reserved."""
-        entry.withdraw(to)
+    def queue(self, entry: Entry) -> None:
+        self._entries.add(entry)
+        self.quotas.open_reservations += 1
+        self._local.push(entry.req)
+        self._outbox.forget.pop(entry.req.tenant_id, None)
+
+    def max_queue_wait_s(self, entry: Entry) -> float | None:
+        return entry.cfg.quotas.max_queue_wait_s
+
+    def _unqueue(self, entry: Entry) -> None:
         self._local.remove(entry.req)
         self.quotas.open_reservations -= 1
+
+    def withdraw(self, entry: Entry) -> None:
+        """Withdrawn while queued: give back what it reserved."""
+        self._unqueue(entry)
         if self._pump.awaiting(entry.lease_id):
             return  # the step in flight may admit it; `after_offer` settles it then
         self._forget(entry)
         if entry.requests_taken or entry.tokens_taken:
             self._settle(entry)
-        self._note_idle(entry.req.tenant_id)
-        # Its tenant's next request may be the head now, and fit where it did not
-        # (the Dispatcher pumps on a cancel too).
+
+    def decide(self) -> None:
         self._pump.kick()
 
+    def resume(self, tenant_id: str) -> None:
+        self._local.resume(tenant_id)
+
     # -- in flight -----------------------------------------------------------------
-    def on_cached_tokens(self, req: QueuedRequest, reported: int) -> None:
-        entry = self._entries.of(req)
-        if entry is None or not entry.started:
-            return
+    def charge_cached(self, entry: Entry, reported: int) -> None:
         o = self.options
         w_cached = rules.cached_weight(o.w_in, o.w_cached)
         delta = rules.cached_shortfall(
-            o.w_in, w_cached, req.cached_estimate, reported, entry.cfg.weight
+            o.w_in, w_cached, entry.req.cached_estimate, reported, entry.cfg.weight
         )
         if delta > 0:
-            self._charged(req.tenant_id, delta)
+            self._charged(entry.req.tenant_id, delta)
 
-    def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
-        entry = self._entries.of(req)
-        if entry is None or not entry.started or tokens <= 0:
-            return
-        entry.streamed(tokens)
-        self._charged(
-            req.tenant_id, rules.output_charge(self.options.w_out, tokens, entry.cfg.weight)
-        )
+    def charge_output(self, entry: Entry, tokens: int) -> None:
+        delta = rules.output_charge(self.options.w_out, tokens, entry.cfg.weight)
+        self._charged(entry.req.tenant_id, delta)
 
     def _charged(self, tenant_id: str, delta: float) -> None:
         """A weighted charge after admission: mirrored here, owed to the store."""
@@ -357,44 +335,25 @@ class SharedDispatcher:
         if self._outbox.charge_output(tenant_id, delta, self.clock.now_s()):
             self._pump.wake()
 
-    def finish(self, req: QueuedRequest) -> None:
-        """The admitted request left the engine (done, cancelled or failed)."""
-        entry = self._entries.of(req)
-        if entry is None or not entry.started:
-            raise AssertionError(f"finish({req.request_id!r}) for a request not in flight")
+    def release(self, entry: Entry) -> None:
         self._forget(entry)
-        self.budget.release(req)
+        self.budget.release(entry.req)
         self.quotas.open_reservations -= 1
         self._settle(entry)
-        entry.state = RequestState.SETTLED
-        self._local.resume(req.tenant_id)  # it may have waited for max_concurrent
-        self._note_idle(req.tenant_id)
-        self._pump.kick()
+        self._local.resume(entry.req.tenant_id)  # it may have waited for max_concurrent
 
     # -- idle tenants (scheduler/idle.py) -----------------------------------------
-    def _refused(self, exc: Refusal) -> Refusal:
-        """Count a refusal at arrival (its tenant's totals are state too)."""
-        self._note_idle(exc.tenant_id)
-        return self._stats.tally.refused(exc)
+    def idle(self, tenant_id: str) -> bool:
+        return not self._local.queued(tenant_id)
 
-    def _note_idle(self, tenant_id: str) -> None:
-        if not self._local.queued(tenant_id):
-            self._idle.note(tenant_id, self.clock.now_s())
+    def keep(self, tenant_id: str) -> bool:
+        """Queued or in flight here, or configured."""
+        busy = any(e.req.tenant_id == tenant_id for e in self._entries)
+        return busy or self.quotas.tenants.configured(tenant_id)
 
-    def _sweep_idle(self) -> None:
-        """Forget the unconfigured tenants idle here for the idle TTL; the store
-        forgets them too where they are idle fleet-wide (Step.forget)."""
-        busy: set[str] | None = None  # queued or in flight here (built when one is due)
-
-        def keep(t: str) -> bool:
-            nonlocal busy
-            if busy is None:
-                busy = {e.req.tenant_id for e in self._entries}
-            return t in busy or self.quotas.tenants.configured(t)
-
-        self.forgotten_total += self._idle.sweep(self.clock.now_s(), keep, self._forget_tenant)
-
-    def _forget_tenant(self, t: str) -> bool:
+    def forget(self, t: str) -> bool:
+        """Drop what the replica keeps; the store forgets the tenant too where it is
+        idle fleet-wide (Step.forget)."""
         self._local.forget(t)
         self._pump.forget(t)
         self._stats.tally.forget(t)
@@ -433,9 +392,7 @@ class SharedDispatcher:
             if c.lease_id in order:
                 entry.lease_at = decided_by
                 entry.req.light = rules.light(c.queued)
-
                 entry.req.lent = c.lease_id in lent
-                self.lent_total += entry.req.lent
                 if c.take_buckets:
                     entry.buckets_at = entry.lease_at
                     entry.requests_taken, entry.tokens_taken = entry.taken(float(c.sent_tokens))
@@ -446,7 +403,6 @@ class SharedDispatcher:
                 self._forget(entry)
                 if entry.requests_taken or entry.tokens_taken:
                     self._settle(entry)
-                self._note_idle(c.tenant_id)
 
     def give_back(self, c: Candidate) -> None:
         requests, tokens = (0.0, 0.0)
@@ -457,30 +413,23 @@ class SharedDispatcher:
         if entry is not None and entry.queued:
             # A settled lease id is never opened again: a new one for the next offer.
             self._entries.remove(entry)
-            entry.lease_id = f"{self.replica_id}:{next(self._seq)}"
+            entry.lease_id = self._lease_id()
             self._entries.add(entry)
 
     def _start(self, entry: Entry) -> None:
         if not entry.wanted:
             # Its caller left while the decision was made: give the lease and all it took back.
             if entry.queued:
-                entry.withdraw(RequestState.CANCELLED)
-                self._local.remove(entry.req)
-                self.quotas.open_reservations -= 1
+                self.door.discard(entry, RequestState.CANCELLED)
+                self._unqueue(entry)
             self._forget(entry)
             self._settle(entry)
             return
         self._local.remove(entry.req, admitted=True)
-        entry.start()
         self.budget.reserve(entry.req)
-        self.admitted_total += 1
-        entry.fut.set_result(None)
+        self.door.started(entry)
 
-    # -- the front door and its stats (scheduler/gate.py) ----------------------------
-    def admitted(self, req: QueuedRequest) -> Admission:
-        """`async with dispatcher.admitted(req) as ticket:` (see scheduler/gate.py)."""
-        return Admission(self, req)
-
+    # -- stats ----------------------------------------------------------------------
     async def refresh_stats(self) -> None:
         """Read the store's fleet-wide state (bucket levels, counters, the other
         replicas' usage) for stats()."""
@@ -496,22 +445,39 @@ class SharedDispatcher:
             with contextlib.suppress(StoreUnavailable):
                 seen = await self.store.bucket_levels(tenant_id)
                 return _seen_buckets(BucketLimits.of(cfg.quotas), seen)
-        t = self.stats(include=(tenant_id,)).tenant(tenant_id)
+        t = self.door.stats(include=(tenant_id,)).tenant(tenant_id)
         return (t.request_bucket, t.token_bucket) if t is not None else (None, None)
 
-    def stats(self, include: Iterable[str] = (), fleet: bool = False) -> GateStats:
+    def stats(self, totals: GateTotals, include: Iterable[str], fleet: bool) -> GateStats:
         """Live state for admin and telemetry (see shared/stats.py)."""
         return self._stats.build(
             list(self._entries),
             self._local,
             self.quotas.tenants,
             self.budget,
-            GateTotals(
-                self.admitted_total, self.reserve_holds_total, self.health.mode, self.lent_total
-            ),
+            totals,
             include,
             fleet,
         )
+
+
+SharedDispatcher = Dispatcher[Entry, SharedAdmission]
+
+
+def shared_dispatcher(
+    store: Store,
+    limits: AdmissionLimits,
+    clock: Clock,
+    options: SharedOptions,
+    *,
+    tenants: TenantRegistry | None = None,
+    timers: Timers | None = None,
+) -> SharedDispatcher:
+    """A replica's dispatcher over `store`; `timers`: wake-ups on `clock` (default:
+    the running event loop's). Call `start()` before the first request."""
+    timers = timers or AsyncioTimers(clock)
+    state = SharedAdmission(store, limits, clock, options, timers, tenants=tenants)
+    return Dispatcher(state, clock, timers=timers, idle_ttl_s=options.idle_ttl_s)
 
 
 def _seen_buckets(limits: BucketLimits, seen: Mapping[str, SeenLevel]) -> TenantBuckets:
