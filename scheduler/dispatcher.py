@@ -28,6 +28,9 @@ from typing import Any, Generic, TypeVar
 
 from scheduler import rules
 from scheduler.admission_port import (
+    QUEUED,
+    SETTLED,
+    STREAMING,
     AdmissionEntry,
     AdmissionState,
     AdmissionWaiter,
@@ -165,7 +168,8 @@ class Dispatcher(Generic[E, S]):
         if expires_s is not None:
             self._schedule(expires_s, entry)
         self.state.decide()
-        self.arm()
+        if expires_s is not None:
+            self.arm()  # a state that decides later (shared) has not armed it yet
 
     def cancel(self, req: QueuedRequest) -> bool:
         """Withdraw a queued request, charging nothing; False if it is not queued."""
@@ -211,20 +215,22 @@ class Dispatcher(Generic[E, S]):
 
     def on_output_tokens(self, req: QueuedRequest, tokens: int) -> None:
         entry = self._entries.get(id(req))
-        if entry is None or not entry.started or tokens <= 0:
+        # An entry here is queued or started (`discard` and `finish` remove it):
+        # "not started" is one identity check, and `entry.streamed` is inline.
+        if entry is None or entry.state is QUEUED or tokens <= 0:
             return
-        entry.state = RequestState.STREAMING  # entry.streamed, inline: per chunk
+        entry.state = STREAMING
         entry.output_tokens += tokens
         self.state.charge_output(entry, tokens)
 
     def finish(self, req: QueuedRequest) -> None:
         """The admitted request left the engine (done, cancelled or failed)."""
         entry = self._entries.get(id(req))
-        if entry is None or not entry.started:
+        if entry is None or entry.state is QUEUED:
             raise AssertionError(f"finish({req.request_id!r}) for a request not in flight")
         del self._entries[id(req)]
         self.state.release(entry)
-        entry.state = RequestState.SETTLED
+        entry.state = SETTLED
         self._note_idle(req.tenant_id)
         self.state.decide()
 

@@ -107,7 +107,9 @@ class _QueueRound:
     def _wanted(self, req: QueuedRequest) -> LocalEntry | None:
         """Its entry, or None after dropping it: its caller was cancelled and has
         not run its cleanup yet."""
-        entry = self._entry(req)
+        entry = self.s.door.entry_of(req)
+        if entry is None:
+            raise AssertionError(f"policy returned unknown request {req.request_id}")
         if entry.waiter.wanted():
             return entry
         self.s.door.drop(entry, RequestState.CANCELLED)
@@ -286,7 +288,8 @@ class LocalAdmission:
     def _charged(self) -> None:
         # A charge can change which tenant is next (VTC): a request that was
         # waiting behind a head too big for the room may now be the head and fit.
-        if len(self.policy) and self.budget.engine.requests < self.budget.limits.max_requests:
+        # Room first: the cheaper test, and mostly false under load.
+        if self.budget.engine.requests < self.budget.limits.max_requests and len(self.policy):
             self.decide()
 
     def release(self, entry: LocalEntry) -> None:
