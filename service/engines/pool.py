@@ -186,7 +186,8 @@ class WorkerPool:
 
     def _eject(self, w: Worker, reason: str) -> None:
         if w.healthy and len(self.healthy_workers) == 1:
-            log.warning("SGLang worker %s fails but is the last one: %s", w.url, reason)
+            if reason != w.last_error:  # once per cause, not per health check
+                log.warning("SGLang worker %s fails but is the last one: %s", w.url, reason)
             w.last_error = reason
             return
         now_s = self.clock()
