@@ -43,7 +43,8 @@ class EngineSettings(BaseModel):
     )
     # -- SGLang -----------------------------------------------------------------------
     sglang_urls: str = _s(
-        "", "engine=sglang-http: comma-separated base URLs; more than one makes a worker pool."
+        "",
+        "engine=sglang-http: comma-separated base URLs, a worker pool (one URL: a pool of one).",
     )
     sglang_connect_timeout_s: float = _s(5.0, "Connect timeout to an SGLang server.", gt=0)
     sglang_read_timeout_s: float = _s(
@@ -163,6 +164,6 @@ class EngineSettings(BaseModel):
         True,
         "Staged prefill: stage only a prompt whose part uncached on the worker the pool "
         "chose reaches the length to stage, from above the part held there; a long prompt "
-        "cached there goes whole, in its turn among the engine's staged prompts. Without "
-        "a pool (one URL) every long prompt is staged.",
+        "cached there goes whole, in its turn among the engine's staged prompts (one URL: "
+        "a pool of one).",
     )

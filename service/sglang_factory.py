@@ -1,4 +1,6 @@
-"""Builds the SGLang-over-HTTP engine (one worker, or a pool) from settings."""
+"""Builds the SGLang-over-HTTP engine from settings: a pool of its URLs' workers,
+of one for one URL, so a one-engine server runs the placement's levers (the
+cold-start hold, cold-only staging, KV events) as the virtual fleet measures them."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ from service.engines import kv_events
 from service.engines.breaker import BreakerPolicy
 from service.engines.kv_events import KvEventsFollower
 from service.engines.pool import WorkerPool
-from service.engines.protocol import Engine
 from service.engines.sglang_chunks import DEFAULT_VOCAB_SIZE
 from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
 from service.engines.staged_prefill import StagedPrefill
@@ -18,8 +19,8 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def build_sglang_http(settings: Settings, staged: StagedPrefill) -> Engine:
-    """`staged`: staged prefill (engine_factory.staged_prefill), per worker: a pool
+def build_sglang_http(settings: Settings, staged: StagedPrefill) -> WorkerPool:
+    """`staged`: staged prefill (engine_factory.staged_prefill), per worker: the pool
     keeps a request's stages on one."""
     urls = [u.strip() for u in settings.sglang_urls.split(",") if u.strip()]
     if not settings.tokenizer_path:
@@ -30,16 +31,13 @@ def build_sglang_http(settings: Settings, staged: StagedPrefill) -> Engine:
             "the served model's tokenizer.json",
             DEFAULT_VOCAB_SIZE,
         )
-    pooled = len(urls) > 1
+    # With one worker a failed request has nowhere to move: its adapter retries it.
+    moves = len(urls) > 1
     if settings.sglang_cold_start_hold_s and not settings.sglang_stagger_prefill_tokens:
         raise SystemExit(
             "FAIRGATE_SGLANG_COLD_START_HOLD_S holds long prompts: set "
             "FAIRGATE_SGLANG_STAGGER_PREFILL_TOKENS, the uncached length from which a prompt "
             "is long"
-        )
-    if settings.sglang_cold_start_hold_s and not pooled:
-        log.warning(
-            "FAIRGATE_SGLANG_COLD_START_HOLD_S applies to a pool of workers: one URL, no hold"
         )
 
     def one(url: str) -> SglangHttpEngine:
@@ -48,8 +46,8 @@ def build_sglang_http(settings: Settings, staged: StagedPrefill) -> Engine:
                 url=url,
                 connect_timeout_s=settings.sglang_connect_timeout_s,
                 read_timeout_s=settings.sglang_read_timeout_s,
-                # In a pool, a failed request moves to another worker instead.
-                retries=0 if pooled else settings.sglang_retries,
+                # Among several, a failed request moves to another worker instead.
+                retries=0 if moves else settings.sglang_retries,
                 incremental_output=settings.sglang_incremental_output,
                 coalesce=settings.stream_coalesce,
                 coalesce_window_s=settings.stream_coalesce_window_ms / 1000,
@@ -57,8 +55,6 @@ def build_sglang_http(settings: Settings, staged: StagedPrefill) -> Engine:
             )
         )
 
-    if not pooled:
-        return one(urls[0])
     events = [e.strip() for e in settings.sglang_kv_events.split(",") if e.strip()]
     followers: list[KvEventsFollower | None] = []
     if events:

@@ -45,6 +45,15 @@ async def start_sim() -> AsyncIterator[StartSim]:
         await s.stop()
 
 
+def sent_lengths(worker: SimServer) -> list[tuple[int, int]]:
+    """(prompt tokens, max_new_tokens) of each /generate the stand-in received."""
+    out = []
+    for body in worker.record.requests:
+        params: dict[str, Any] = body.get("sampling_params", {})
+        out.append((len(body.get("input_ids") or []), int(params.get("max_new_tokens", -1))))
+    return out
+
+
 def sglang_settings(*servers: SimServer, **overrides: Any) -> dict[str, Any]:
     return {
         "engine": "sglang-http",

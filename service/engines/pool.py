@@ -18,7 +18,10 @@ others while another could, and workers of different sizes fill in proportion.
 
 Ejection (`breaker.py`): a worker whose connection fails or drops is ejected
 at once; one whose streams fail otherwise (malformed output, errors) after
-`consecutive_failures` in a row, unless it is the last healthy worker. A
+`consecutive_failures` in a row. The last healthy worker is never ejected (a
+pool of one, the live server on one URL, included): without it the pool would
+have no capacity, so admission would queue every request instead of failing
+it; it keeps serving, and its errors reach the clients as one engine's do. A
 health loop (`GET /health`) ejects workers that stop answering, and
 re-admits a worker, with a fresh read of its capacity, only once its
 ejection (doubling with each ejection in a row) is over and it answers.
@@ -96,8 +99,6 @@ class Worker:
 
 
 class WorkerPool:
-    kind = "sglang-http-pool"
-
     def __init__(
         self,
         engines: list[SglangHttpEngine],
@@ -116,6 +117,8 @@ class WorkerPool:
         policy = breaker or BreakerPolicy()
         self.clock = clock
         self.workers = [Worker(e, Breaker(policy)) for e in engines]
+        # One URL reads as the setting it came from (ListModels, metric labels).
+        self.kind = "sglang-http-pool" if len(engines) > 1 else "sglang-http"
         self.health_interval_s = health_interval_s
         self.placement = Placement(
             self.workers,
@@ -182,6 +185,11 @@ class WorkerPool:
         w.healthy, w.failures, w.last_error = True, 0, ""
 
     def _eject(self, w: Worker, reason: str) -> None:
+        if w.healthy and len(self.healthy_workers) == 1:
+            if reason != w.last_error:  # once per cause, not per health check
+                log.warning("SGLang worker %s fails but is the last one: %s", w.url, reason)
+            w.last_error = reason
+            return
         now_s = self.clock()
         # A new ejection, or a failed attempt to re-admit: the next one lasts longer.
         if w.healthy or w.breaker.may_readmit(now_s):
@@ -200,10 +208,7 @@ class WorkerPool:
         elif isinstance(exc, RequestRefused):
             w.breaker.on_success(self.clock())  # the worker answered; the request was bad
         elif w.breaker.on_failure(self.clock()) and w.healthy:
-            if len(self.healthy_workers) > 1:
-                self._eject(w, f"{w.breaker.failures} stream failures in a row: {exc}")
-            else:
-                log.warning("SGLang worker %s keeps failing but is the last one: %s", w.url, exc)
+            self._eject(w, f"{w.breaker.failures} stream failures in a row: {exc}")
 
     async def _health_loop(self) -> None:
         while True:

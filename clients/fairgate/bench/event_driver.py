@@ -230,7 +230,8 @@ class Driver:
         self.clock = clock or FakeClock()
         self.timers = ManualTimers(self.clock)
         self.workers = [_Worker(SimCore(sim), f"sim://{i}") for i in range(engines)]
-        # One engine without a routing is no pool (as the live server: no placement).
+        # One engine without a routing is no pool (as engine=simulator live; one SGLang
+        # URL is a pool of one, as with a routing here).
         self.placement: Placement | None = None
         self.placements: list[Placement] = []
         if engines > 1 or routing is not None:

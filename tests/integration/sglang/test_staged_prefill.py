@@ -9,7 +9,6 @@ tokens, and a client that leaves during a stage leaves nothing behind.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 from fairgate import AsyncClient
@@ -18,21 +17,16 @@ from scheduler.dispatcher import Dispatcher
 from scheduler.local_admission import LocalAdmission
 from scheduler.ordering.vtc import VtcPolicy
 from service.engines.pool import WorkerPool
-from service.engines.simulator.sim_server import SimServer
 from tests.conftest import StartServer
 from tests.helpers import eventually
-from tests.sglang_helpers import StartSim, assert_no_sglang_leaks, sglang_settings
+from tests.sglang_helpers import (
+    StartSim,
+    assert_no_sglang_leaks,
+    sent_lengths,
+    sglang_settings,
+)
 
 STAGED = {"staged_prefill_min_tokens": 1000, "staged_prefill_stage_tokens": 512}
-
-
-def _sent(worker: SimServer) -> list[tuple[int, int]]:
-    """(prompt tokens, max_new_tokens) of each /generate the worker received."""
-    out = []
-    for body in worker.record.requests:
-        params: dict[str, Any] = body.get("sampling_params", {})
-        out.append((len(body.get("input_ids") or []), int(params.get("max_new_tokens", -1))))
-    return out
 
 
 async def test_a_long_prompt_goes_in_stages_to_one_worker_and_is_charged_in_full(
@@ -63,18 +57,18 @@ async def test_a_long_prompt_goes_in_stages_to_one_worker_and_is_charged_in_full
     # Stages 512, 1024, 1536 (prefill only), then the request, all on one worker.
     used = [w for w in workers if w.record.requests]
     assert len(used) in (1, 2)
-    staged_on = next(w for w in workers if any(n == 2000 for n, _ in _sent(w)))
-    assert [s for s in _sent(staged_on) if s[0] >= 512] == [
+    staged_on = next(w for w in workers if any(n == 2000 for n, _ in sent_lengths(w)))
+    assert [s for s in sent_lengths(staged_on) if s[0] >= 512] == [
         (512, 0),
         (1024, 0),
         (1536, 0),
         (2000, 4),
     ]
     other = next(w for w in workers if w is not staged_on)
-    assert all(n < 512 for n, _ in _sent(other))
+    assert all(n < 512 for n, _ in sent_lengths(other))
     # A short prompt is never staged.
     assert short.result.usage.prompt_tokens == 3
-    assert (3, 2) in _sent(workers[0]) + _sent(workers[1])
+    assert (3, 2) in sent_lengths(workers[0]) + sent_lengths(workers[1])
     await assert_no_sglang_leaks(app, *workers)
 
 
@@ -88,7 +82,7 @@ async def test_a_client_leaving_during_a_stage_aborts_it_and_sends_no_more(
     prompt = [5, *range(200, 5199)]  # 5000 tokens: a stage of 4096, then whole
     async with AsyncClient(app.address) as c:
         task = asyncio.create_task(c.complete(prompt, max_tokens=4, ignore_eos=True))
-        await eventually(lambda: _sent(stand_in) == [(4096, 0)], what="the stage sent")
+        await eventually(lambda: sent_lengths(stand_in) == [(4096, 0)], what="the stage sent")
         await eventually(lambda: stand_in.engine.active_requests == 1, what="it in the engine")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -99,7 +93,7 @@ async def test_a_client_leaving_during_a_stage_aborts_it_and_sends_no_more(
         what="the stage aborted",
     )
     await assert_no_sglang_leaks(app, stand_in)
-    assert _sent(stand_in) == [(4096, 0)]  # no final request
+    assert sent_lengths(stand_in) == [(4096, 0)]  # no final request
 
 
 @pytest.mark.parametrize("one_at_a_time", [True, False])
@@ -141,8 +135,8 @@ async def test_cold_only_stages_a_document_once_then_sends_it_whole_where_it_is_
         # Cold: 1500 tokens past the document's 2000 (staged from above them).
         third = await c.complete([*doc, *range(4000, 5500)], max_tokens=4, ignore_eos=True)
     assert first.result.usage.cached_tokens == 1536  # its own stages
-    on = next(w for w in workers if any(n == 2000 for n, _ in _sent(w)))
-    long_sent = [s for s in _sent(on) if s[0] >= 512]
+    on = next(w for w in workers if any(n == 2000 for n, _ in sent_lengths(w)))
+    long_sent = [s for s in sent_lengths(on) if s[0] >= 512]
     assert long_sent[:4] == [(512, 0), (1024, 0), (1536, 0), (2000, 4)]
     # The second prompt went whole, to the worker holding the document.
     assert long_sent[4] == (2300, 4)
@@ -151,5 +145,5 @@ async def test_cold_only_stages_a_document_once_then_sends_it_whole_where_it_is_
     assert long_sent[5:] == [(2048, 0), (2560, 0), (3072, 0), (3500, 4)]
     assert third.result.usage.cached_tokens == 3072
     other = next(w for w in workers if w is not on)
-    assert all(n < 512 for n, _ in _sent(other))
+    assert all(n < 512 for n, _ in sent_lengths(other))
     await assert_no_sglang_leaks(app, *workers)

@@ -26,3 +26,20 @@ def test_the_hold_reaches_the_pools_placement() -> None:
 def test_a_hold_without_the_length_of_a_long_prompt_stops_the_start() -> None:
     with pytest.raises(SystemExit, match="set FAIRGATE_SGLANG_STAGGER_PREFILL_TOKENS"):
         build_sglang_http(Settings(sglang_urls=URLS, sglang_cold_start_hold_s=2.0), StagedPrefill())
+
+
+def test_one_url_is_a_pool_of_one_that_holds_and_retries_itself() -> None:
+    settings = Settings(
+        sglang_urls="http://127.0.0.1:1",
+        sglang_stagger_prefill_tokens=1024,
+        sglang_cold_start_hold_s=2.5,
+        sglang_retries=3,
+    )
+    pool = build_sglang_http(settings, StagedPrefill())
+    assert len(pool.workers) == 1 and pool.kind == "sglang-http"
+    assert pool.placement.stagger.hold_max_s == 2.5
+    # Nowhere to move a failed request: the worker's adapter retries it.
+    assert pool.workers[0].engine.config.retries == 3
+    two = build_sglang_http(settings.replace(sglang_urls=URLS), StagedPrefill())
+    assert two.kind == "sglang-http-pool"
+    assert [w.engine.config.retries for w in two.workers] == [0, 0]
