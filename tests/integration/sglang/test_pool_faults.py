@@ -70,7 +70,11 @@ async def test_a_worker_that_garbles_its_streams_is_ejected(
     start_server: StartServer, sim_process: SimProcess
 ) -> None:
     good = await sim_process()
-    bad = await sim_process("--fault-garble-after-chunks", "3")
+    # Every stream garbled from its first event: a short reply that fits in the
+    # first chunks would otherwise succeed there now and then (the stand-in merges
+    # tokens when its reader lags), resetting the breaker's count of failures in a
+    # row, and the ejection would come late.
+    bad = await sim_process("--fault-garble-after-chunks", "0")
     app = await start_server(
         engine="sglang-http",
         sglang_urls=f"{good},{bad}",
