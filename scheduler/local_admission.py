@@ -107,9 +107,7 @@ class _QueueRound:
     def _wanted(self, req: QueuedRequest) -> LocalEntry | None:
         """Its entry, or None after dropping it: its caller was cancelled and has
         not run its cleanup yet."""
-        entry = self.s.door.entry_of(req)
-        if entry is None:
-            raise AssertionError(f"policy returned unknown request {req.request_id}")
+        entry = self._known(req)
         if entry.waiter.wanted():
             return entry
         self.s.door.drop(entry, RequestState.CANCELLED)
@@ -118,6 +116,9 @@ class _QueueRound:
     def _entry(self, req: QueuedRequest) -> LocalEntry:
         if self.entry is not None and self.entry.req is req:
             return self.entry
+        return self._known(req)
+
+    def _known(self, req: QueuedRequest) -> LocalEntry:
         entry = self.s.door.entry_of(req)
         if entry is None:
             raise AssertionError(f"policy returned unknown request {req.request_id}")
