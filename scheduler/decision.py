@@ -74,13 +74,24 @@ class Round(Protocol[C]):
         """How many requests `c`'s tenant has queued, `c` included (light or heavy)."""
         ...
 
-    def within(self, c: C) -> list[C]:
-        """Locality: `c`, then the other tenants' heads whose order key is at most
-        `window_end` of `c`'s, in fair order; `[c]` without locality."""
+    @property
+    def allowance(self) -> float:
+        """How far (weighted tokens, `rules.order_key`) behind the fair head a head
+        may be and still go first for locality (`window_end`), and behind the
+        first tenant elsewhere and still go here (`rules.behind`)."""
+        ...
+
+    def order_key(self, c: C) -> float:
+        """The order key of `c`'s tenant (`rules.order_key`: its rank's first part)."""
+        ...
+
+    def heads_upto(self, c: C, end: float) -> list[C]:
+        """Locality: the other tenants' heads (not `c`'s) whose order key is at
+        most `end`, in fair order (`in_fair_order`)."""
         ...
 
     def cached(self, c: C) -> int:
-        """Prompt tokens of `c` a worker with room holds (asked after `within`)."""
+        """Prompt tokens of `c` a worker with room holds (asked after `heads_upto`)."""
         ...
 
     def own_wait_s(self, c: C) -> float:
@@ -91,8 +102,9 @@ class Round(Protocol[C]):
         """Its tenant's part of the engine (`tenant_load`)."""
         ...
 
-    def behind(self, c: C) -> bool:
-        """Is a tenant backlogged on another replica first (`rules.behind`)?"""
+    def first_elsewhere(self, c: C) -> float | None:
+        """With replicas: the smallest order key among the other tenants backlogged
+        and eligible on another replica (None: none; `rules.behind`)."""
         ...
 
     def hold(self, c: C, wait_s: float) -> None:
@@ -117,17 +129,38 @@ def window_end(first_key: float, allowance: float) -> float:
     return first_key + allowance
 
 
+def in_fair_order(ranked: Iterable[tuple[tuple[float, ...], C]], upto: float) -> list[C]:
+    """The items whose order key (their rank's first part: `rules.vtc_rank`) is
+    at most `upto`, in fair order (smallest rank first): the locality window
+    over a round's heads, whatever keeps them (a policy's heaps, a step's offer)."""
+    within = [x for x in ranked if x[0][0] <= upto]
+    within.sort(key=_rank_of)
+    return [c for _, c in within]
+
+
+def _rank_of(x: tuple[tuple[float, ...], object]) -> tuple[float, ...]:
+    return x[0]
+
+
 def prefer(r: Round[C], c: C) -> C:
     """Locality within the fair order: among the fair head `c` and the heads in
-    its window (`Round.within`), the one whose prefix a worker with room holds
-    most of (`rules.locality_pick`) — never past a light tenant's head
-    (`rules.locality_may_pass`)."""
+    its window (`window_end`, `Round.heads_upto`), the one whose prefix a worker
+    with room holds most of (`rules.locality_pick`) — never past a light
+    tenant's head (`rules.locality_may_pass`)."""
     if not r.local or not rules.locality_may_pass(r.queued(c)):
         return c
-    within = r.within(c)
-    if len(within) < 2:
+    others = r.heads_upto(c, window_end(r.order_key(c), r.allowance))
+    if not others:
         return c
+    within = [c, *others]
     return within[rules.locality_pick([r.cached(h) for h in within])]
+
+
+def behind(r: Round[C], c: C) -> bool:
+    """Is a tenant backlogged on another replica first, by more than the
+    allowance (`rules.behind`: that replica's turn)?"""
+    first = r.first_elsewhere(c)
+    return first is not None and rules.behind(r.order_key(c), first, r.allowance)
 
 
 def judge(
@@ -141,7 +174,7 @@ def judge(
     load = None
     if rules.needs_load(reserve_fraction, *room, isolation):
         load = r.load(c)
-    v = rules.verdict(own_wait_s, *room, reserve_fraction, load, isolation, r.behind(c))
+    v = rules.verdict(own_wait_s, *room, reserve_fraction, load, isolation, behind(r, c))
     return v, own_wait_s
 
 

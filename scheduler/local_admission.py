@@ -91,13 +91,19 @@ class _QueueRound:
     def queued(self, c: QueuedRequest) -> int:
         return self.s.reserve.queued(c.tenant_id)
 
-    def within(self, c: QueuedRequest) -> list[QueuedRequest]:
+    @property
+    def allowance(self) -> float:
+        return self.s.allowance
+
+    def order_key(self, c: QueuedRequest) -> float:
+        return self.s.policy.order_key(c.tenant_id)
+
+    def heads_upto(self, c: QueuedRequest, end: float) -> list[QueuedRequest]:
         s = self.s
         if s.locality is None:
-            return [c]
-        end = decision.window_end(s.policy.order_key(c.tenant_id), s.allowance)
-        heads = [c, *(h for h in s.policy.heads_upto(end) if h is not c and self._wanted(h))]
-        for h in heads[1:]:  # the head's is set (`head`)
+            return []
+        heads = [h for h in s.policy.heads_upto(end) if h is not c and self._wanted(h)]
+        for h in heads:  # the head's is set (`head`)
             h.cached_estimate = s.locality(h)
         return heads
 
@@ -130,8 +136,8 @@ class _QueueRound:
     def load(self, c: QueuedRequest) -> rules.TenantLoad:
         return self.s.reserve.load(c.tenant_id, self.s.budget.limits)
 
-    def behind(self, c: QueuedRequest) -> bool:
-        return False  # one process: every backlogged tenant is in these queues
+    def first_elsewhere(self, c: QueuedRequest) -> float | None:
+        return None  # one process: every backlogged tenant is in these queues
 
     def hold(self, c: QueuedRequest, wait_s: float) -> None:
         self.s.pause(c.tenant_id, wait_s)

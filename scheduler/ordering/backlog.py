@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scheduler import rules
+from scheduler.decision import in_fair_order
 from scheduler.ordering.keyed_heap import KeyedHeap
 from scheduler.ordering.tenant_queue import TenantQueue
 from scheduler.request import QueuedRequest
@@ -92,14 +93,13 @@ class Backlog:
 
     def heads_upto(self, key: float) -> list[QueuedRequest]:
         """The heads of the eligible tenants whose order key (their rank's first
-        part) is at most `key`, in rank order."""
-        ranked = sorted(self._eligible.up_to(key) + self._light.up_to(key))
-        heads = []
-        for _, t in ranked:
+        part) is at most `key`, in rank order (`decision.in_fair_order`)."""
+        heads: list[tuple[Rank, QueuedRequest]] = []
+        for rank, t in self._eligible.up_to(key) + self._light.up_to(key):
             head = self._queues[t].head()
             assert head is not None  # eligible: it has a head
-            heads.append(head)
-        return heads
+            heads.append((rank, head))
+        return in_fair_order(heads, key)
 
     def rank_of(self, tenant_id: str) -> Rank | None:
         """An eligible tenant's rank (None: not eligible)."""

@@ -403,27 +403,26 @@ class _StoreRound:
     def local(self) -> bool:
         return not math.isinf(self.step.allowance)
 
+    @property
+    def allowance(self) -> float:
+        return self.step.allowance
+
     def queued(self, c: Candidate) -> int:
         return c.queued
 
-    def within(self, c: Candidate) -> list[Candidate]:
-        """The other tenants' next candidates in the window of `c` (not one admitted
-        by an earlier try: that one counts when it is the head), in fair order."""
-        step, cands = self.step, self.step.candidates
-        if math.isinf(step.allowance):
-            return [c]
-        credit = step.light_credit
-        end = decision.window_end(
-            rules.order_key(self.out.counters[c.tenant_id], c.queued, credit), step.allowance
-        )
-        others = [
-            t
+    def order_key(self, c: Candidate) -> float:
+        return self._rank(c.tenant_id)[0]
+
+    def heads_upto(self, c: Candidate, end: float) -> list[Candidate]:
+        """The other tenants' next candidates (not one admitted by an earlier try:
+        that one counts when it is the head)."""
+        cands, leases = self.step.candidates, self.s.leases
+        ranked = [
+            (self._rank(t), cands[q[0]])
             for t, q in self.pending.items()
-            if t != c.tenant_id
-            and cands[q[0]].lease_id not in self.s.leases
-            and rules.order_key(self.out.counters[t], cands[q[0]].queued, credit) <= end
+            if t != c.tenant_id and cands[q[0]].lease_id not in leases
         ]
-        return [c, *(cands[self.pending[t][0]] for t in sorted(others, key=self._rank))]
+        return decision.in_fair_order(ranked, end)
 
     def cached(self, c: Candidate) -> int:
         return c.cached
@@ -458,15 +457,14 @@ class _StoreRound:
     def load(self, c: Candidate) -> rules.TenantLoad:
         return self.s._reserve_load(self.step, c.tenant_id, self.now_s)
 
-    def behind(self, c: Candidate) -> bool:
-        step = self.step
-        if math.isinf(step.allowance):
-            return False
+    def first_elsewhere(self, c: Candidate) -> float | None:
+        if math.isinf(self.step.allowance):
+            return None
         if self.elsewhere is None:  # the backlog does not change during a round
             self.elsewhere = self.s._elsewhere(self.replica_id)
         # Their counters may: a tenant backlogged here too is charged as admitted.
-        credit, counters = step.light_credit, self.s.vtc.values
-        first = min(
+        credit, counters = self.step.light_credit, self.s.vtc.values
+        return min(
             (
                 rules.order_key(counters.get(t, 0.0), q, credit)
                 for t, q in self.elsewhere.items()
@@ -474,8 +472,6 @@ class _StoreRound:
             ),
             default=None,
         )
-        key = rules.order_key(self.out.counters[c.tenant_id], c.queued, credit)
-        return rules.behind(key, first, step.allowance)
 
     def hold(self, c: Candidate, wait_s: float) -> None:
         self.out.blocked[self.index[id(c)]] = wait_s
