@@ -11,7 +11,7 @@ fail-open fallback and the differential twin of the Redis STEP script) keeps
 the same classes for the fleet it models. The Lua script keeps them in Redis
 hashes, held to these by the store differential.
 
-No rule here: each update is the one in `rules.py` (lift, floor, charges,
+No rule here: each update is the one in `scheduler.rules` (lift, floor, charges,
 activity window).
 """
 

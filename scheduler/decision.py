@@ -1,6 +1,6 @@
 """The admission decision, composed once.
 
-`rules.py` states each rule as a pure function; this module is the one place
+`scheduler.rules` states each rule as a pure function; this module is the one place
 that combines them into a decision: which queued request enters the engine
 now. Both the single-process dispatcher (`Dispatcher`, over its policy's
 queues) and the shared path's stores (`MemoryStore`, over the candidates a
@@ -9,7 +9,7 @@ replica offers) run `admit_round`; they differ only in where the state lives
 this composition, held to it by the differential test
 (tests/unit/scheduler/test_store_differential.py).
 
-One round, in the order the VTC guarantee needs (see rules.py):
+One round, in the order the VTC guarantee needs (see scheduler/rules):
 - the head of the tenant first in fair order (`Round.head`), or, with
   locality, the head within its window whose prefix a worker holds
   (`prefer`, `window_end`) when that one may go now (else the fair head is

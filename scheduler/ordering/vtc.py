@@ -4,7 +4,7 @@ From "Fairness in Serving Large Language Models" (Sheng et al., OSDI 2024):
 each tenant has a counter of the service it received, in weighted tokens
 divided by its weight. Admitting a request charges w_in * prompt_tokens /
 weight; every streamed output token charges w_out / weight (the charges and
-the lift are stated in `rules.py`). The next request always comes from the
+the lift are stated in `scheduler.rules`). The next request always comes from the
 eligible backlogged tenant with the smallest counter — less `light_credit`
 for a light tenant (`rules.order_key`: at most `LIGHT_QUEUE` queued; its own
 last request must not make it wait behind tenants that have been queued all

@@ -27,7 +27,7 @@ for k = 1, nc do
   counters[c.tenant] = counters[c.tenant] or counter(c.tenant)
   cands[k] = c
 end
--- the fair-share reserve (rules.py: in_reserve, below_share; memory_store.py)
+-- the fair-share reserve (rules.in_reserve, below_share; store_round.py)
 local function in_reserve(n_now, kv_now, c)
   local reserve_req = math.ceil(max_req * reserve_fraction)
   local reserve_kv = max_kv * reserve_fraction
@@ -40,7 +40,7 @@ local function fits_lent(n_now, kv_now, c)
   return n_now + 1 <= max_req + lent_req and kv_now + c.kv <= max_kv + lent_kv
 end
 -- each backlogged tenant's queue length summed over the replicas it is backlogged
--- on (held ones count theirs; unknown: heavy) (memory_store.py: _fleet_queued)
+-- on (held ones count theirs; unknown: heavy) (store_round.py: _fleet_queued)
 local function fleet_queued(members)
   local q = {}
   for _, m in ipairs(members) do
@@ -52,7 +52,7 @@ local function fleet_queued(members)
 end
 -- the tenants active anywhere (backlogged on a replica, in flight, offered now, or
 -- seen within the window), which of them are queued, and their weights' sum in
--- name order (memory_store.py: _reserve_load)
+-- name order (store_round.py: StoreRound.load)
 local active = nil
 local function get_active()
   if active then return active end
@@ -102,7 +102,7 @@ local function held_out(c)
   end
   return false
 end
--- each tenant's candidates in its queue's order (memory_store.py: _decide)
+-- each tenant's candidates in its queue's order (store_round.py: decide)
 local pend, names = {}, {}
 for _, c in ipairs(cands) do
   if not pend[c.tenant] then pend[c.tenant] = {}; table.insert(names, c.tenant) end
@@ -111,7 +111,7 @@ end
 local admitted, full, blocked, held, lent, turn = {}, 0, {}, {}, {}, 0
 -- rules.behind: the smallest order_key among the other tenants backlogged and
 -- eligible (length >= 0, or unknown) on another replica, their lengths summed over
--- the replicas (unknown: heavy) (memory_store.py: _elsewhere); read once (the
+-- the replicas (unknown: heavy) (store_round.py: _elsewhere); read once (the
 -- backlog does not change during the decision; counters may: read at each use)
 local elsewhere = nil
 local function first_elsewhere(tenant)
@@ -209,7 +209,7 @@ local function decide(c, trial)
   counters[c.tenant] = after
   redis.call('HSET', LA, c.tenant, redis.call('INCR', ADM))
   open(c.id, c.tenant, c.kv)
-  -- one fewer queued here, exactly (memory_store.py: _admit); the reserve's view
+  -- one fewer queued here, exactly (store_round.py: StoreRound.admit); the reserve's view
   -- is read again
   local m = replica .. '\0' .. c.tenant
   if redis.call('ZSCORE', BL, m) then
@@ -249,7 +249,7 @@ while going do
     if c.gone then
       k = k + 1
     else
-      -- locality (decision.prefer, window_end; memory_store.py: within), while a slot
+      -- locality (decision.prefer, window_end; store_round.py: heads_upto), while a slot
       -- is free: the other heads within the allowance of c, in fair order, not one
       -- admitted by an earlier try; the one a worker holds most of goes first
       -- when it may (decision.py), else c is decided
