@@ -157,7 +157,7 @@ def ledger_tenants(
             charged_tokens=u.charged_tokens,
             rejected_total=u.rejected_total,
             rejections=dict(u.rejections),
-            finished_total=u.settled_total,
+            finished_total=u.finished_total,
             paused=tid in paused,
         )
     for tid in include:

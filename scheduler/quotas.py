@@ -46,7 +46,39 @@ class Reservation:
 
 
 @dataclass(slots=True)
-class TenantUsage:
+class UsageTotals:
+    """A tenant's totals on this replica: refusals at arrival by limit, requests
+    that ended, what the buckets were charged net of refunds (ignores the burst
+    cap). The ledger keeps them with its live counts (`TenantUsage`); the shared
+    path's `TenantTally` (shared/stats.py) keeps them alone."""
+
+    rejected_total: int = 0
+    rejections: dict[str, int] = field(default_factory=dict)
+    finished_total: int = 0
+    charged_requests: float = 0.0
+    charged_tokens: float = 0.0
+
+    def refused(self, limit: str) -> None:
+        self.rejected_total += 1
+        self.rejections[limit] = self.rejections.get(limit, 0) + 1
+
+    def charged(self, requests: float, tokens: float) -> None:
+        """Taken from the buckets (negative: refunded)."""
+        self.charged_requests += requests
+        self.charged_tokens += tokens
+
+    def copy(self) -> UsageTotals:
+        return UsageTotals(
+            self.rejected_total,
+            dict(self.rejections),
+            self.finished_total,
+            self.charged_requests,
+            self.charged_tokens,
+        )
+
+
+@dataclass(slots=True, kw_only=True)
+class TenantUsage(UsageTotals):
     """Live counts and totals of one tenant (read them, don't write them); what it
     has in flight is the ledger's `in_flight` (the budget's, not kept twice)."""
 
@@ -55,12 +87,6 @@ class TenantUsage:
     token_bucket: TokenBucket | None = None
     queued: int = 0
     open_reservations: int = 0
-    rejected_total: int = 0
-    settled_total: int = 0
-    # What the buckets were charged net of refunds (ignores the burst cap).
-    charged_requests: float = 0.0
-    charged_tokens: float = 0.0
-    rejections: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,8 +286,7 @@ class QuotaLedger:
             if res.mode == "reject":
                 self._reserve_or_reject(usage, res)
         except (QuotaExceeded, RequestTooLarge) as exc:
-            usage.rejected_total += 1
-            usage.rejections[exc.limit] = usage.rejections.get(exc.limit, 0) + 1
+            usage.refused(exc.limit)
             raise
         usage.queued += 1
         usage.open_reservations += 1
@@ -283,8 +308,7 @@ class QuotaLedger:
         if usage.token_bucket is not None:
             usage.token_bucket.take(res.tokens)
             res.tokens_taken = float(res.tokens)
-        usage.charged_requests += res.requests_taken
-        usage.charged_tokens += res.tokens_taken
+        usage.charged(res.requests_taken, res.tokens_taken)
 
     def _reserve_or_reject(self, usage: TenantUsage, res: Reservation) -> None:
         limit, wait_s = self._bucket_waits(usage, res)
@@ -324,7 +348,7 @@ class QuotaLedger:
         res.settled = True
         usage = self._usage[res.tenant_id]
         usage.open_reservations -= 1
-        usage.settled_total += 1
+        usage.finished_total += 1
         if not res.started:
             usage.queued -= 1
         requests, tokens = refund(
@@ -335,6 +359,5 @@ class QuotaLedger:
             usage.request_bucket.refund(requests)
         if usage.token_bucket is not None and tokens:
             usage.token_bucket.refund(tokens)
-        usage.charged_requests -= requests
-        usage.charged_tokens -= tokens
+        usage.charged(-requests, -tokens)
         return True

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from scheduler.admission_port import GateTotals
@@ -24,7 +23,7 @@ from scheduler.budget import AdmissionBudget
 from scheduler.clock import Clock
 from scheduler.errors import QuotaExceeded, RequestTooLarge, StoreUnavailable
 from scheduler.gate_stats import BucketStats, GateStats, TenantStats, stored_buckets
-from scheduler.quotas import BucketLimits
+from scheduler.quotas import BucketLimits, UsageTotals
 from scheduler.shared import fleet_usage
 from scheduler.shared.fleet_usage import ReplicaUsage
 from scheduler.shared.local import Entry, LocalQueues
@@ -34,41 +33,29 @@ from scheduler.tenancy.tenants import TenantRegistry
 Refusal = TypeVar("Refusal", bound=QuotaExceeded | RequestTooLarge)
 
 
-@dataclass(slots=True)
-class _Totals:
-    rejected_total: int = 0
-    rejections: dict[str, int] = field(default_factory=dict)
-    finished_total: int = 0
-    charged_requests: float = 0.0
-    charged_tokens: float = 0.0
-
-
 class TenantTally:
     """Per-tenant totals of requests that ended (or were refused) on this replica; the
     single-replica `Dispatcher` keeps the same totals in its `QuotaLedger`."""
 
     def __init__(self) -> None:
-        self._by_tenant: dict[str, _Totals] = {}
+        self._by_tenant: dict[str, UsageTotals] = {}
 
-    def _of(self, tenant_id: str) -> _Totals:
+    def _of(self, tenant_id: str) -> UsageTotals:
         t = self._by_tenant.get(tenant_id)
         if t is None:
-            t = self._by_tenant[tenant_id] = _Totals()
+            t = self._by_tenant[tenant_id] = UsageTotals()
         return t
 
     def refused(self, exc: Refusal) -> Refusal:
         """Count a refusal at arrival; returns `exc` for `raise tally.refused(...)`."""
-        t = self._of(exc.tenant_id)
-        t.rejected_total += 1
-        t.rejections[exc.limit] = t.rejections.get(exc.limit, 0) + 1
+        self._of(exc.tenant_id).refused(exc.limit)
         return exc
 
     def ended(self, tenant_id: str, charged_requests: float, charged_tokens: float) -> None:
         """A request ended; what it kept of the buckets (net of its refund)."""
         t = self._of(tenant_id)
         t.finished_total += 1
-        t.charged_requests += charged_requests
-        t.charged_tokens += charged_tokens
+        t.charged(charged_requests, charged_tokens)
 
     def tenants(self) -> list[str]:
         return list(self._by_tenant)
@@ -76,16 +63,10 @@ class TenantTally:
     def forget(self, tenant_id: str) -> None:
         self._by_tenant.pop(tenant_id, None)
 
-    def get(self, tenant_id: str) -> _Totals:
+    def get(self, tenant_id: str) -> UsageTotals:
         """A copy of the tenant's totals (zeros if it has none)."""
-        t = self._by_tenant.get(tenant_id) or _Totals()
-        return _Totals(
-            t.rejected_total,
-            dict(t.rejections),
-            t.finished_total,
-            t.charged_requests,
-            t.charged_tokens,
-        )
+        t = self._by_tenant.get(tenant_id)
+        return UsageTotals() if t is None else t.copy()
 
 
 class SharedStats:
