@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from scheduler import rules
 from scheduler.clock import Clock, MonotonicClock
 from scheduler.ordering.fcfs import FcfsPolicy
 from scheduler.ordering.policy import QueuePolicy
@@ -26,8 +27,8 @@ class PolicyOptions:
     tenants: TenantRegistry | None = None
     # Or a live weight lookup (wins over `tenants`): follows reconfiguration.
     weight_of: Callable[[str], float] | None = None
-    vtc_w_in: float = 1.0
-    vtc_w_out: float = 2.0
+    vtc_w_in: float = rules.W_IN
+    vtc_w_out: float = rules.W_OUT
     vtc_w_cached: float | None = None
     batch_every_n: int | None = DEFAULT_BATCH_EVERY_N
     # VTC: how far ahead a light tenant is ordered (`rules.order_key`).

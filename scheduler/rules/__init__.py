@@ -36,6 +36,8 @@ from scheduler.rules.buckets import (
 from scheduler.rules.expiry import deadline_binds, queue_expired, queue_expiry_s
 from scheduler.rules.fairness import (
     LIGHT_QUEUE,
+    W_IN,
+    W_OUT,
     Rank,
     admission_charge,
     cached_shortfall,
@@ -68,6 +70,8 @@ __all__ = [
     "COST_TIERS_TOKENS",
     "EPSILON",
     "LIGHT_QUEUE",
+    "W_IN",
+    "W_OUT",
     "AdmissionLimits",
     "Isolation",
     "Rank",

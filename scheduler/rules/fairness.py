@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+# The charges' default weights, the VTC paper's: a prompt token costs 1, an
+# output token 2 (stated once for the policy, the shared options and the step).
+W_IN = 1.0
+W_OUT = 2.0
+
 
 def lifted(counter: float, floor: float) -> float:
     """A tenant that becomes backlogged starts no lower than `floor` (idling earns

@@ -32,8 +32,8 @@ class SharedOptions:
     # Fleet order (rules.behind): how far (weighted tokens) a candidate may be
     # behind a tenant backlogged on another replica and still be admitted here.
     allowance: float = 4096.0
-    w_in: float = 1.0
-    w_out: float = 2.0
+    w_in: float = rules.W_IN
+    w_out: float = rules.W_OUT
     # A cached prompt token's cost (None: as a computed one: w_in).
     w_cached: float | None = None
     # The engine pool's prefix index: how much of a request's prompt a worker

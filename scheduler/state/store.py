@@ -94,9 +94,10 @@ class Settlement:
 @dataclass(slots=True)
 class Step:
     limits: AdmissionLimits
-    w_in: float = 1.0
-    # A cached prompt token's cost (rules.admission_charge).
-    w_cached: float = 1.0
+    w_in: float = rules.W_IN
+    # A cached prompt token's cost (rules.admission_charge; rules.cached_weight:
+    # as a computed one unless set).
+    w_cached: float = rules.W_IN
     # Fair-share reserve (see reserve.py): the last `reserve_fraction` of the
     # room goes only to tenants below their weighted share of it.
     reserve_fraction: float = 0.0
