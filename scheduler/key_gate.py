@@ -274,7 +274,7 @@ class MemoryKeyState:
         if e.open:
             return
         for b in (e.requests, e.tokens):
-            if b is not None and b.level() < b.burst:
+            if b is not None and not b.full:
                 return
         del self._keys[key_id]
 

@@ -251,7 +251,7 @@ class QuotaLedger:
         if not self.idle(tenant_id):
             return False
         for b in (u.request_bucket, u.token_bucket):
-            if b is not None and b.level() < b.burst:
+            if b is not None and not b.full:
                 return False
         del self._usage[tenant_id]
         return True

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from scheduler.clock import Clock
-from scheduler.rules import bucket_added, bucket_level, bucket_wait_s
+from scheduler.rules import bucket_added, bucket_level, bucket_wait_s, refill_s
 
 
 @dataclass(slots=True)
@@ -65,6 +65,11 @@ class TokenBucket:
     def wait_s(self, n: float) -> float:
         """Seconds until `n` could be taken (0.0 now; inf if n exceeds the burst)."""
         return bucket_wait_s(self.level(), n, self.rate_per_s, self.burst)
+
+    @property
+    def full(self) -> bool:
+        """Full again (`rules.refill_s`): forgetting it would change nothing."""
+        return refill_s(self.level(), self.rate_per_s, self.burst) == 0.0
 
     def try_take(self, n: float) -> float:
         """Take `n` and return 0.0, or take nothing and return the wait in seconds."""

@@ -50,7 +50,7 @@ class RateLimitPolicy(FcfsPolicy):
 
     def forget(self, tenant_id: str) -> bool:
         bucket = self._buckets.get(tenant_id)
-        if bucket is not None and bucket.level() < bucket.burst:
+        if bucket is not None and not bucket.full:
             return False  # forgetting a drained bucket would refill it
         if not super().forget(tenant_id):
             return False

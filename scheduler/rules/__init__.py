@@ -31,6 +31,7 @@ from scheduler.rules.buckets import (
     bucket_level,
     bucket_wait_s,
     own_limit_wait_s,
+    refill_s,
     refund,
 )
 from scheduler.rules.expiry import deadline_binds, queue_expired, queue_expiry_s
@@ -106,6 +107,7 @@ __all__ = [
     "own_limit_wait_s",
     "queue_expired",
     "queue_expiry_s",
+    "refill_s",
     "refund",
     "served_floor",
     "still_active",

@@ -31,6 +31,13 @@ def bucket_wait_s(level: float, n: float, rate: float, burst: float) -> float:
     return missing / rate
 
 
+def refill_s(level: float, rate: float, burst: float) -> float:
+    """Seconds until a bucket at `level` is full again (0.0: full). A full bucket
+    reads as an absent one, so an idle tenant's or key's may be forgotten then,
+    and not before: forgetting a drained bucket would refill it."""
+    return bucket_wait_s(level, burst, rate, burst)
+
+
 def bucket_added(level: float, n: float, burst: float) -> float:
     """A bucket's level after adding `n` (negative: taking, debt allowed): never
     above the burst."""

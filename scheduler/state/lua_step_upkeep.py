@@ -85,7 +85,7 @@ for _ = 1, num(nxt()) do
   local tenant, delta = nxt(), nxt()
   redis.call('HINCRBYFLOAT', VTC, tenant, delta)
 end
--- forgotten tenants (Step.forget; memory_store.py: _forget), if idle fleet-wide
+-- forgotten tenants (Step.forget; MemoryStore._forget, StoredBuckets.forget), if idle
 local nf = num(nxt())
 if nf > 0 then
   local busy = {}
@@ -101,7 +101,7 @@ if nf > 0 then
       redis.call('HDEL', LA, tenant)
       redis.call('ZREM', RC, tenant)
       -- full buckets (or no longer limited ones) go now, the others once full:
-      -- the wait for a whole burst
+      -- the wait for a whole burst (rules.refill_s)
       local h = P .. ':b:' .. tenant
       local ms = 0
       for _, l in ipairs(lims) do

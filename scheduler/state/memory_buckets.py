@@ -76,9 +76,7 @@ class StoredBuckets:
                 continue
             left_s = 0.0
             if rate is not None and burst is not None:
-                left_s = bucket_wait_s(
-                    self.level(tenant, kind, rate, burst, now_s), burst, rate, burst
-                )
+                left_s = rules.refill_s(self.level(tenant, kind, rate, burst, now_s), rate, burst)
             if left_s > 0:
                 b.expires_s = now_s + left_s
             else:
