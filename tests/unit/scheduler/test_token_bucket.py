@@ -5,7 +5,9 @@ import math
 import pytest
 
 from scheduler.clock import FakeClock
-from scheduler.rules import bucket_added, bucket_level
+from scheduler.quotas import BucketLimits
+from scheduler.rules import bucket_added, bucket_level, refill_s
+from scheduler.state.memory_buckets import StoredBuckets
 from scheduler.token_bucket import TokenBucket
 
 
@@ -88,3 +90,21 @@ def test_a_read_writes_nothing_and_levels_round_as_the_store_does() -> None:
     assert b.level() == stored
     clock.advance(1000)
     assert b.level() == 10.0
+
+
+def test_full_is_judged_as_the_stores_judge_it() -> None:
+    # When a bucket may be forgotten (rules.refill_s): the ledger, the key gate
+    # and the rate-limit baseline ask `full`, the stores the same wait for a
+    # whole burst, so a level within the wait's slack of the burst is full in both.
+    clock = FakeClock()
+    b = TokenBucket(rate_per_s=1.0, burst=1000.0, clock=clock, level=1000.0 - 1e-9)
+    assert b.full
+    stored = StoredBuckets()
+    stored.seed({("t", "t"): b.level()}, clock.now_s())
+    stored.forget("t", BucketLimits(tokens_per_s=1.0, tokens_burst=1000.0), clock.now_s())
+    assert not stored.levels  # full: gone now
+    b.take(1.0)
+    assert not b.full
+    assert refill_s(b.level(), b.rate_per_s, b.burst) == pytest.approx(1.0)
+    clock.advance(1.0)
+    assert b.full
