@@ -256,7 +256,7 @@ async def test_keys_401_and_tenant_refusals_403(start_server: StartServer, tmp_p
         assert prio.value.code == "priority_not_allowed"
         ok = await oai.completions.create(model=model, prompt="hi", max_tokens=1)
     assert ok.usage is not None and ok.usage.completion_tokens == 1
-    assert usage_of(app, "interactive-only").settled_total == 1
+    assert usage_of(app, "interactive-only").finished_total == 1
     # No key at all, now that keys exist: 401 before anything else.
     assert app.http is not None
     async with aiohttp.ClientSession() as s, s.get(f"{app.http.url}/models") as r:
@@ -269,7 +269,7 @@ def _settled_after_cancel(usage: TenantUsage, prompt_tokens: int, max_tokens: in
     only the tokens produced charged (the rest of max_tokens refunded); nothing
     in flight (`assert_no_leaks`)."""
     assert usage.open_reservations == 0 and usage.queued == 0
-    assert usage.settled_total == 1
+    assert usage.finished_total == 1
     produced = usage.charged_tokens - prompt_tokens
     assert 1 <= produced < max_tokens
 
