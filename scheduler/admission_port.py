@@ -140,6 +140,11 @@ class Door(Protocol[E]):
         once `arm` runs."""
         ...
 
+    def decide_at(self, when_s: float) -> None:
+        """Call `AdmissionState.decide` at `when_s` (something that holds the round
+        lapses then, with no event to say so), once `arm` runs."""
+        ...
+
     def arm(self) -> None:
         """Keep a timer armed for the earliest wake-up (after a decision)."""
         ...

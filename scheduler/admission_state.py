@@ -151,6 +151,11 @@ class ActiveWindow:
         ]:
             del self._until[t]
 
+    def next_end_s(self, now_s: float) -> float | None:
+        """When the next tenant still active at `now_s` stops being so (None: none)."""
+        ends = [u for u in self._until.values() if rules.still_active(u, now_s)]
+        return min(ends) if ends else None
+
     def active(self, now_s: float) -> list[str]:
         """The tenants still active at `now_s`."""
         if self._until:

@@ -10,7 +10,8 @@ shared by replicas through a `Store` (`shared/admission.py`, a pump).
 
 It is event-driven: every arrival, finish, charge, wake-up or capacity change
 asks the state to decide. Wake-ups (a queued request's expiry, a paused
-tenant's resume) share one armed timer.
+tenant's resume, a decision the state asks for at a time with no event, such
+as the fair-share reserve's activity window ending) share one armed timer.
 
 Two front doors: `admit` (async, for the service) and `submit` / `cancel`
 (callbacks, for discrete-event drivers that never sleep; in memory only when
@@ -52,8 +53,9 @@ __all__ = ["AdmissionWaiter", "Dispatcher"]
 
 S = TypeVar("S", bound=AdmissionState[Any])
 
-# A wake-up: resume a paused tenant (str) or expire a queued request (an entry).
-_Wakeup = tuple[float, int, str | AdmissionEntry]
+# A wake-up: resume a paused tenant (str), expire a queued request (an entry), or
+# decide again (None: `decide_at`).
+_Wakeup = tuple[float, int, str | AdmissionEntry | None]
 
 
 class Dispatcher(Generic[E, S]):
@@ -81,6 +83,7 @@ class Dispatcher(Generic[E, S]):
         self._wakeup_seq = itertools.count()
         self._armed: TimerHandle | None = None
         self._armed_s = math.inf
+        self._decide_at_s = math.inf  # the live `decide_at` wake-up
         self.admitted_total = 0
         self.expired_total = 0
         self.lent_total = 0
@@ -207,6 +210,12 @@ class Dispatcher(Generic[E, S]):
     def wake_at(self, when_s: float, tenant_id: str) -> None:
         self._schedule(when_s, tenant_id)
 
+    def decide_at(self, when_s: float) -> None:
+        # Only the earliest is kept: the decision it runs asks again if still held.
+        if when_s < self._decide_at_s:
+            self._decide_at_s = when_s
+            self._schedule(when_s, None)
+
     # -- in flight ----------------------------------------------------------
     def on_cached_tokens(self, req: QueuedRequest, reported: int) -> None:
         entry = self._entries.get(id(req))
@@ -249,7 +258,7 @@ class Dispatcher(Generic[E, S]):
         self.state.decide()
 
     # -- wake-ups -----------------------------------------------------------
-    def _schedule(self, when_s: float, what: str | AdmissionEntry) -> None:
+    def _schedule(self, when_s: float, what: str | AdmissionEntry | None) -> None:
         heapq.heappush(self._wakeups, (when_s, next(self._wakeup_seq), what))
         # Admitted requests leave stale expiry wake-ups behind; drop them before
         # they outnumber the live ones (long max_queue_wait_s, high rates).
@@ -257,7 +266,9 @@ class Dispatcher(Generic[E, S]):
             self._wakeups = [w for w in self._wakeups if self._is_live(w[0], w[2])]
             heapq.heapify(self._wakeups)
 
-    def _is_live(self, when_s: float, what: str | AdmissionEntry) -> bool:
+    def _is_live(self, when_s: float, what: str | AdmissionEntry | None) -> bool:
+        if what is None:
+            return self._decide_at_s == when_s
         if isinstance(what, str):
             return self.state.paused_until.get(what) == when_s
         return what.queued
@@ -285,7 +296,9 @@ class Dispatcher(Generic[E, S]):
             when_s, _, what = heapq.heappop(heap)
             if not self._is_live(when_s, what):
                 continue
-            if isinstance(what, str):
+            if what is None:
+                self._decide_at_s = math.inf  # the decision below
+            elif isinstance(what, str):
                 self.state.resume(what)
             else:
                 self._expire(self._entries[id(what.req)], now_s)

@@ -8,7 +8,9 @@ wait-mode buckets before each admission, settled exactly once), the
 construction, it never leaves room idle while the policy's next eligible
 request fits. A tenant whose head may not start yet is paused in the policy
 (it keeps its place) and resumed by a wake-up of the front door at the time
-its buckets allow, or by its next finish when it is at max_concurrent.
+its buckets allow, or by its next finish when it is at max_concurrent. A
+round held for the fair-share reserve runs again when the activity window
+that held it ends (`Door.decide_at`): no event says so, and nothing polls.
 
 The front door and every request's bookkeeping are `Dispatcher`'s
 (scheduler/dispatcher.py); `local_dispatcher` builds one over this state.
@@ -259,10 +261,17 @@ class LocalAdmission:
             # A waiter callback re-entered; the outer loop sees the new state.
             return
         self._pumping = True
+        holds = self.reserve_holds_total
         try:
             decision.admit_round(self._round, self.reserve.fraction, self.isolation)
         finally:
             self._pumping = False
+        if self.reserve_holds_total != holds:
+            # Held for a tenant that may be active only by the reserve's window: the
+            # round must run again when that ends, with no event to say so.
+            end_s = self.reserve.seen.next_end_s(self.clock.now_s())
+            if end_s is not None:
+                self.door.decide_at(end_s)
         self.door.arm()
 
     def round(self) -> decision.Round[QueuedRequest]:

@@ -184,7 +184,7 @@ class SharedAdmission:
 
     def set_tenants(self, tenants: TenantRegistry) -> None:
         self.quotas.tenants = tenants
-        self._local.paused_until.clear()
+        self._local.resume_all()
 
     # -- what the failover controller and the pump see (ReplicaView, Offers) ---------
     @property

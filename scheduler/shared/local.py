@@ -120,6 +120,10 @@ class LocalQueues:
         # Tenants whose queue here emptied while paused for their own limits: a
         # request of theirs while still paused rejoins the backlog without a lift.
         self.held_back: set[str] = set()
+        # Tenants held at max_concurrent: held (not idle, no floor for lifts) until
+        # one of their requests ends here or is admitted, though re-offered every
+        # poll (a finish on another replica frees them unseen).
+        self.at_cap: set[str] = set()
         self._len = 0
 
     def push(self, req: QueuedRequest) -> None:
@@ -137,6 +141,7 @@ class LocalQueues:
             return False
         if admitted and q.head() is req:
             q.pop()
+            self.at_cap.discard(req.tenant_id)
         elif not q.remove(req):
             return False
         self._len -= 1
@@ -177,10 +182,17 @@ class LocalQueues:
         assert tenant_id not in self._queues, tenant_id
         self.mirror.pop(tenant_id, None)
         self.held_back.discard(tenant_id)
+        self.at_cap.discard(tenant_id)
         self.paused_until.pop(tenant_id, None)
 
-    def pause(self, tenant_id: str, until_s: float) -> None:
+    def pause(self, tenant_id: str, until_s: float, at_cap: bool = False) -> None:
         self.paused_until[tenant_id] = until_s
+        if at_cap:
+            self.at_cap.add(tenant_id)
+
+    def held(self, tenant_id: str) -> bool:
+        """Held by its own limits: paused, or at max_concurrent (see `at_cap`)."""
+        return tenant_id in self.paused_until or tenant_id in self.at_cap
 
     def resume_due(self, now_s: float) -> None:
         for t in [t for t, until in self.paused_until.items() if until <= now_s]:
@@ -188,6 +200,11 @@ class LocalQueues:
 
     def resume(self, tenant_id: str) -> None:
         self.paused_until.pop(tenant_id, None)
+        self.at_cap.discard(tenant_id)
+
+    def resume_all(self) -> None:
+        self.paused_until.clear()
+        self.at_cap.clear()
 
     def next_resume_s(self) -> float:
         return min(self.paused_until.values(), default=math.inf)

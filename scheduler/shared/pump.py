@@ -248,9 +248,8 @@ class Pump:
         rejoin = (local.held_back & backlogged) - self._announced
         step.announce = sorted(backlogged - self._announced - rejoin)
         step.withdraw = sorted(self._announced - backlogged)
-        local.held_back = {
-            t for t in local.held_back | set(step.withdraw) if t in local.paused_until
-        } - rejoin
+        withdrawn = local.held_back | set(step.withdraw)
+        local.held_back = {t for t in withdrawn if local.held(t)} - rejoin
         if now_s >= self._next_heartbeat_s:
             step.backlogged = sorted((self._announced & backlogged) | rejoin)
             step.renew = self._entries.leases()
@@ -261,7 +260,7 @@ class Pump:
         )
         for t in members:
             n = min(local.queued(t), rules.LIGHT_QUEUE + 1)
-            n = n if t in eligible else -n
+            n = n if t in eligible and t not in local.at_cap else -n
             if self._sent_queued.get(t) != n:
                 step.queued[t] = n
         named = {*step.announce, *(step.backlogged or ()), *(x.tenant_id for x in step.renew or ())}
@@ -387,8 +386,10 @@ class Pump:
 
     def _pause_blocked(self, step: Step, out: StepOutcome, now_s: float) -> None:
         for i, wait_s in out.blocked.items():
-            until = now_s + (self._options.poll_s if math.isinf(wait_s) else wait_s)
-            self._local.pause(step.candidates[i].tenant_id, until)
+            # At max_concurrent (inf): offered again every poll, still held meanwhile.
+            at_cap = math.isinf(wait_s)
+            until = now_s + (self._options.poll_s if at_cap else wait_s)
+            self._local.pause(step.candidates[i].tenant_id, until, at_cap)
 
     # -- while the store is down -------------------------------------------------------
     async def _probe(self) -> None:

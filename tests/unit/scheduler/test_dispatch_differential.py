@@ -15,263 +15,78 @@ fair-share reserve, the light tenants' credit and locality — goes to both;
 after every event both must have admitted the same requests (in the same
 order), refused the same ones, and hold the same counters.
 
-Time stands still (a fake clock, timers fired by hand), so nothing here
-depends on how fast the machine is: each event is followed by letting the
-event loop run until both sides have nothing left to do. Not yet in these
-traces: time moving on (queue expiries, the reserve's activity window
-ending). With it the two states still differ where the shared one polls
-(`poll_s`) and the memory one waits for an event: see
-`test_shared_state_differential.py` for expiries across memory and Redis."""
+Time is a fake clock and every timer is fired by hand (`ManualTimers`), so
+nothing here depends on how fast the machine is: each event is followed by
+letting the event loop run until both sides have nothing left to do. The
+second test moves the clock on too ("advance" events): within and past the
+shared state's poll, past queue deadlines (max_queue_wait_s), past the
+fair-share reserve's activity window, with buckets that refill within a
+trace; every timer due on the way fires in time order (an expiry, a paused
+tenant's resume, the memory state's wake-up at a window's end, the pump's
+polls and heartbeats). Both must still agree after every event, expiries
+included. The helpers: dispatch_traces.py."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.clock import FakeClock
-from scheduler.errors import QuotaExceeded, SchedulingError
-from scheduler.local_admission import LocalAdmission, LocalDispatcher, local_dispatcher
-from scheduler.ordering.vtc import VtcPolicy
-from scheduler.request import Priority, QueuedRequest
-from scheduler.rules import LIGHT_QUEUE
-from scheduler.shared.admission import (
-    SharedDispatcher,
-    SharedOptions,
-    shared_dispatcher,
-)
-from scheduler.state.memory_store import MemoryStore
-from scheduler.tenancy.tenants import OverQuotaMode, TenantConfig, TenantQuotas, TenantRegistry
+from scheduler.errors import QueueTimeout, QuotaExceeded, SchedulingError
 from scheduler.timers import ManualTimers
+from tests.unit.scheduler.dispatch_traces import (
+    STATES,
+    TENANTS,
+    Side,
+    Trace,
+    advance,
+    apply_event,
+    build,
+    cached_of,
+    counters,
+    quiesce,
+    traces,
+)
 
-Gate = LocalDispatcher | SharedDispatcher
-TENANTS = ["a", "b", "c", "d"]
-# Shapes (prompt, max_tokens): chat, long prompt / short output, short prompt / long output.
-SHAPES = [(60, 40), (900, 20), (30, 600), (200, 200)]
+__all__ = ["TENANTS", "Side", "Trace", "apply_event", "cached_of", "traces"]
 
-
-@dataclass
-class Trace:
-    limits: AdmissionLimits
-    reserve_fraction: float
-    light_credit: float
-    tenants: list[TenantConfig]
-    # Locality (an engine pool's prefix index, here a fixed function of the
-    # request) within the allowance, and the cached tokens' cost.
-    local: bool = False
-    allowance: float = 4096.0
-    w_cached: float = 1.0
-    events: list[tuple[str, int, int]] = field(default_factory=list)
-
-
-@st.composite
-def traces(
-    draw: st.DrawFn,
-    modes: Sequence[OverQuotaMode] = ("wait",),
-    max_waits_s: Sequence[float | None] = (None,),
-    extra_kinds: Sequence[str] = (),
-    max_events: int = 40,
-) -> Trace:
-    """`modes`, `max_waits_s`: the tenants' over-quota modes and max_queue_wait_s
-    to draw from; `extra_kinds`: more kinds of events (the caller applies them)."""
-    limits = AdmissionLimits(draw(st.integers(2, 6)), draw(st.sampled_from([800, 1500, 3000])))
-    tenants = []
-    for t in TENANTS:
-        # Buckets refilling too slowly to matter within a trace: a tenant that runs
-        # dry stays held by its own limits (wait) or is refused at arrival (reject).
-        bucket = draw(st.booleans()) and draw(st.booleans())
-        quotas = TenantQuotas(
-            max_concurrent=draw(st.sampled_from([None, None, 1, 2])),
-            tokens_per_min=1.0 if bucket else None,
-            tokens_burst=draw(st.sampled_from([2000.0, 4000.0])) if bucket else None,
-            max_queue_wait_s=draw(st.sampled_from(max_waits_s)),
-        )
-        weight = draw(st.sampled_from([1.0, 1.0, 2.0, 4.0]))
-        mode = draw(st.sampled_from(modes))
-        tenants.append(TenantConfig(t, weight=weight, quotas=quotas, over_quota=mode))
-    trace = Trace(
-        limits,
-        draw(st.sampled_from([0.0, 0.25, 0.5])),
-        draw(st.sampled_from([0.0, 300.0])),
-        tenants,
-        draw(st.booleans()),
-        draw(st.sampled_from([0.0, 300.0, 4096.0])),
-        draw(st.sampled_from([1.0, 0.1])),
-    )
-    kinds = ["arrive", "arrive", "arrive", "burst", "charge", "finish", "finish", "cancel"]
-    kinds += ["cached", *extra_kinds]
-    for _ in range(draw(st.integers(5, max_events))):
-        kind = draw(st.sampled_from(kinds))
-        trace.events.append((kind, draw(st.integers(0, 1000)), draw(st.integers(0, 1000))))
-    return trace
-
-
-class Side:
-    """One dispatcher and the requests sent to it, in the order it admitted them."""
-
-    def __init__(self, gate: Gate) -> None:
-        self.gate = gate
-        self.tasks: dict[str, asyncio.Task[None]] = {}
-        self.reqs: dict[str, QueuedRequest] = {}
-        # In the order decided: each dispatcher books an admitted request into its
-        # budget as it starts it (the callers' tasks may resume in another order).
-        self.admitted: list[str] = []
-        self.ended: set[str] = set()
-        book = gate.budget.reserve
-
-        def reserve(req: QueuedRequest) -> None:
-            self.admitted.append(req.request_id)
-            book(req)
-
-        gate.budget.reserve = reserve  # type: ignore[method-assign]
-
-    def send(self, rid: str, tenant: str, prompt: int, max_tokens: int, batch: bool) -> None:
-        priority = Priority.BATCH if batch else Priority.INTERACTIVE
-        req = QueuedRequest(rid, tenant, prompt, max_tokens, priority)
-        self.reqs[rid] = req
-
-        self.tasks[rid] = asyncio.create_task(self.gate.admit(req))
-
-    def running(self) -> list[str]:
-        return [rid for rid in self.admitted if rid not in self.ended]
-
-    def queued(self) -> list[str]:
-        return [rid for rid, t in self.tasks.items() if not t.done()]
-
-    def failed(self, kind: type[SchedulingError]) -> set[str]:
-        return {
-            rid
-            for rid, t in self.tasks.items()
-            if t.done() and not t.cancelled() and isinstance(t.exception(), kind)
-        }
-
-
-async def quiesce() -> None:
-    # No I/O on either side (a memory store; timers fired by hand): the loop runs
-    # every ready callback in order, so a bounded number of turns drains it.
-    for _ in range(30):
-        await asyncio.sleep(0)
-
-
-def counters(side: Side) -> dict[str, float]:
-    state = side.gate.state
-    if isinstance(state, LocalAdmission):
-        policy = state.policy
-        assert isinstance(policy, VtcPolicy)
-        return {t: policy.counter(t) for t in TENANTS}
-    store = state.store
-    assert isinstance(store, MemoryStore)
-    return {t: store.counters.get(t, 0.0) for t in TENANTS}
-
-
-def cached_of(req: QueuedRequest) -> int:
-    """What a worker with room holds of the request's prompt (a fixed guess)."""
-    return int(req.request_id.split(".")[0]) * 37 % (req.prompt_tokens + 1)
-
-
-async def apply_event(
-    sides: Sequence[Side], n: int, kind: str, x: int, y: int, settle: Callable[[], Awaitable[None]]
-) -> None:
-    """Event `n` of a trace, the same on every side (`x`, `y`: its random draws):
-    an arrival or a burst (each request settled before the next: requests sent
-    in one tick reach a `Dispatcher` one by one but the shared path in one step,
-    a different interleaving, both fair, not a different rule), an output
-    charge, a cached-token report, a finish or a cancel while queued."""
-    base = sides[0]
-    tenant = TENANTS[x % len(TENANTS)]
-    if kind in ("arrive", "burst"):
-        for k in range(1 if kind == "arrive" else LIGHT_QUEUE + 2):
-            prompt, max_tokens = SHAPES[(y + k) % len(SHAPES)]
-            for side in sides:
-                side.send(f"{n}.{k}", tenant, prompt, max_tokens, batch=y % 3 == 0)
-            await settle()
-    elif kind == "charge" and base.running():
-        rid = base.running()[x % len(base.running())]
-        for side in sides:
-            side.gate.on_output_tokens(side.reqs[rid], 1 + y % 50)
-    elif kind == "cached" and base.running():
-        rid = base.running()[x % len(base.running())]
-        for side in sides:
-            req = side.reqs[rid]
-            side.gate.on_cached_tokens(req, y % (req.prompt_tokens + 1))
-    elif kind == "finish" and base.running():
-        rid = base.running()[x % len(base.running())]
-        for side in sides:
-            side.ended.add(rid)
-            side.gate.finish(side.reqs[rid])
-    elif kind == "cancel" and base.queued():
-        rid = base.queued()[x % len(base.queued())]
-        for side in sides:
-            side.tasks[rid].cancel()
-    await settle()
-
-
-STATES = ["memory", "shared"]
-
-
-def build(state: str, trace: Trace, clock: FakeClock, timers: ManualTimers) -> Gate:
-    """The one `Dispatcher` over the named admission state: in memory (the
-    policy's heaps, a synchronous round) or shared (a pump over a MemoryStore)."""
-    registry = TenantRegistry(trace.tenants)
-    locality = cached_of if trace.local else None
-    if state == "memory":
-        policy = VtcPolicy(
-            registry.weight_of,
-            w_in=1.0,
-            w_out=2.0,
-            w_cached=trace.w_cached,
-            light_credit=trace.light_credit,
-        )
-        return local_dispatcher(
-            policy,
-            AdmissionBudget(trace.limits),
-            clock,
-            tenants=registry,
-            timers=timers,
-            reserve_fraction=trace.reserve_fraction,
-            locality=locality,
-            allowance=trace.allowance,
-        )
-    options = SharedOptions(
-        replica_id="r1",
-        reserve_fraction=trace.reserve_fraction,
-        light_credit=trace.light_credit,
-        w_in=1.0,
-        w_out=2.0,
-        w_cached=trace.w_cached,
-        locality=locality,
-        allowance=trace.allowance,
-        flush_s=0.0,
-    )
-    store = MemoryStore(clock)
-    return shared_dispatcher(store, trace.limits, clock, options, tenants=registry, timers=timers)
+MAX_WAIT_S = 3.0
+WINDOW_S = 4.0
+# How far an "advance" event moves the clock: within and past the shared
+# state's poll, past a queue deadline (MAX_WAIT_S), past the reserve's
+# activity window (WINDOW_S), past a lease's TTL (heartbeats renew it).
+ADVANCES_S = [0.1, 0.3, 1.5, MAX_WAIT_S + 0.5, WINDOW_S + 0.5, 12.0]
 
 
 async def run_trace(trace: Trace) -> Counter[str]:
     """Run `trace` on the dispatcher over each state; what became of its requests."""
     clock = FakeClock(100.0)
-    sides = [Side(build(s, trace, clock, ManualTimers(clock))) for s in STATES]
+    timers = [ManualTimers(clock) for _ in STATES]
+    sides = [Side(build(s, trace, clock, t)) for s, t in zip(STATES, timers, strict=True)]
     for side in sides:
         await side.gate.start()
     try:
         for n, (kind, x, y) in enumerate(trace.events):
+            if kind == "advance":
+                await advance(clock, timers, ADVANCES_S[y % len(ADVANCES_S)], quiesce)
             await apply_event(sides, n, kind, x, y, quiesce)
             base, other = sides
             assert other.admitted == base.admitted, f"after event {n} {kind}"
-            assert other.failed(QuotaExceeded) == base.failed(QuotaExceeded), (n, kind)
+            for error in (QuotaExceeded, QueueTimeout):
+                assert other.failed(error) == base.failed(error), (n, kind, error)
             single, fleet = counters(base), counters(other)
             for t in TENANTS:
                 assert math.isclose(single[t], fleet[t], rel_tol=1e-9, abs_tol=1e-6), (n, t)
         return Counter(
             admitted=len(sides[0].admitted),
             refused=len(sides[0].failed(QuotaExceeded)),
+            expired=len(sides[0].failed(QueueTimeout)),
+            advanced=sum(kind == "advance" for kind, _, _ in trace.events),
         )
     finally:
         for side in sides:
@@ -299,3 +114,39 @@ def test_the_one_dispatcher_decides_alike_over_both_states() -> None:
     check()
     # Not a vacuous comparison: the traces admitted and refused requests.
     assert seen["admitted"] and seen["refused"], seen
+
+
+def timed_traces() -> st.SearchStrategy[Trace]:
+    """Traces where the clock moves on: queue deadlines, buckets that refill within
+    a trace, the reserve's activity window ending."""
+
+    def windowed(trace: Trace) -> Trace:
+        trace.reserve_window_s = WINDOW_S
+        return trace
+
+    return traces(
+        ("wait", "wait", "reject"),
+        (None, MAX_WAIT_S),
+        ("advance", "advance", "advance"),
+        40,
+        (1.0, 600.0),
+    ).map(windowed)
+
+
+def test_the_one_dispatcher_decides_alike_over_both_states_as_time_moves() -> None:
+    @settings(
+        max_examples=500,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(timed_traces())
+    def check(trace: Trace) -> None:
+        try:
+            seen.update(asyncio.run(run_trace(trace)))
+        except SchedulingError as exc:
+            pytest.fail(f"unexpected error: {exc}")
+
+    seen: Counter[str] = Counter()
+    check()
+    assert seen["admitted"] and seen["refused"] and seen["expired"], seen
