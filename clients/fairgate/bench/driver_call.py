@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from scheduler.errors import SchedulingError
 from scheduler.request import Priority, QueuedRequest
-from service.engines.placement import Placed
+from service.engines.placed import Placed
 from service.engines.protocol import EngineRequest
 from service.engines.simulator.core import SimRequest
 from service.engines.staged_prefill import Staging

@@ -143,7 +143,7 @@ async def in_process_floor(args: argparse.Namespace, url: str, mode: str) -> flo
     or the adapter."""
     from service.engines.protocol import EngineRequest, SamplingOptions
     from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
-    from service.engines.sse_client import SsePool
+    from service.engines.sse_pool import SsePool
 
     prompt = list(range(1, 17))
     engine = SglangHttpEngine(SglangHttpConfig(url))

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from fairgate.bench.driver_call import Call
 from scheduler.clock import FakeClock
 from scheduler.request import QueuedRequest
-from service.engines.placement import Placement, engine_request
+from service.engines.engine_request import engine_request
+from service.engines.placement import Placement
 from service.engines.protocol import EngineRequest, SamplingOptions
 from service.engines.routing import Routing
 from service.engines.simulator.core import Emission, SimConfig, SimCore, StepResult
@@ -22,7 +23,7 @@ from service.engines.stagger import Stagger
 
 @dataclass(slots=True, eq=False)
 class SimWorker:
-    """One simulated engine of the fleet, as the placement sees it (`placement.Target`)."""
+    """One simulated engine of the fleet, as the placement sees it (`placed.Target`)."""
 
     core: SimCore
     url: str
@@ -83,7 +84,7 @@ class SimFleet:
     i mod N); `share`: they hear each other at once (see `share`).
 
     `threshold` / `tiered`: the engine priorities fairgate sends
-    (`placement.engine_request`, as generation.py)."""
+    (`engine_request.py`, as generation.py)."""
 
     def __init__(
         self,
