@@ -37,7 +37,7 @@ import grpc
 import orjson
 
 from fairgate.bench.common import child_server
-from fairgate.bench.gateway import sim_workers
+from fairgate.bench.gateway_processes import sim_workers
 from fairgate.bench.procstat import proc_cpu_s
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc

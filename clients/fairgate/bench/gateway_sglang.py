@@ -30,14 +30,9 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from fairgate.bench.common import child_server, free_port
-from fairgate.bench.gateway import (
-    Target,
-    requests_for,
-    run_cell,
-    smg_gateway,
-    warm,
-)
+from fairgate.bench.gateway import Target, requests_for, run_cell, warm
 from fairgate.bench.gateway_clients import GrpcClient, OpenAiClient, SglangClient
+from fairgate.bench.gateway_processes import smg_gateway
 from fairgate.bench.gateway_report import Cell
 from fairgate.bench.gateway_sglang_report import REFERENCE, print_sglang_cpu
 from fairgate.bench.sglang_cpu import (
@@ -144,7 +139,8 @@ async def main(
     variant: dict[str, str],
     max_running: int = MAX_RUNNING,
 ) -> None:
-    from fairgate.bench.gateway import _uptime, find_smg
+    from fairgate.bench.gateway import _uptime
+    from fairgate.bench.gateway_processes import find_smg
 
     smg = None if smg_binary is None else find_smg(smg_binary)
     print(
