@@ -45,9 +45,9 @@ from service.engines.sglang_chunks import (
     RequestRefused,
     UpstreamError,
     find_key,
+    generate_args,
     merge_chunks,
     priority_options,
-    sampling_params,
 )
 from service.engines.sglang_server_info import capacity_from_server_info
 from service.engines.sglang_sse import superseded
@@ -244,21 +244,6 @@ class SglangHttpEngine:
         finally:
             self._rids.pop(req.request_id, None)
 
-    def _body(self, req: EngineRequest, rid: str) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "rid": rid,
-            "sampling_params": sampling_params(req),
-            "stream": True,
-        }
-        # Text when the client sent text: SGLang's tokenizer is the exact one.
-        if req.prompt_text is not None:
-            body["text"] = req.prompt_text
-        else:
-            body["input_ids"] = req.prompt_token_ids
-        if self.send_priority:
-            body["priority"] = req.priority
-        return body
-
     async def _stream_once(
         self, req: EngineRequest, decoder: ChunkDecoder, rid: str
     ) -> AsyncGenerator[EngineChunk, None]:
@@ -272,7 +257,9 @@ class SglangHttpEngine:
                 # The silence before the headers counts against the read timeout too.
                 async with asyncio.timeout(self.config.read_timeout_s):
                     conn = await self.streams.post(
-                        "/generate", orjson.dumps(self._body(req, rid)), headers
+                        "/generate",
+                        orjson.dumps(generate_args(req, rid, self.send_priority, "text")),
+                        headers,
                     )
             except TimeoutError as exc:
                 silence = f"no data for {self.config.read_timeout_s:g} s"
