@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
-from fairgate.bench.common import free_port, server_child, source_checkout
+from fairgate.bench.common import free_port, rotated, server_child, source_checkout
 from fairgate.bench.gateway_clients import (
     Caller,
     GrpcClient,
@@ -218,8 +218,7 @@ async def run_mode(
                 # Real time: the engine sets the pace, so no token budget (c=1 would crawl).
                 budget = budget_tokens if mode == "zero" else 0
                 n = requests_for(c, tokens, waves, budget)
-                k = rep % len(targets)
-                for target in targets[k:] + targets[:k]:
+                for target in rotated(targets, rep):
                     cells.append(await run_cell(target, c, n, tokens))
                 print(f"  {mode}: repetition {rep + 1}/{reps}, c={c} done", flush=True)
     return cells
@@ -246,8 +245,7 @@ async def capacity(
             await warm(targets, tokens)
             cells = []
             for rep in range(reps):
-                k = rep % len(targets)
-                for target in targets[k:] + targets[:k]:
+                for target in rotated(targets, rep):
                     cells.append(await run_cell(target, c, 2 * c, tokens))
         rows.append((n, cells))
         print(f"  capacity: {n} worker(s) done", flush=True)

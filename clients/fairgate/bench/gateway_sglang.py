@@ -29,7 +29,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
-from fairgate.bench.common import child_server, free_port
+from fairgate.bench.common import child_server, free_port, rotated
 from fairgate.bench.gateway import Target, requests_for, run_cell, warm
 from fairgate.bench.gateway_clients import GrpcClient, OpenAiClient, SglangClient
 from fairgate.bench.gateway_processes import smg_gateway
@@ -156,8 +156,7 @@ async def main(
         for rep in range(reps):
             for c in levels:
                 n = requests_for(c, tokens, waves, 0)
-                k = rep % len(ts)
-                for target in ts[k:] + ts[:k]:
+                for target in rotated(ts, rep):
                     cells.append(await run_cell(target, c, n, tokens))
                 print(f"  sglang-cpu: repetition {rep + 1}/{reps}, c={c} done", flush=True)
     print_sglang_cpu(tokens, reps, cells)
