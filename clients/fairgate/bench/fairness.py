@@ -45,6 +45,7 @@ from fairgate.bench.fairness_scenarios import (
     scenarios,
 )
 from fairgate.bench.fairness_virtual import replay as replay_virtual
+from fairgate.bench.generate_record import record_stream
 from fairgate.bench.redis_local import throwaway_redis
 from fairgate.bench.workload import distinct_prompt_ids
 from fairgate.v1 import inference_pb2 as pb
@@ -160,22 +161,7 @@ async def _replay(
             sampling=pb.SamplingParams(max_tokens=rec.max_tokens, ignore_eos=True),
         )
         call = stub.Generate(req, metadata=(("x-fairgate-tenant", rec.tenant),))
-        try:
-            async for msg in call:
-                t = now_s()
-                if msg.HasField("delta"):
-                    if rec.first_token_s is None:
-                        rec.first_token_s = t
-                    rec.token_times.append((t, len(msg.delta.token_ids)))
-                else:
-                    rec.done_s = t
-                    wait = msg.result.timings.queue_wait.ToNanoseconds() / 1e9 / time_scale
-                    rec.admitted_s = rec.sent_s + wait
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                rec.rejected = exc.code().name
-            elif exc.code() != grpc.StatusCode.CANCELLED:
-                rec.failed = exc.code().name
+        await record_stream(rec, call, now_s, time_scale)
 
     records: list[RequestRecord] = []
     tasks: list[asyncio.Task[None]] = []
