@@ -1,5 +1,5 @@
-"""One gRPC Generate stream recorded into a `RequestRecord` (bench fairness;
-bench fleet's gRPC sender records the same things)."""
+"""One gRPC Generate stream recorded into a `RequestRecord` (bench fairness's
+replay and bench fleet's gRPC sender)."""
 
 from __future__ import annotations
 
