@@ -37,7 +37,7 @@ from scheduler.request import QueuedRequest
 from scheduler.rules import Isolation
 from service.budget_check import BudgetCheck
 from service.drain import Drain, ServerDraining
-from service.engines.placement import engine_request
+from service.engines.engine_request import engine_request
 from service.engines.protocol import EngineError, FinishKind
 from service.key_limiter import KeyCheck
 from service.lifecycle import Lifecycle, ObserverFactory

@@ -63,6 +63,33 @@ class LifecycleObserver(Protocol):
         ...
 
 
+class QuietObserver:
+    """Every hook of `LifecycleObserver` (but `wants_text`) does nothing: an
+    observer that watches a few of them overrides only those."""
+
+    __slots__ = ()
+
+    def admitted(self, engine_req: EngineRequest, budget: AdmissionBudget) -> None:
+        pass
+
+    def first_token(self) -> None:
+        pass
+
+    def text(self, text: str) -> None:
+        pass
+
+    def engine_ended(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int, retractions: int
+    ) -> None:
+        pass
+
+    def settled(self, finish_reason: str, failure: Exception | None) -> None:
+        pass
+
+    def refused(self, reason: str) -> None:
+        pass
+
+
 # Called when a request is queued; None: nothing to observe for this one.
 ObserverFactory = Callable[
     ["QueuedRequest", "ServedModel", "str | None"], "LifecycleObserver | None"
@@ -136,30 +163,10 @@ class Lifecycle:
         self._tell(lambda o: o.refused(reason))
 
 
-class _NoLifecycle(Lifecycle):
+class _NoLifecycle(QuietObserver, Lifecycle):
     """No observer: every hook returns at once (shared by every such request)."""
 
     __slots__ = ()
-
-    def admitted(self, engine_req: EngineRequest, budget: AdmissionBudget) -> None:
-        pass
-
-    def first_token(self) -> None:
-        pass
-
-    def text(self, text: str) -> None:
-        pass
-
-    def engine_ended(
-        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int, retractions: int
-    ) -> None:
-        pass
-
-    def settled(self, finish_reason: str, failure: Exception | None) -> None:
-        pass
-
-    def refused(self, reason: str) -> None:
-        pass
 
 
 NO_LIFECYCLE: Lifecycle = _NoLifecycle("", [])

@@ -28,7 +28,7 @@ from service.models import ModelRegistry
 from service.ratelimit_headers import tenant_headers
 from service.settings import Settings
 from service.telemetry.telemetry import Telemetry
-from service.validation import validate_generate
+from service.validation import validate_count_tokens, validate_generate
 
 Context = grpc.aio.ServicerContext[pb.GenerateRequest, pb.GenerateResponse]
 
@@ -172,33 +172,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def CountTokens(
         self, request: pb.CountTokensRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.CountTokensResponse:
-        model = self.models.resolve(request.model)
-        if model is None:
-            await errors.abort(
-                context,
-                errors.InvalidRequest(
-                    [
-                        errors.FieldViolation(
-                            "model",
-                            f"unknown model {request.model!r}; available: "
-                            f"{', '.join(self.models.names())}",
-                        )
-                    ]
-                ),
-            )
-        if request.ByteSize() > self.settings.max_request_bytes:
-            await errors.abort(
-                context,
-                errors.InvalidRequest(
-                    [
-                        errors.FieldViolation(
-                            "text",
-                            f"request is {request.ByteSize()} bytes; the limit is "
-                            f"{self.settings.max_request_bytes} bytes",
-                        )
-                    ]
-                ),
-            )
+        try:
+            model = validate_count_tokens(request, self.models, self.settings.max_request_bytes)
+        except errors.ServiceError as exc:
+            await errors.abort(context, exc)
         ids = model.tokenizer.encode(request.text)
         resp = pb.CountTokensResponse(token_count=len(ids), exact=model.tokenizer.exact)
         if request.return_token_ids:

@@ -42,11 +42,10 @@ from scheduler.redis_io import UNAVAILABLE, text
 from scheduler.tasks import raise_if_cancelling
 from scheduler.tenancy.budgets import Window
 from service import period_usage
+from service.lifecycle import QuietObserver
 
 if TYPE_CHECKING:
-    from scheduler.budget import AdmissionBudget
     from scheduler.request import QueuedRequest
-    from service.engines.protocol import EngineRequest
     from service.models import ServedModel
 
 log = logging.getLogger(__name__)
@@ -96,7 +95,7 @@ class UsageLog(Protocol):
     async def aclose(self) -> None: ...
 
 
-class _Observer:
+class _Observer(QuietObserver):
     """One request's usage: taken when its engine stream ends, appended once the
     code that ended it has run (its result's finish reason, if it has one)."""
 
@@ -106,15 +105,6 @@ class _Observer:
         self._usage, self._req, self._model = usage, req, model
         self._counts = (0, 0, 0)
         self._finish = "incomplete"
-
-    def admitted(self, engine_req: EngineRequest, budget: AdmissionBudget) -> None:
-        pass
-
-    def first_token(self) -> None:
-        pass
-
-    def text(self, text: str) -> None:
-        pass
 
     def engine_ended(
         self, prompt_tokens: int, completion_tokens: int, cached_tokens: int, retractions: int

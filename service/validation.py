@@ -85,20 +85,37 @@ def _render_chat(msgs: pb.ChatMessages, model: ServedModel, c: _Checker) -> str 
         return None
 
 
+def _check_size(size: int, max_request_bytes: int) -> None:
+    # Checked first: a huge prompt is not worth tokenizing.
+    if size > max_request_bytes:
+        limit = f"request is {size} bytes; the limit is {max_request_bytes} bytes"
+        raise InvalidRequest([FieldViolation("text", limit)])
+
+
+def _served_model(models: ModelRegistry, name: str, c: _Checker) -> ServedModel:
+    """The model `name` names, or UnknownModel (with the violations found so far)."""
+    model = models.resolve(name)
+    if model is None:
+        c.fail("model", f"unknown model {name!r}; available: {', '.join(models.names())}")
+        raise UnknownModel(c.violations)
+    return model
+
+
+def validate_count_tokens(
+    req: pb.CountTokensRequest, models: ModelRegistry, max_request_bytes: int
+) -> ServedModel:
+    """CountTokens: the model to count with, checked as Generate checks it."""
+    _check_size(req.ByteSize(), max_request_bytes)
+    return _served_model(models, req.model, _Checker())
+
+
 def validate_generate(
     req: pb.GenerateRequest, models: ModelRegistry, max_request_bytes: int
 ) -> GenerateParams:
+    _check_size(req.ByteSize(), max_request_bytes)
     c = _Checker()
-    size = req.ByteSize()
-    if size > max_request_bytes:
-        # Checked first: a huge prompt is not worth tokenizing.
-        c.fail("text", f"request is {size} bytes; the limit is {max_request_bytes} bytes")
-        raise InvalidRequest(c.violations)
     check_request_id(req.request_id, c)
-    model = models.resolve(req.model)
-    if model is None:
-        c.fail("model", f"unknown model {req.model!r}; available: {', '.join(models.names())}")
-        raise UnknownModel(c.violations)
+    model = _served_model(models, req.model, c)
 
     prompt_text: str | None = None
     prompt_ids: list[int] = []

@@ -1,23 +1,16 @@
 """Placement across a pool's workers, without I/O: the one sequence both the
 live pool (`pool.py`, SGLang workers over HTTP) and the virtual fleet
-(`fairgate.bench.event_driver`, simulator cores on a fake clock) run, so the
+(`fairgate.bench.sim_fleet`, simulator cores on a fake clock) run, so the
 fleet's numbers describe the server's placement.
 
-It owns, per request: the worker (`place`: admission's locality choice when it
-still has room, else the rule `routing.route`), the priority the engine gets
-there (`engine_request` builds the request's priorities with
-`rules.engine_priority` / `rules.lent_slot_priority`; `place` lends a light
-request a full worker's slot), the worker's KV accounting (one way of counting:
-the prompt less the prefix the worker is thought to hold at placement, plus the
-output), and the lifecycle: `first_token` (the prefill routed there is done; the
-worker's reported `cached_tokens` corrects the prefix index), `finished`
-(SGLang caches the whole sequence), `released` (it left the worker). Per worker
-it keeps the prefix index (`prefix_index.py`), the prefill routed there that has
-not streamed yet (its own, and the other replicas' as they announce it:
-`prefill_pending`), and the replicas' share (`on_routed` / `learn`,
-`on_prefill` / `learn_prefill`; the requests and KV each replica has in flight on
-each worker, `on_load` / `learn_load`; `prefix_share.py`). The targets say how large
-and healthy they are; the placement never waits on them. The clock is injected.
+Per request: the worker (`place`), the priority the engine gets there (a light
+request may be lent a full worker's slot), the KV claim (the prompt less the
+prefix thought held there, plus the output) and its lifecycle (`first_token`
+corrects the prefix index with the reported `cached_tokens`, `finished`,
+`released`). Per worker: the prefix index, the prefill not streamed yet
+(`prefill_pending`, the other replicas' too) and what the replicas share
+(`on_*` out, `learn*` in; `prefix_share.py`). The clock is injected; the
+targets are never waited on.
 
 Admission's locality estimate (`cached_prefix`, `QueuedRequest.cached_estimate`)
 is the placement's own choice at that moment: the worker routing would pick for
@@ -29,18 +22,16 @@ full, counting each time it cannot (`LocalityStats`).
 from __future__ import annotations
 
 import itertools
-import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from scheduler import rules
-from scheduler.request import Priority, QueuedRequest
+from scheduler.request import QueuedRequest
 from service.engines.kv_view import CacheView
+from service.engines.placed import LocalityStats, Placed, Target
 from service.engines.prefix_index import PrefixIndex
-from service.engines.protocol import EngineRequest, SamplingOptions
+from service.engines.protocol import EngineRequest
 from service.engines.remote_load import RemoteLoads
-from service.engines.routing import Routing, WorkerView, fullness, route
+from service.engines.routing import Routing, WorkerView, affinity, fullness, route
 from service.engines.stagger import Stagger
 
 # How long another replica's prefill counts when its end never arrives (that
@@ -50,102 +41,6 @@ REMOTE_PREFILL_TTL_S = 30.0
 # Shorter prefills are not announced to the other replicas: they take a few
 # milliseconds of a step, not worth two stream entries per request.
 SHARED_PREFILL_MIN_TOKENS = 512
-
-
-class Target(Protocol):
-    """A worker as placement needs it."""
-
-    @property
-    def url(self) -> str: ...
-
-    @property
-    def healthy(self) -> bool: ...
-
-    def slots(self) -> int:
-        """Its running-request slots."""
-        ...
-
-    def kv_capacity(self) -> int:
-        """Its KV-cache tokens."""
-        ...
-
-    def penalty(self, now_s: float) -> int:
-        """Requests' worth of load it carries beyond those in flight (recent failures)."""
-        ...
-
-
-def engine_request(
-    queued: QueuedRequest,
-    request_id: str,
-    prompt_ids: list[int],
-    sampling: SamplingOptions,
-    threshold: int | None,
-    preempts: bool,
-    prompt_text: str | None = None,
-) -> EngineRequest:
-    """What goes to the engine for an admitted request: its priority there
-    (`threshold`: the engine's preemption threshold, None: it does not preempt;
-    `preempts`: Isolation.PREEMPT), the one a pool lends a full worker's slot
-    with, and admission's locality choice."""
-    batch = queued.priority is Priority.BATCH
-    tiers_of = queued.prompt_tokens if preempts else None
-    return EngineRequest(
-        request_id=request_id,
-        prompt_token_ids=prompt_ids,
-        prompt_text=prompt_text,
-        max_tokens=queued.max_tokens,
-        sampling=sampling,
-        priority=rules.engine_priority(batch, queued.light, threshold, queued.lent, tiers_of),
-        prefix_keys=queued.prefix_keys,
-        light=queued.light,
-        preempt_priority=rules.lent_slot_priority(
-            batch, queued.light, threshold if preempts else None, tiers_of
-        ),
-        cached_on=queued.cached_on if queued.cached_estimate > 0 else None,
-    )
-
-
-@dataclass(slots=True, eq=False)
-class Placed:
-    """One request on one worker, as the placement counted it there."""
-
-    worker: int
-    # The priority it goes to that worker with (`Placement.priority_on`).
-    priority: int
-    # Prompt tokens the worker is thought to hold, and its KV claim there.
-    matched: int
-    kv_tokens: int
-    # Its uncached prompt tokens not streamed yet (0 after the first token).
-    pending: int
-    keys: list[int] = field(default_factory=list)
-    released: bool = False
-    # Its prompt counts as held on the worker while it is being computed (`held`).
-    computing: bool = False
-    # Its prefill as announced to the other replicas (`Placement.on_prefill`); "": not.
-    prefill_id: str = ""
-
-
-@dataclass(slots=True)
-class LocalityStats:
-    """How admission's locality choice fared at placement."""
-
-    # Requests admission counted a cached prefix on a worker for.
-    hinted: int = 0
-    # Placed on that worker.
-    followed: int = 0
-    # Placed elsewhere: the worker was unhealthy (or already tried), or full.
-    unavailable: int = 0
-    full: int = 0
-    # Of the followed: the rule alone would have picked another worker.
-    overrode: int = 0
-    # Prompt tokens admission counted as cached that the worker used does not hold
-    # (per request at most its `cached_estimate`; charged back at the first token,
-    # `rules.cached_shortfall`).
-    missed_tokens: int = 0
-
-    @property
-    def mismatched(self) -> int:
-        return self.unavailable + self.full
 
 
 class Placement:
@@ -261,7 +156,10 @@ class Placement:
         views = self._views(candidates, req.prompt_tokens, req.max_tokens, keys)
         views = self._staggered(req, views)
         candidates = [i for i, _ in views]
-        preferred, slack = self._affinity(req.prompt_token_ids, candidates)
+        # Prefix affinity: within `affinity_slack` requests (in its slots) of the least full.
+        preferred = affinity(req.prompt_token_ids, len(candidates), self.prefix_affinity_tokens)
+        slots = self.targets[candidates[preferred]].slots() if preferred is not None else 1
+        slack = self.affinity_slack / max(1, slots) if preferred is not None else 0.0
         j = route(
             [v for _, v in views],
             req.prompt_tokens,
@@ -454,15 +352,6 @@ class Placement:
     def _all_pending(self) -> list[int]:
         """Every worker's `prefill_pending` (this replica's and the others')."""
         return [self.prefill_pending(i) for i in range(len(self.targets))]
-
-    def _affinity(self, prompt: Sequence[int], candidates: list[int]) -> tuple[int | None, float]:
-        """The worker the prompt's first tokens hash to, and how far from the least
-        full it may be: `affinity_slack` requests (in its slots); None: no affinity."""
-        n = self.prefix_affinity_tokens
-        if not n or len(prompt) < n:
-            return None, 0.0
-        j = zlib.crc32(repr(list(prompt[:n])).encode()) % len(candidates)
-        return j, self.affinity_slack / max(1, self.targets[candidates[j]].slots())
 
     def _routed(self, i: int, keys: list[int]) -> None:
         self.index.insert(i, keys)

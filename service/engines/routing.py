@@ -28,6 +28,7 @@ Ties go to the least full worker, then to the first.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -98,3 +99,11 @@ def route(
         return (w.pending_prefill + uncached + balance * w.load, w.load, i)
 
     return min(room, key=cost)
+
+
+def affinity(prompt: Sequence[int], candidates: int, tokens: int) -> int | None:
+    """Prefix affinity (`tokens` > 0): which of `candidates` workers the prompt's
+    first `tokens` tokens hash to (`route`'s `preferred`); None: none."""
+    if not tokens or len(prompt) < tokens:
+        return None
+    return zlib.crc32(repr(list(prompt[:tokens])).encode()) % candidates

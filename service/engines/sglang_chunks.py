@@ -190,6 +190,24 @@ def sampling_params(req: EngineRequest) -> dict[str, Any]:
     return params
 
 
+def generate_args(
+    req: EngineRequest, rid: str, send_priority: bool, text_key: str
+) -> dict[str, Any]:
+    """What SGLang's generate gets for one attempt of `req` (the HTTP `/generate`
+    body, `Engine.async_generate`'s keywords): streamed, under `rid`; the prompt
+    as the client sent it (text: SGLang's tokenizer is the exact one; named
+    `text_key`, "text" over HTTP, "prompt" in process); a priority only where
+    the server schedules by it (`priority_options`)."""
+    args: dict[str, Any] = {"rid": rid, "sampling_params": sampling_params(req), "stream": True}
+    if req.prompt_text is not None:
+        args[text_key] = req.prompt_text
+    else:
+        args["input_ids"] = req.prompt_token_ids
+    if send_priority:
+        args["priority"] = req.priority
+    return args
+
+
 # The vocabulary assumed when a server (or an in-process engine) does not say.
 DEFAULT_VOCAB_SIZE = 32000
 

@@ -41,17 +41,18 @@ from service.engines.protocol import (
 )
 from service.engines.read_watchdog import ReadTimeout, ReadWatchdog
 from service.engines.sglang_chunks import (
-    DEFAULT_VOCAB_SIZE,
     ChunkDecoder,
     RequestRefused,
     UpstreamError,
     find_key,
+    generate_args,
     merge_chunks,
     priority_options,
-    sampling_params,
 )
+from service.engines.sglang_server_info import capacity_from_server_info
 from service.engines.sglang_sse import superseded
-from service.engines.sse_client import SseConnection, SsePool, StreamLost
+from service.engines.sse_client import SseConnection, StreamLost
+from service.engines.sse_pool import SsePool
 from service.engines.staged_prefill import StagedPrefill, StageLane, StagingStats, staged
 
 log = logging.getLogger(__name__)
@@ -243,21 +244,6 @@ class SglangHttpEngine:
         finally:
             self._rids.pop(req.request_id, None)
 
-    def _body(self, req: EngineRequest, rid: str) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "rid": rid,
-            "sampling_params": sampling_params(req),
-            "stream": True,
-        }
-        # Text when the client sent text: SGLang's tokenizer is the exact one.
-        if req.prompt_text is not None:
-            body["text"] = req.prompt_text
-        else:
-            body["input_ids"] = req.prompt_token_ids
-        if self.send_priority:
-            body["priority"] = req.priority
-        return body
-
     async def _stream_once(
         self, req: EngineRequest, decoder: ChunkDecoder, rid: str
     ) -> AsyncGenerator[EngineChunk, None]:
@@ -271,7 +257,9 @@ class SglangHttpEngine:
                 # The silence before the headers counts against the read timeout too.
                 async with asyncio.timeout(self.config.read_timeout_s):
                     conn = await self.streams.post(
-                        "/generate", orjson.dumps(self._body(req, rid)), headers
+                        "/generate",
+                        orjson.dumps(generate_args(req, rid, self.send_priority, "text")),
+                        headers,
                     )
             except TimeoutError as exc:
                 silence = f"no data for {self.config.read_timeout_s:g} s"
@@ -388,34 +376,3 @@ class SglangHttpEngine:
         if not isinstance(body, dict):
             raise UpstreamError(f"{self.url}{path}: expected a JSON object")
         return body
-
-
-def capacity_from_server_info(info: dict[str, Any], model_info: dict[str, Any]) -> EngineCapacity:
-    """Capacity from SGLang's /server_info (resolved server args + scheduler info)."""
-    kv = find_key(info, "max_total_num_tokens")
-    if not isinstance(kv, int) or kv <= 0:
-        raise UpstreamError("SGLang /server_info has no max_total_num_tokens")
-    running = 0
-    states = info.get("internal_states")
-    if isinstance(states, list):
-        running = sum(
-            int(s.get("effective_max_running_requests_per_dp") or 0)
-            for s in states
-            if isinstance(s, dict)
-        )
-    if running <= 0:
-        configured = find_key(info, "max_running_requests")
-        running = configured if isinstance(configured, int) and configured > 0 else 256
-    # SGLang refuses a prompt of max_req_input_len tokens or more (an abort chunk
-    # with 400) and silently caps prompt + max_new_tokens at context_length - 2, so
-    # max_req_input_len (context_length - 6) is the window where both hold.
-    limits = [find_key(info, "context_length"), find_key(info, "max_req_input_len")]
-    known = [n for n in limits if isinstance(n, int) and n > 0]
-    context = min(known) if known else kv
-    vocab = model_info.get("vocab_size") or find_key(info, "vocab_size")
-    return EngineCapacity(
-        max_running_requests=running,
-        max_total_tokens=kv,
-        max_context_tokens=min(context, kv),
-        vocab_size=vocab if isinstance(vocab, int) and vocab > 0 else DEFAULT_VOCAB_SIZE,
-    )

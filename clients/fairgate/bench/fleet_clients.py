@@ -18,6 +18,7 @@ import aiohttp
 import grpc
 
 from fairgate.bench.fairness_metrics import RequestRecord
+from fairgate.bench.generate_record import record_stream
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
 
@@ -80,26 +81,8 @@ class GrpcSender:
             return_token_ids=True,
             sampling=pb.SamplingParams(max_tokens=rec.max_tokens, ignore_eos=True),
         )
-        out: list[int] = []
-        try:
-            async for msg in stub.Generate(req, metadata=(("x-fairgate-tenant", rec.tenant),)):
-                t = now_s()
-                if msg.HasField("delta"):
-                    if rec.first_token_s is None:
-                        rec.first_token_s = t
-                    rec.token_times.append((t, len(msg.delta.token_ids)))
-                    out.extend(msg.delta.token_ids)
-                else:
-                    rec.done_s = t
-                    wait_s = msg.result.timings.queue_wait.ToNanoseconds() / 1e9
-                    rec.admitted_s = rec.sent_s + wait_s / now_s.time_scale
-                    rec.cached_tokens = msg.result.usage.cached_tokens
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                rec.rejected = exc.code().name
-            elif exc.code() != grpc.StatusCode.CANCELLED:
-                rec.failed = exc.code().name
-        return out
+        call = stub.Generate(req, metadata=(("x-fairgate-tenant", rec.tenant),))
+        return await record_stream(rec, call, now_s, now_s.time_scale)
 
     async def aclose(self) -> None:
         for ch in self._channels:

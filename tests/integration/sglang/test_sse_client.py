@@ -20,7 +20,8 @@ import uvloop
 from service.engines.protocol import EngineChunk, EngineError, EngineRequest
 from service.engines.sglang_chunks import RequestRefused, UpstreamError
 from service.engines.sglang_http import SglangHttpConfig, SglangHttpEngine, WorkerDown
-from service.engines.sse_client import PAUSE_BYTES, SsePool
+from service.engines.sse_client import PAUSE_BYTES
+from service.engines.sse_pool import SsePool
 from tests.helpers import eventually
 
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fairgate.bench.common import source_checkout
+from fairgate.bench.common import rotated, source_checkout
 from fairgate.bench.gateway import Variant, parse_variant, requests_for
 from fairgate.bench.gateway_clients import Sample, _Gaps
 from fairgate.bench.gateway_report import (
@@ -204,3 +204,13 @@ def test_process_tree_readings_include_children() -> None:
         child.kill()
         child.wait()
     assert math.isnan(tree_cpu_s(child.pid))  # gone
+
+
+def test_each_repetition_starts_one_target_later() -> None:
+    order = [rotated(["direct", "fairgate", "smg"], rep) for rep in range(4)]
+    assert order == [
+        ["direct", "fairgate", "smg"],
+        ["fairgate", "smg", "direct"],
+        ["smg", "direct", "fairgate"],
+        ["direct", "fairgate", "smg"],
+    ]

@@ -10,7 +10,8 @@ import pytest
 
 from scheduler import rules
 from scheduler.request import Priority, QueuedRequest
-from service.engines.placement import Placement, engine_request
+from service.engines.engine_request import engine_request
+from service.engines.placement import Placement
 from service.engines.protocol import EngineRequest, SamplingOptions
 from service.engines.stagger import Stagger
 
