@@ -100,7 +100,7 @@ class KvEventsFollower:
             if seq != self.last_seq + 1:
                 await self._fill_gap(seq)
             if seq == self.last_seq + 1:
-                self._apply(seq, payload)
+                self.apply(seq, payload)
 
     async def _fill_gap(self, upto_seq: int) -> None:
         """Batches last_seq+1 .. upto_seq-1 were missed: replay them, or go stale."""
@@ -117,7 +117,7 @@ class KvEventsFollower:
                     if seq == _END_SEQ:
                         break
                     if seq == self.last_seq + 1:
-                        self._apply(seq, frames[3])
+                        self.apply(seq, frames[3])
             except TimeoutError:
                 log.warning("kv events replay from %s timed out", self.replay_endpoint)
             finally:
@@ -133,7 +133,9 @@ class KvEventsFollower:
             self.view.stale = True
             self.last_seq = upto_seq - 1
 
-    def _apply(self, seq: int, payload: bytes) -> None:
+    def apply(self, seq: int, payload: bytes) -> None:
+        """Batch `seq` (the next in order) into the view: what the socket delivers
+        live, and the virtual fleet straight from its simulated engines."""
         schema, view = self._schema, self.view
         for ev in schema.DECODER.decode(payload).events:
             if isinstance(ev, schema.BlockStored):

@@ -306,7 +306,8 @@ def bench_stagger(
     levers: Annotated[
         str,
         typer.Option(
-            help="comma-separated among none, stagger, staged, hold, all, staged-cold, all-cold"
+            help="comma-separated among none, stagger, staged, hold, all, staged-cold, "
+            "all-cold, kv, staged-cold+kv, all-cold+kv (kv: the exact cache view from KV events)"
         ),
     ] = "none,stagger,staged,hold,all,staged-cold,all-cold",
     min_tokens: Annotated[

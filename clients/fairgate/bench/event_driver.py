@@ -74,6 +74,7 @@ class Driver:
         staged_prefill: StagedPrefill | None = None,
         replicas: int = 1,
         share: bool = True,
+        kv_events: bool = False,
     ) -> None:
         self.clock = clock or FakeClock()
         self.timers = ManualTimers(self.clock)
@@ -86,6 +87,7 @@ class Driver:
             staged_prefill=staged_prefill,
             replicas=replicas,
             share_routes=share,
+            kv_events=kv_events,
             # The priorities fairgate sends the engine (generation.py does the same).
             threshold=sim.priority_preemption_threshold if sim.priority_scheduling else None,
             tiered=isolation is Isolation.PREEMPT,
@@ -319,6 +321,8 @@ class Driver:
             self.clock.set(end_s)
             result, w.step = w.step, None
             assert result is not None
+            if w.kv is not None:  # the step's stores and evictions, published
+                w.kv.deliver()
             for em in result.emissions:
                 call = self.fleet.emitted(em)
                 if call is None:

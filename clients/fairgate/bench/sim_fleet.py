@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from fairgate.bench.driver_call import Call
+from fairgate.bench.kv_feed import KvFeed
 from scheduler.clock import FakeClock
 from scheduler.request import QueuedRequest
 from service.engines.engine_request import engine_request
@@ -35,6 +36,8 @@ class SimWorker:
     # waiting for it (staged_prefill.StageLane).
     lane: Call | None = None
     lane_queue: deque[Call] = field(default_factory=deque)
+    # Its KV events into the placement's exact view (lever 3); None: the index only.
+    kv: KvFeed | None = None
 
     def slots(self) -> int:
         return self.core.config.max_running_requests
@@ -97,6 +100,7 @@ class SimFleet:
         staged_prefill: StagedPrefill | None,
         replicas: int,
         share_routes: bool,
+        kv_events: bool,
         threshold: int | None,
         tiered: bool,
     ) -> None:
@@ -121,6 +125,11 @@ class SimFleet:
             self.placement = self.placements[0]
             if share_routes:
                 share(self.placements)
+            if kv_events:  # every replica follows every worker's events (as live)
+                for i, w in enumerate(self.workers):
+                    w.kv = KvFeed(w.core, w.url)
+                    for p in self.placements:
+                        p.exact[i] = w.kv.view
         self._threshold, self._tiered = threshold, tiered
         self.staged_prefill = staged_prefill or StagedPrefill()
         self._replica: dict[str, int] = {}  # request id -> its replica (more than one)
@@ -281,6 +290,8 @@ class SimFleet:
             w.core.abort(call.stage_req.rid)
             self._stages.pop(call.stage_req.rid, None)
             call.stage_req = None
+        if w.kv is not None and w.step is None:  # what the abort cached, published
+            w.kv.deliver()
         if call.staging is not None:
             self._lane_free(call)
         if self.placement is not None and call.placed is not None:

@@ -11,9 +11,11 @@ one of two mixes:
   system prompt shared by one tenant's requests, a few 2-4 k-token documents
   shared by another's; `fleet_scenarios.py`) at load 0.6.
 
-Each trace runs under each lever combination (`LEVERS`: none, staggered
+Each trace runs under each lever combination (`levers`: none, staggered
 prefill, staged prefill, the cold-start hold, all three; staged prefill of
-only the prompts cold where they go, alone and with the other two) and the light
+only the prompts cold where they go, alone and with the other two; each
+engine's cache as its KV events tell it, `kv_feed.py`, instead of the
+approximate prefix index, alone and beside those two) and the light
 tenant's arrivals alone on the same engines (its solo run); `stagger_report.py`
 turns the runs into the table (median and spread over the seeds).
 
@@ -60,7 +62,8 @@ SETTINGS = Settings.model_construct()
 class Levers:
     """One lever combination: staggered prefill and the cold-start hold from
     `min_tokens` uncached tokens (0: neither), staged prefill in stages of
-    `stage_tokens` for prompts longer than one chunk (0: off)."""
+    `stage_tokens` for prompts longer than one chunk (0: off), and the
+    placement's view of each engine's cache from its KV events (lever 3)."""
 
     keep_free: bool = False
     hold_max_s: float = 0.0
@@ -68,6 +71,7 @@ class Levers:
     min_tokens: int = 1024
     # Staged prefill only for prompts cold where the placement sends them.
     cold_only: bool = False
+    kv_events: bool = False
 
     def stagger(self) -> Stagger | None:
         if not (self.keep_free or self.hold_max_s):
@@ -94,6 +98,13 @@ def levers(min_tokens: int, hold_max_s: float, stage_tokens: int) -> dict[str, L
         "all": Levers(True, hold_max_s, stage_tokens, min_tokens),
         "staged-cold": Levers(stage_tokens=stage_tokens, min_tokens=min_tokens, cold_only=True),
         "all-cold": Levers(True, hold_max_s, stage_tokens, min_tokens, cold_only=True),
+        "kv": Levers(min_tokens=min_tokens, kv_events=True),
+        "staged-cold+kv": Levers(
+            stage_tokens=stage_tokens, min_tokens=min_tokens, cold_only=True, kv_events=True
+        ),
+        "all-cold+kv": Levers(
+            True, hold_max_s, stage_tokens, min_tokens, cold_only=True, kv_events=True
+        ),
     }
 
 
@@ -157,6 +168,7 @@ def fleet(
     staged: StagedPrefill | None = None,
     replicas: int = 1,
     share: bool = True,
+    kv_events: bool = False,
 ) -> Driver:
     """The trace through `engines` engines behind the server's placement (one engine
     too: a pool of one, so that the levers that live in the placement apply)."""
@@ -177,6 +189,7 @@ def fleet(
         staged_prefill=staged,
         replicas=replicas,
         share=share,
+        kv_events=kv_events,
     )
     drv.run(arrivals, max_steps=10_000_000)
     return drv

@@ -128,7 +128,15 @@ def run_matrix(
                 solo_p50, solo_p99 = quantile(solo_ttft, 0.5), quantile(solo_ttft, 0.99)
                 base = math.nan
                 for name, lv in combos.items():
-                    drv = fleet(arrivals, engines, lv.stagger(), lv.staged(), replicas, share)
+                    drv = fleet(
+                        arrivals,
+                        engines,
+                        lv.stagger(),
+                        lv.staged(),
+                        replicas,
+                        share,
+                        lv.kv_events,
+                    )
                     ttft, rate = light_ttft_s(drv), tokens_per_s(drv)
                     base = rate if name == "none" or math.isnan(base) else base
                     sts = [p.stagger for p in drv.placements]
