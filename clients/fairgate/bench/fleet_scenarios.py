@@ -17,6 +17,10 @@ Tenants (weights 1:1:2 among the backlogged ones, plus a light one):
          is set beside its solo run through the same stack
 Arrivals are Poisson; the offered load is sized (`load` = 1) to keep the three
 heavy tenants backlogged on N workers even when every prefix hits.
+
+`mix="long"`: `bench stagger`'s long-prompt mix instead (fleet_long.py: cold
+1-6 k-token prompts of two tenants, 200-1500 of a third, the light tenant at
+2 requests/s), the same tenants and rates as the virtual fleet's.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ MAX_PROMPT_TOKENS = 6000  # a conversation ends before its prompt would pass thi
 RATES_PER_WORKER = {"sys": 10.0, "rag": 16.0, "chat": 2.0, "light": 0.25}
 WEIGHTS = {"sys": 1.0, "chat": 1.0, "rag": 2.0, "light": 1.0}
 VICTIM = "light"
+MIXES = ("prefix", "long")
 
 
 def _ids(rng: random.Random, n: int) -> list[int]:
@@ -74,14 +79,19 @@ class FleetScenario:
     seconds: float
     load: float = 1.0
     victim: str = VICTIM
+    mix: str = "prefix"  # or "long" (the heavy tenants' rates then ignore `load`)
 
     @property
     def weights(self) -> dict[str, float]:
+        if self.mix == "long":
+            from fairgate.bench.fleet_long import LONG_WEIGHTS
+
+            return dict(LONG_WEIGHTS)
         return dict(WEIGHTS)
 
     @property
     def heavy(self) -> list[str]:
-        return [t for t in WEIGHTS if t != self.victim]
+        return [t for t in self.weights if t != self.victim]
 
     def rate(self, tenant: str) -> float:
         scale = 1.0 if tenant == self.victim else self.load
@@ -96,6 +106,11 @@ class FleetScenario:
         return out
 
     def plan(self, seed: int) -> list[Item]:
+        if self.mix == "long":
+            # Imported here: bench stagger, whose generator it reuses, imports this module.
+            from fairgate.bench.fleet_long import long_plan
+
+            return long_plan(seed, self.seconds, self.workers)
         items: list[Item] = []
         rng = random.Random(f"{seed}:sys")
         system = _ids(rng, SYS_PROMPT_TOKENS)
