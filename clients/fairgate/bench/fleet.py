@@ -19,6 +19,7 @@ from typing import Any
 
 from fairgate.bench.fairness import W_IN, W_OUT, _tenants_yaml, analyse
 from fairgate.bench.fleet_clients import Clock, FleetRecord, Sender
+from fairgate.bench.fleet_long import scenario
 from fairgate.bench.fleet_report import FleetRun, print_report, report
 from fairgate.bench.fleet_scenarios import MAX_PROMPT_TOKENS, FleetScenario, Item
 from fairgate.bench.fleet_stacks import (
@@ -94,7 +95,11 @@ def stated_bound(sc: FleetScenario, plan: list[Item]) -> float:
     fair allowance, as fairgate states it for admission across engines."""
     s = Settings()
     base = vtc_bound(
-        W_IN, W_OUT, sc.longest_prompt_tokens(plan), fleet_m_tokens(sc.workers), s.fair_light_credit
+        W_IN,
+        W_OUT,
+        sc.longest_prompt_tokens(plan),
+        fleet_m_tokens(sc.workers),
+        s.fair_light_credit,
     )
     return base + s.fair_allowance_tokens
 
@@ -142,8 +147,10 @@ async def main(
     one_solo: bool = False,
 ) -> dict[str, Any]:
     smg = None if smg_binary is None else find_smg(smg_binary)
-    chosen = [VARIANTS[k] for k in variants if smg is not None or VARIANTS[k].gateway != "smg"]
-    sc = FleetScenario(workers, seconds, load, mix=mix)
+    chosen = [
+        VARIANTS[k] for k in variants if smg is not None or VARIANTS[k].gateway != "smg"
+    ]
+    sc = scenario(mix, workers, seconds, load)
     plan = sc.plan(seed)
     bound = stated_bound(sc, plan)
     routing = routing_setting_exists()
@@ -153,7 +160,11 @@ async def main(
         f"time scale {time_scale:g}, seed {seed}, load {load:g}, {repetitions} repetition(s), "
         f"{os.cpu_count()} cores, {before};\n"
         f"smg: {smg or 'not installed (its variants skipped)'}"
-        + ("" if routing else "; no FAIRGATE_SGLANG_ROUTING here: fairgate variants route alike")
+        + (
+            ""
+            if routing
+            else "; no FAIRGATE_SGLANG_ROUTING here: fairgate variants route alike"
+        )
     )
     reps: list[dict[str, FleetRun]] = []
     solos: dict[str, FleetRun] = {}
@@ -173,7 +184,15 @@ async def main(
         for v in chosen[:1] if one_solo else chosen:
             if v.stack not in solos:
                 solos[v.stack] = await run_variant(
-                    v, light, sc, time_scale, seed, tenants_file, smg, bound, f"solo {v.stack}"
+                    v,
+                    light,
+                    sc,
+                    time_scale,
+                    seed,
+                    tenants_file,
+                    smg,
+                    bound,
+                    f"solo {v.stack}",
                 )
                 print(f"  solo {v.stack} done", flush=True)
         if one_solo:  # the first variant's solo run is every stack's reference

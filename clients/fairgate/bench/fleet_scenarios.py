@@ -18,7 +18,7 @@ Tenants (weights 1:1:2 among the backlogged ones, plus a light one):
 Arrivals are Poisson; the offered load is sized (`load` = 1) to keep the three
 heavy tenants backlogged on N workers even when every prefix hits.
 
-`mix="long"`: `bench stagger`'s long-prompt mix instead (fleet_long.py: cold
+`--mix long`: `bench stagger`'s long-prompt mix instead (fleet_long.py: cold
 1-6 k-token prompts of two tenants, 200-1500 of a third, the light tenant at
 2 requests/s), the same tenants and rates as the virtual fleet's.
 """
@@ -79,14 +79,10 @@ class FleetScenario:
     seconds: float
     load: float = 1.0
     victim: str = VICTIM
-    mix: str = "prefix"  # or "long" (the heavy tenants' rates then ignore `load`)
+    mix: str = "prefix"  # fleet_long.LongScenario: "long"
 
     @property
     def weights(self) -> dict[str, float]:
-        if self.mix == "long":
-            from fairgate.bench.fleet_long import LONG_WEIGHTS
-
-            return dict(LONG_WEIGHTS)
         return dict(WEIGHTS)
 
     @property
@@ -106,11 +102,6 @@ class FleetScenario:
         return out
 
     def plan(self, seed: int) -> list[Item]:
-        if self.mix == "long":
-            # Imported here: bench stagger, whose generator it reuses, imports this module.
-            from fairgate.bench.fleet_long import long_plan
-
-            return long_plan(seed, self.seconds, self.workers)
         items: list[Item] = []
         rng = random.Random(f"{seed}:sys")
         system = _ids(rng, SYS_PROMPT_TOKENS)
@@ -126,7 +117,12 @@ class FleetScenario:
         for t in self._arrivals(rng, "chat"):
             turns = tuple(
                 Turn(
-                    tuple(_ids(rng, rng.randint(40, 200) if k == 0 else rng.randint(20, 120))),
+                    tuple(
+                        _ids(
+                            rng,
+                            rng.randint(40, 200) if k == 0 else rng.randint(20, 120),
+                        )
+                    ),
                     rng.randint(64, 192),
                     0.0 if k == 0 else rng.expovariate(1.0),
                 )
