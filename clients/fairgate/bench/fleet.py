@@ -147,9 +147,7 @@ async def main(
     one_solo: bool = False,
 ) -> dict[str, Any]:
     smg = None if smg_binary is None else find_smg(smg_binary)
-    chosen = [
-        VARIANTS[k] for k in variants if smg is not None or VARIANTS[k].gateway != "smg"
-    ]
+    chosen = [VARIANTS[k] for k in variants if smg is not None or VARIANTS[k].gateway != "smg"]
     sc = scenario(mix, workers, seconds, load)
     plan = sc.plan(seed)
     bound = stated_bound(sc, plan)
@@ -160,11 +158,7 @@ async def main(
         f"time scale {time_scale:g}, seed {seed}, load {load:g}, {repetitions} repetition(s), "
         f"{os.cpu_count()} cores, {before};\n"
         f"smg: {smg or 'not installed (its variants skipped)'}"
-        + (
-            ""
-            if routing
-            else "; no FAIRGATE_SGLANG_ROUTING here: fairgate variants route alike"
-        )
+        + ("" if routing else "; no FAIRGATE_SGLANG_ROUTING here: fairgate variants route alike")
     )
     reps: list[dict[str, FleetRun]] = []
     solos: dict[str, FleetRun] = {}
