@@ -95,3 +95,34 @@ def test_unknown_variant_is_refused_before_anything_starts() -> None:
     result = CliRunner().invoke(typer_app, ["bench", "fleet", "--variants", "fg-locality,nope"])
     assert result.exit_code == 2
     assert "fg-leastfull" in result.output  # the valid keys are named
+
+
+@pytest.mark.skipif(find_redis_server() is None, reason="needs a redis-server")
+async def test_the_lever_variants_serve_the_long_mix_through_kv_events(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("zmq")
+    pytest.importorskip("msgspec")
+    variants = ["fg-locality", "fg-levers", "fg-levers-2r"]
+    out = await main(
+        workers=2,
+        seconds=4.0,
+        time_scale=0.25,
+        seed=1,
+        load=1.0,
+        variants=variants,
+        repetitions=1,
+        smg_binary=None,
+        mix="long",
+        one_solo=True,
+    )
+    assert out["mix"] == "long" and set(out["variants"]) == set(variants)
+    for key, row in out["variants"].items():
+        acc = row["repetitions"][0]["accounting"]
+        assert acc["failed"] == 0 and acc["completed"] > 0, (key, acc)
+        assert set(row["repetitions"][0]["tenants"]) == {"code", "docs", "conv", "light"}
+    assert out["variants"]["fg-levers-2r"]["describe"].endswith("KV events")
+    # One solo run (through fg-locality) is every stack's reference.
+    solos = {r["light_solo_ttft_p99_s"] for r in out["variants"].values()}
+    assert len(solos) == 1 and not math.isnan(solos.pop())
+    assert "long-prompt mix on 2 workers" in capsys.readouterr().out

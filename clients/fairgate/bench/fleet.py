@@ -5,7 +5,8 @@ The plan (fleet_scenarios.py) is drawn once and replayed open loop through
 every variant (fleet_stacks.py), each in front of N fresh sim-server workers;
 repetitions rotate the variants' order so machine noise hits all of them.
 Then the light tenant alone, once per stack (fairgate, fairgate on replicas,
-smg), is the solo reference of its TTFT. Times are simulated seconds.
+smg; through the first variant of that stack asked for), is the solo reference
+of its TTFT. Times are simulated seconds.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from fairgate.bench.fairness import W_IN, W_OUT, _tenants_yaml, analyse
 from fairgate.bench.fleet_clients import Clock, FleetRecord, Sender
+from fairgate.bench.fleet_long import scenario
 from fairgate.bench.fleet_report import FleetRun, print_report, report
 from fairgate.bench.fleet_scenarios import MAX_PROMPT_TOKENS, FleetScenario, Item
 from fairgate.bench.fleet_stacks import (
@@ -93,7 +95,11 @@ def stated_bound(sc: FleetScenario, plan: list[Item]) -> float:
     fair allowance, as fairgate states it for admission across engines."""
     s = Settings()
     base = vtc_bound(
-        W_IN, W_OUT, sc.longest_prompt_tokens(plan), fleet_m_tokens(sc.workers), s.fair_light_credit
+        W_IN,
+        W_OUT,
+        sc.longest_prompt_tokens(plan),
+        fleet_m_tokens(sc.workers),
+        s.fair_light_credit,
     )
     return base + s.fair_allowance_tokens
 
@@ -110,8 +116,8 @@ async def run_variant(
     label: str,
 ) -> FleetRun:
     async with (
-        fleet_workers(sc.workers, time_scale, seed) as urls,
-        gateway_sender(v, urls, tenants_file, smg) as send,
+        fleet_workers(sc.workers, time_scale, seed, v.kv_events) as workers,
+        gateway_sender(v, workers, tenants_file, smg) as send,
     ):
         records = await replay(items, send, sc.seconds, time_scale)
     # Service as fairgate charges it (cached prompt tokens at vtc_w_cached), for
@@ -137,17 +143,20 @@ async def main(
     variants: list[str],
     repetitions: int,
     smg_binary: str | None,
+    mix: str = "prefix",
+    one_solo: bool = False,
 ) -> dict[str, Any]:
     smg = None if smg_binary is None else find_smg(smg_binary)
     chosen = [VARIANTS[k] for k in variants if smg is not None or VARIANTS[k].gateway != "smg"]
-    sc = FleetScenario(workers, seconds, load)
+    sc = scenario(mix, workers, seconds, load)
     plan = sc.plan(seed)
     bound = stated_bound(sc, plan)
     routing = routing_setting_exists()
+    before = _uptime()
     print(
-        f"fleet benchmark: {workers} workers, {seconds:g} simulated s per run, time scale "
-        f"{time_scale:g},\nseed {seed}, load {load:g}, {repetitions} repetition(s), "
-        f"{os.cpu_count()} cores, {_uptime()};\n"
+        f"fleet benchmark, {mix} mix: {workers} workers, {seconds:g} simulated s per run,\n"
+        f"time scale {time_scale:g}, seed {seed}, load {load:g}, {repetitions} repetition(s), "
+        f"{os.cpu_count()} cores, {before};\n"
         f"smg: {smg or 'not installed (its variants skipped)'}"
         + ("" if routing else "; no FAIRGATE_SGLANG_ROUTING here: fairgate variants route alike")
     )
@@ -166,14 +175,25 @@ async def main(
                 print(f"  repetition {rep + 1}: {v.key} done ({acc})", flush=True)
             reps.append(runs)
         light = [i for i in plan if i.tenant == sc.victim]
-        for v in chosen:
+        for v in chosen[:1] if one_solo else chosen:
             if v.stack not in solos:
                 solos[v.stack] = await run_variant(
-                    v, light, sc, time_scale, seed, tenants_file, smg, bound, f"solo {v.stack}"
+                    v,
+                    light,
+                    sc,
+                    time_scale,
+                    seed,
+                    tenants_file,
+                    smg,
+                    bound,
+                    f"solo {v.stack}",
                 )
                 print(f"  solo {v.stack} done", flush=True)
+        if one_solo:  # the first variant's solo run is every stack's reference
+            solos = dict.fromkeys((v.stack for v in chosen), solos[chosen[0].stack])
     out = report(sc, bound, chosen, reps, solos, routing)
-    out["machine_after"] = _uptime()
+    out["time_scale"], out["seed"] = time_scale, seed
+    out["machine_before"], out["machine_after"] = before, _uptime()
     print_report(out)
     print(f"machine after: {out['machine_after']}")
     return out

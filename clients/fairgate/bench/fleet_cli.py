@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from fairgate.bench.fleet_scenarios import MIXES
 from fairgate.bench.fleet_stacks import DEFAULT_VARIANTS, VARIANTS
 
 
@@ -32,6 +33,18 @@ def fleet_command(
         str | None, typer.Option(help="smg binary (default: beside python, then PATH)")
     ] = None,
     no_smg: Annotated[bool, typer.Option("--no-smg", help="leave the smg variants out")] = False,
+    mix: Annotated[
+        str,
+        typer.Option(
+            help="prefix (shared prefixes, conversations) or long (bench stagger's long prompts)"
+        ),
+    ] = "prefix",
+    one_solo: Annotated[
+        bool,
+        typer.Option(
+            "--one-solo", help="one solo run (the first variant's stack), every stack's reference"
+        ),
+    ] = False,
     json_out: Annotated[str, typer.Option("--json", help="also write the report here")] = "",
 ) -> None:
     """Prefix-heavy mix on N workers: fairgate (locality, least_full, fcfs, 2 replicas)
@@ -39,6 +52,8 @@ def fleet_command(
     from fairgate.bench.fairness_report import write_json
     from fairgate.bench.fleet import main as fleet_main
 
+    if mix not in MIXES:
+        raise typer.BadParameter(f"use one of {','.join(MIXES)}", param_hint="--mix")
     chosen = [v.strip() for v in variants.split(",") if v.strip()]
     unknown = [v for v in chosen if v not in VARIANTS]
     if not chosen or unknown:
@@ -53,6 +68,8 @@ def fleet_command(
             variants=chosen,
             repetitions=repetitions,
             smg_binary=None if no_smg else (smg or ""),
+            mix=mix,
+            one_solo=one_solo,
         )
     )
     if json_out:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fairgate.bench.fleet_stacks import BASELINE, PEER, FleetVariant
+from fairgate.bench.fleet_stacks import BASELINE, NO_LEVERS, PEER, FleetVariant
 
 if TYPE_CHECKING:
     from fairgate.bench.fairness import RunResult
@@ -68,6 +68,7 @@ FIGURES = (
     "cached_tokens_per_s",
     "jain",
     "gap_over_bound",
+    "light_ttft_p50_s",
     "light_ttft_p99_s",
 )
 
@@ -81,6 +82,7 @@ def _figures(run: FleetRun, victim: str) -> dict[str, float]:
         **{k: float(v) for k, v in run.cache().items() if k in FIGURES},
         "jain": r.jain,
         "gap_over_bound": r.gap_over_bound,
+        "light_ttft_p50_s": light.get("ttft_p50_s", math.nan),
         "light_ttft_p99_s": light.get("ttft_p99_s", math.nan),
     }
 
@@ -112,6 +114,7 @@ def report(
         row: dict[str, Any] = {f: _median([p[f] for p in per_rep]) for f in FIGURES}
         row["light_solo_ttft_p99_s"] = solo_p99.get(v.stack, math.nan)
         row["light_p99_over_solo"] = _ratio(row["light_ttft_p99_s"], row["light_solo_ttft_p99_s"])
+        row["light_p99_minus_solo_s"] = row["light_ttft_p99_s"] - row["light_solo_ttft_p99_s"]
         row["describe"] = v.describe()
         row["repetitions"] = [
             {**p, "accounting": rep[v.key].accounting(), "tenants": rep[v.key].result.per_tenant}
@@ -119,13 +122,14 @@ def report(
         ]
         rows[v.key] = row
     for row in rows.values():
-        for ref_name, ref in (("baseline", BASELINE), ("peer", PEER)):
+        for ref_name, ref in (("baseline", BASELINE), ("peer", PEER), ("nolevers", NO_LEVERS)):
             other = rows.get(ref)
             for f in ("tokens_per_s", "output_tokens_per_s", "cached_tokens"):
                 row[f"{f}_over_{ref_name}"] = (
                     _ratio(row[f], other[f]) if other is not None else math.nan
                 )
     return {
+        "mix": sc.mix,
         "workers": sc.workers,
         "seconds": sc.seconds,
         "load": sc.load,
@@ -146,8 +150,9 @@ def _f(x: Any, spec: str) -> str:
 
 def print_report(rep: dict[str, Any]) -> None:
     weights = " ".join(f"{t} {w:g}" for t, w in rep["weights"].items())
+    mix = "long-prompt" if rep.get("mix") == "long" else "prefix-heavy"
     print(
-        f"\nprefix-heavy mix on {rep['workers']} workers, weights {weights}\n"
+        f"\n{mix} mix on {rep['workers']} workers, weights {weights}\n"
         f"stated bound {rep['bound_weighted_tokens']:.0f} weighted tokens "
         f"(VTC bound + light credit + allowance)"
     )

@@ -17,6 +17,10 @@ Tenants (weights 1:1:2 among the backlogged ones, plus a light one):
          is set beside its solo run through the same stack
 Arrivals are Poisson; the offered load is sized (`load` = 1) to keep the three
 heavy tenants backlogged on N workers even when every prefix hits.
+
+`--mix long`: `bench stagger`'s long-prompt mix instead (fleet_long.py: cold
+1-6 k-token prompts of two tenants, 200-1500 of a third, the light tenant at
+2 requests/s), the same tenants and rates as the virtual fleet's.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ MAX_PROMPT_TOKENS = 6000  # a conversation ends before its prompt would pass thi
 RATES_PER_WORKER = {"sys": 10.0, "rag": 16.0, "chat": 2.0, "light": 0.25}
 WEIGHTS = {"sys": 1.0, "chat": 1.0, "rag": 2.0, "light": 1.0}
 VICTIM = "light"
+MIXES = ("prefix", "long")
 
 
 def _ids(rng: random.Random, n: int) -> list[int]:
@@ -74,6 +79,7 @@ class FleetScenario:
     seconds: float
     load: float = 1.0
     victim: str = VICTIM
+    mix: str = "prefix"  # fleet_long.LongScenario: "long"
 
     @property
     def weights(self) -> dict[str, float]:
@@ -81,7 +87,7 @@ class FleetScenario:
 
     @property
     def heavy(self) -> list[str]:
-        return [t for t in WEIGHTS if t != self.victim]
+        return [t for t in self.weights if t != self.victim]
 
     def rate(self, tenant: str) -> float:
         scale = 1.0 if tenant == self.victim else self.load
@@ -111,7 +117,12 @@ class FleetScenario:
         for t in self._arrivals(rng, "chat"):
             turns = tuple(
                 Turn(
-                    tuple(_ids(rng, rng.randint(40, 200) if k == 0 else rng.randint(20, 120))),
+                    tuple(
+                        _ids(
+                            rng,
+                            rng.randint(40, 200) if k == 0 else rng.randint(20, 120),
+                        )
+                    ),
                     rng.randint(64, 192),
                     0.0 if k == 0 else rng.expovariate(1.0),
                 )

@@ -10,11 +10,12 @@ on one replica or on several sharing a throwaway redis-server; smg runs
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
-from fairgate.bench.common import child_server, server_process
+from fairgate.bench.common import child_server, free_port, server_process
 from fairgate.bench.fairness import MODEL, Policy
 from fairgate.bench.fleet_clients import GrpcSender, Sender, SseSender, warm
 from fairgate.bench.fleet_scenarios import (
@@ -37,6 +38,8 @@ class FleetVariant:
     replicas: int = 1
     # fairgate: further settings (name, value), e.g. an isolation lever of issue #33.
     extra: tuple[tuple[str, object], ...] = ()
+    # fairgate: the workers publish their KV events and the pool follows them.
+    kv_events: bool = False
 
     @property
     def stack(self) -> str:
@@ -49,7 +52,20 @@ class FleetVariant:
         routing = f", routing {self.routing}" if self.routing else ""
         replicas = f", {self.replicas} replicas over Redis" if self.replicas > 1 else ""
         extra = "".join(f", {k}={v}" for k, v in self.extra)
-        return f"fairgate {self.policy}{routing}{replicas}{extra}"
+        events = ", KV events" if self.kv_events else ""
+        return f"fairgate {self.policy}{routing}{replicas}{extra}{events}"
+
+
+# Issue #33's levers as the server would run them on a pool: staggered prefill at
+# N = 1024 with the cold-start hold (2 s, as `bench stagger` measured it), staged
+# prefill of cold prompts longer than SGLang's 2048-token chunk in stages of 512.
+LEVERS: tuple[tuple[str, object], ...] = (
+    ("sglang_stagger_prefill_tokens", 1024),
+    ("sglang_cold_start_hold_s", 2.0),
+    ("staged_prefill_min_tokens", 2049),
+    ("staged_prefill_stage_tokens", 512),
+    ("staged_prefill_cold_only", True),
+)
 
 
 VARIANTS = {
@@ -68,12 +84,17 @@ VARIANTS = {
             "locality",
             extra=(("sglang_stagger_prefill_tokens", 1024),),
         ),
+        FleetVariant("fg-levers", "fairgate", "vtc", "locality", extra=LEVERS, kv_events=True),
+        FleetVariant(
+            "fg-levers-2r", "fairgate", "vtc", "locality", 2, extra=LEVERS, kv_events=True
+        ),
     )
 }
 # What a run compares unless told (the lever variants are asked for by name).
 DEFAULT_VARIANTS = [k for k, v in VARIANTS.items() if not v.extra]
-# The references of the ratios: fairgate as it routed before locality, and the peer.
-BASELINE, PEER = "fg-leastfull", "smg-cache"
+# The references of the ratios: fairgate as it routed before locality, the peer,
+# and fairgate without the isolation levers.
+BASELINE, PEER, NO_LEVERS = "fg-leastfull", "smg-cache", "fg-locality"
 
 
 def routing_setting_exists() -> bool:
@@ -82,8 +103,18 @@ def routing_setting_exists() -> bool:
     return "sglang_routing" in Settings.model_fields
 
 
+@dataclass(frozen=True)
+class Workers:
+    urls: list[str]
+    # Each worker's KV events endpoint, in the order of `urls` (empty: none published).
+    kv_events: list[str]
+
+
 @asynccontextmanager
-async def fleet_workers(n: int, time_scale: float, seed: int) -> AsyncIterator[list[str]]:
+async def fleet_workers(
+    n: int, time_scale: float, seed: int, kv_events: bool = False
+) -> AsyncIterator[Workers]:
+    events = [f"tcp://127.0.0.1:{free_port()}" for _ in range(n)] if kv_events else []
     args = [
         "--announce",
         "--port=0",
@@ -99,40 +130,59 @@ async def fleet_workers(n: int, time_scale: float, seed: int) -> AsyncIterator[l
         servers = await asyncio.gather(
             *(
                 stack.enter_async_context(
-                    child_server("service.engines.simulator.http_server", *args)
+                    child_server(
+                        "service.engines.simulator.http_server",
+                        *args,
+                        *([_events_config(events[i])] if events else []),
+                    )
                 )
-                for _ in range(n)
+                for i in range(n)
             )
         )
-        yield [f"http://{s.address}" for s in servers]
+        yield Workers([f"http://{s.address}" for s in servers], events)
+
+
+def _events_config(endpoint: str) -> str:
+    config = {"publisher": "zmq", "endpoint": endpoint.replace("127.0.0.1", "*")}
+    return f"--kv-events-config={json.dumps(config)}"
+
+
+def fairgate_settings(v: FleetVariant, workers: Workers, tenants_file: str) -> dict[str, object]:
+    """A fairgate variant's settings (FAIRGATE_* without the prefix), the store's aside."""
+    settings: dict[str, object] = {
+        **Policy(v.policy).settings(),
+        "engine": "sglang-http",
+        "sglang_urls": ",".join(workers.urls),
+        "kv_target_fraction": KV_TARGET_FRACTION,
+        "tenants_file": tenants_file,
+        "telemetry": "off",
+    }
+    if v.routing and routing_setting_exists():
+        settings["sglang_routing"] = v.routing
+    settings |= dict(v.extra)
+    if v.kv_events:
+        if not workers.kv_events:
+            raise ValueError(f"{v.key} follows KV events: start its workers with kv_events")
+        settings["sglang_kv_events"] = ",".join(workers.kv_events)
+    return settings
 
 
 @asynccontextmanager
 async def gateway_sender(
-    v: FleetVariant, urls: list[str], tenants_file: str, smg: str | None
+    v: FleetVariant, workers: Workers, tenants_file: str, smg: str | None
 ) -> AsyncIterator[Sender]:
     """The variant's gateway in front of `urls`, and a sender that streams through it."""
     async with AsyncExitStack() as stack:
         if v.gateway == "smg":
             if smg is None:
                 raise RuntimeError("smg is not installed (pip install smg)")
-            url, _ = await stack.enter_async_context(smg_gateway(smg, urls, v.policy))
+            url, _ = await stack.enter_async_context(smg_gateway(smg, workers.urls, v.policy))
             sse = SseSender(url)
             stack.push_async_callback(sse.aclose)
             await warm(sse, VICTIM)
             yield sse
             return
-        settings: dict[str, object] = {
-            **Policy(v.policy).settings(),
-            "engine": "sglang-http",
-            "sglang_urls": ",".join(urls),
-            "kv_target_fraction": KV_TARGET_FRACTION,
-            "tenants_file": tenants_file,
-            "telemetry": "off",
-        }
-        if v.routing and routing_setting_exists():
-            settings["sglang_routing"] = v.routing
-        settings |= dict(v.extra)
+        settings = fairgate_settings(v, workers, tenants_file)
         if v.replicas > 1:
             binary = find_redis_server()
             if binary is None:

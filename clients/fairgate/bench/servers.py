@@ -46,6 +46,17 @@ class BareInference(pb_grpc.InferenceServiceServicer):
         return pb.CountTokensResponse()
 
 
+def overrides_from_args(args: list[str]) -> dict[str, str]:
+    """The KEY=VALUE arguments after MODE."""
+    return dict(arg.split("=", 1) for arg in args)
+
+
+def settings_env(overrides: dict[str, str]) -> dict[str, str]:
+    """The FAIRGATE_* variables the server's settings are read from (the bench's
+    own keys, telemetry, already taken out)."""
+    return {f"FAIRGATE_{k.upper()}": v for k, v in overrides.items()}
+
+
 async def _serve(mode: str, overrides: dict[str, str]) -> None:
     if mode == "bare":
         server = grpc.aio.server()
@@ -59,7 +70,7 @@ async def _serve(mode: str, overrides: dict[str, str]) -> None:
 
         # telemetry=off|on|env: none, everything on with exporters that discard, OTEL_*.
         telemetry_mode = overrides.pop("telemetry", "env")
-        env = {f"FAIRGATE_{k.upper()}": v for k, v in overrides.items()}
+        env = settings_env(overrides)
         env.setdefault("FAIRGATE_HTTP_LISTEN", "")  # on only where a bench asks for it
         settings = Settings.from_env(env, listen="127.0.0.1:0", log_level="WARNING")
         from fairgate.bench.telemetry_server import bench_telemetry
@@ -86,7 +97,7 @@ def _supervise(overrides: dict[str, str]) -> None:
     telemetry_mode = overrides.pop("telemetry", "env")
     if telemetry_mode not in ("off", "env"):
         raise SystemExit("telemetry=on (the bench's discarding exporters) needs workers=1")
-    env = {f"FAIRGATE_{k.upper()}": v for k, v in overrides.items()}
+    env = settings_env(overrides)
     settings = Settings.from_env(env, listen="127.0.0.1:0", log_level="WARNING")
     supervisor = Supervisor(
         settings, extra_env={"OTEL_SDK_DISABLED": "true"} if telemetry_mode == "off" else {}
@@ -100,7 +111,7 @@ def _supervise(overrides: dict[str, str]) -> None:
 
 def main() -> None:
     mode = sys.argv[1]
-    overrides = dict(arg.split("=", 1) for arg in sys.argv[2:])
+    overrides = overrides_from_args(sys.argv[2:])
     if mode == "fairgate" and int(overrides.get("workers", "1")) > 1:
         _supervise(overrides)
     from service import event_loop
