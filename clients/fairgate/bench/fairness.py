@@ -27,9 +27,9 @@ from typing import Any
 import grpc
 
 from fairgate.bench.common import child_server, server_process
-from fairgate.bench.fairness_analysis import W_IN as W_IN  # "as": fleet*.py import it here
-from fairgate.bench.fairness_analysis import W_OUT as W_OUT
-from fairgate.bench.fairness_analysis import RunResult as RunResult
+from fairgate.bench.fairness_analysis import (
+    RunResult as RunResult,  # "as": fleet*.py import it here
+)
 from fairgate.bench.fairness_analysis import analyse as analyse
 from fairgate.bench.fairness_analysis import bound_for
 from fairgate.bench.fairness_metrics import RequestRecord

@@ -20,10 +20,8 @@ from fairgate.bench.fairness_metrics import (
     service_within,
 )
 from fairgate.bench.fairness_scenarios import M_TOKENS, Arrival
-from scheduler.rules import vtc_bound
+from scheduler.rules import W_IN, W_OUT, vtc_bound
 from service.settings import Settings
-
-W_IN, W_OUT = 1.0, 2.0
 
 
 @dataclass

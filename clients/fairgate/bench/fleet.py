@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fairgate.bench.fairness import W_IN, W_OUT, _tenants_yaml, analyse
+from fairgate.bench.fairness import _tenants_yaml, analyse
 from fairgate.bench.fleet_clients import Clock, FleetRecord, Sender
 from fairgate.bench.fleet_long import scenario
 from fairgate.bench.fleet_report import FleetRun, print_report, report
@@ -31,7 +31,7 @@ from fairgate.bench.fleet_stacks import (
     routing_setting_exists,
 )
 from fairgate.bench.gateway import _uptime, find_smg
-from scheduler.rules import vtc_bound
+from scheduler.rules import W_IN, W_OUT, vtc_bound
 from service.settings import Settings
 
 
