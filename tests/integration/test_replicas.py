@@ -194,7 +194,7 @@ async def test_three_replicas_share_fairness_quotas_and_engine_room(
     for t, w in WEIGHTS.items():
         # 12 %, not the 5 % this test asked before: with three replicas the weight-1
         # tenant measured up to 10 % over its share in 1 run of 3-5 (engine-side counts,
-        # on dccf586 too); not diagnosed yet, an open finding (docs/known gaps, the note).
+        # on dccf586 too); not diagnosed yet, an open finding (session 14).
         assert shares[t] == pytest.approx(w / total_weight, rel=0.12), (shares, service)
 
     # The quota tenant, waiting whenever over quota: never more than burst + rate x
