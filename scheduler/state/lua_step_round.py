@@ -27,6 +27,21 @@ for k = 1, nc do
   counters[c.tenant] = counters[c.tenant] or counter(c.tenant)
   cands[k] = c
 end
+-- each candidate's tenant queued across the fleet: its own count here plus its
+-- lengths on the other replicas (unknown: heavy), light or heavy as everywhere
+-- else (store_round.py: StoreRound.queued)
+do
+  local others = {}
+  for _, m in ipairs(redis.call('ZRANGE', BL, 0, -1)) do
+    local sep = string.find(m, '\0', 1, true)
+    if string.sub(m, 1, sep - 1) ~= replica then
+      local tt = string.sub(m, sep + 1)
+      local len = math.abs(tonumber(redis.call('HGET', BLQ, m)) or (LIGHT_QUEUE + 1))
+      others[tt] = (others[tt] or 0) + len
+    end
+  end
+  for _, c in ipairs(cands) do c.fq = c.queued + (others[c.tenant] or 0) end
+end
 -- the fair-share reserve (rules.in_reserve, below_share; store_round.py)
 local function in_reserve(n_now, kv_now, c)
   local reserve_req = math.ceil(max_req * reserve_fraction)
@@ -162,7 +177,7 @@ local function decide(c, trial)
   if allowance >= 0 then
     local first = first_elsewhere(c.tenant)
     local key = counters[c.tenant]
-    if c.queued <= LIGHT_QUEUE then key = key - light_credit end
+    if c.fq <= LIGHT_QUEUE then key = key - light_credit end
     if first ~= nil and key > first + allowance then
       if not trial then turn = 1 end
       return 'stop'
@@ -230,7 +245,7 @@ while going do
     local c = pend[t] and pend[t][1]
     if c then
       c.key = counters[t]
-      if c.queued <= LIGHT_QUEUE then c.key = c.key - light_credit end
+      if c.fq <= LIGHT_QUEUE then c.key = c.key - light_credit end
       c.last = tonumber(redis.call('HGET', LA, t)) or 0
       table.insert(heads, c)
     end
@@ -255,7 +270,7 @@ while going do
       -- when it may (decision.py), else c is decided
       local pick, done = c, false
       -- never past a light tenant's head (rules.locality_may_pass)
-      if allowance >= 0 and n < max_req and c.queued > LIGHT_QUEUE then
+      if allowance >= 0 and n < max_req and c.fq > LIGHT_QUEUE then
         local limit = c.key + allowance
         for j = k + 1, #heads do
           local h = heads[j]

@@ -4,7 +4,9 @@ I/O only: the rules and their order are `decision.admit_round`'s, the fair
 order one rank per tenant (`rules.vtc_rank`), the window and the fleet's turn
 `decision`'s. What is the store's own is where it reads the fleet: queue
 lengths summed over the replicas a tenant is backlogged on (one unknown counts
-as heavy), the tenants backlogged elsewhere, the lease a retried decision
+as heavy), so that a tenant is light or heavy by what it has queued across the
+fleet wherever it is judged (its own candidates' order too), the tenants
+backlogged elsewhere, the lease a retried decision
 already opened. The Redis STEP round (lua_step_round.py) is its Lua twin.
 """
 
@@ -44,6 +46,7 @@ class StoreRound:
         self.s, self.step, self.now_s, self.out = store, step, now_s, out
         self.replica_id = replica_id
         self.elsewhere: dict[str, int] | None = None
+        self.queued_elsewhere: dict[str, int] | None = None
         self.pending: dict[str, deque[int]] = {}
         for i, c in enumerate(step.candidates):
             self.pending.setdefault(c.tenant_id, deque()).append(i)
@@ -67,7 +70,7 @@ class StoreRound:
         c = self.step.candidates[i]
         counter, credit = self.out.counters[t], self.step.light_credit
         return (
-            *rules.vtc_rank(counter, c.queued, credit, self.s.vtc.last_admitted(t), c.seq),
+            *rules.vtc_rank(counter, self.queued(c), credit, self.s.vtc.last_admitted(t), c.seq),
             i,
         )
 
@@ -80,7 +83,19 @@ class StoreRound:
         return self.step.allowance
 
     def queued(self, c: Candidate) -> int:
-        return c.queued
+        """`c`'s tenant's queue across the fleet: `c.queued` here (the offer's count
+        from `c` on), plus its lengths on the other replicas it is backlogged on. By
+        its length here alone, a tenant with a few queued on each of N replicas would
+        be ordered `light_credit` ahead on every one of them, while the tenants it
+        passes are judged by their fleet-wide sums (`_elsewhere`)."""
+        if self.queued_elsewhere is None:  # only this replica's lengths change in a round
+            heavy, lengths, here = rules.LIGHT_QUEUE + 1, self.s.backlog_queued, self.replica_id
+            self.queued_elsewhere = {}
+            for key in self.s.backlog:
+                if key[0] != here:
+                    q = abs(lengths.get(key, heavy))
+                    self.queued_elsewhere[key[1]] = self.queued_elsewhere.get(key[1], 0) + q
+        return c.queued + self.queued_elsewhere.get(c.tenant_id, 0)
 
     def order_key(self, c: Candidate) -> float:
         return self._rank(c.tenant_id)[0]

@@ -1,7 +1,7 @@
 """Three fairgate processes sharing one Redis and one engine (the SGLang stand-in).
 
 Checks, fleet-wide: weighted shares of tenants with weights 1:2:4, all
-backlogged on every replica, within 12 % of the weights (see the assertion); a token-quota tenant
+backlogged on every replica, within 5 % of the weights; a token-quota tenant
 never admitted beyond its quota and not far below it; the engine never holds
 more requests than its limit.
 
@@ -192,10 +192,7 @@ async def test_three_replicas_share_fairness_quotas_and_engine_room(
     total_service, total_weight = sum(service.values()), sum(WEIGHTS.values())
     shares = {t: service[t] / total_service for t in WEIGHTS}
     for t, w in WEIGHTS.items():
-        # 12 %, not the 5 % this test asked before: with three replicas the weight-1
-        # tenant measured up to 10 % over its share in 1 run of 3-5 (engine-side counts,
-        # on dccf586 too); not diagnosed yet, an open finding (session 14).
-        assert shares[t] == pytest.approx(w / total_weight, rel=0.12), (shares, service)
+        assert shares[t] == pytest.approx(w / total_weight, rel=0.05), (shares, service)
 
     # The quota tenant, waiting whenever over quota: never more than burst + rate x
     # elapsed; less only by what its bucket still holds (about one request), a

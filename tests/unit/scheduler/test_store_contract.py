@@ -209,6 +209,21 @@ async def test_newly_backlogged_tenants_are_lifted_unless_backlogged_elsewhere(
     assert (await store.snapshot()).backlog == {"a": {"r2"}}
 
 
+async def test_light_or_heavy_by_what_a_tenant_has_queued_across_the_fleet(store: Store) -> None:
+    """A tenant with 3 queued here and 3 on another replica is heavy (6 > LIGHT_QUEUE):
+    no light credit on either replica. Judged by its length here alone, it went
+    `light_credit` ahead of a tenant with a smaller counter on every replica (the
+    three-replica fairness test's weight-1 tenant, 10 % off its share)."""
+    await store.step("r2", Step(LIMITS, announce=["spread"], queued={"spread": 3}))
+    await store.step("r1", Step(LIMITS, announce=["spread", "other"]))
+    await store.step("r1", Step(LIMITS, charges={"spread": 100.0, "other": 60.0}))
+    offered = [cand("s", "spread", queued=3), cand("o", "other", queued=9)]
+    assert await admit(store, *offered, light_credit=1000.0) == [1]
+    # With nothing queued on r2 it is light (3 in all), and goes first.
+    await store.step("r2", Step(LIMITS, withdraw=["spread"]))
+    assert await admit(store, cand("s", "spread", queued=3), light_credit=1000.0) == [0]
+
+
 async def test_nobody_backlogged_lifts_to_the_last_served_counter(store: Store) -> None:
     await store.step("r1", Step(LIMITS, charges={"a": 70.0}))
     assert await admit(store, cand("1", "a", prompt=5)) == [0]  # floor = 70
