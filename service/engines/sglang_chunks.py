@@ -235,6 +235,19 @@ def priority_options(get: Callable[[str], Any]) -> tuple[bool, int | None]:
     return True, threshold if isinstance(threshold, int) else SGLANG_PREEMPTION_THRESHOLD
 
 
+def served_model(get: Callable[[str], Any]) -> str:
+    """The model name a server answers to, from its server args (its path when it
+    was given no name)."""
+    return str(get("served_model_name") or get("model_path") or "")
+
+
+def incremental_output(get: Callable[[str], Any]) -> bool | None:
+    """Whether the server streams only each chunk's new tokens (None: it does not
+    say, and the caller keeps its default)."""
+    inc = get("incremental_streaming_output")
+    return inc if isinstance(inc, bool) else None
+
+
 def find_key(info: dict[str, Any], key: str) -> Any:
     """A server-info field, at the top level or one nested record down."""
     if key in info:

@@ -46,8 +46,10 @@ from service.engines.sglang_chunks import (
     UpstreamError,
     find_key,
     generate_args,
+    incremental_output,
     merge_chunks,
     priority_options,
+    served_model,
 )
 from service.engines.sglang_server_info import capacity_from_server_info
 from service.engines.sglang_sse import superseded
@@ -142,13 +144,15 @@ class SglangHttpEngine:
         except EngineError:
             log.debug("%s: no /model_info", self.url)
         self.server_info = info
-        incremental = find_key(info, "incremental_streaming_output")
-        if isinstance(incremental, bool):
+
+        def get(key: str) -> Any:
+            return find_key(info, key)
+
+        incremental = incremental_output(get)
+        if incremental is not None:
             self.incremental = incremental
-        self.send_priority, threshold = priority_options(lambda key: find_key(info, key))
-        self.served_model_name = str(
-            find_key(info, "served_model_name") or find_key(info, "model_path") or ""
-        )
+        self.send_priority, threshold = priority_options(get)
+        self.served_model_name = served_model(get)
         page = find_key(info, "page_size")
         self.page_tokens = page if isinstance(page, int) and page > 0 else 1
         cap = capacity_from_server_info(info, model_info)

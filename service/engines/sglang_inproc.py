@@ -33,7 +33,9 @@ from service.engines.sglang_chunks import (
     ChunkDecoder,
     find_key,
     generate_args,
+    incremental_output,
     priority_options,
+    served_model,
 )
 from service.engines.sglang_server_info import context_window
 
@@ -86,17 +88,19 @@ class SglangInprocEngine:
         args = getattr(self.engine, "server_args", None)
         threshold: int | None = None
         if args is not None:
-            self.served_model_name = str(
-                getattr(args, "served_model_name", "") or getattr(args, "model_path", "")
-            )
+
+            def get(key: str) -> Any:
+                return getattr(args, key, None)
+
+            self.served_model_name = served_model(get)
             folder = str(getattr(args, "tokenizer_path", "") or getattr(args, "model_path", ""))
             if folder and (Path(folder) / "tokenizer.json").is_file():
                 self.tokenizer_dir = folder
-            inc = getattr(args, "incremental_streaming_output", None)
-            if isinstance(inc, bool):
+            inc = incremental_output(get)
+            if inc is not None:
                 self.incremental = inc
             # Sending a priority to a server without priority scheduling may abort it.
-            self.send_priority, threshold = priority_options(lambda key: getattr(args, key, None))
+            self.send_priority, threshold = priority_options(get)
         tm = self.engine.tokenizer_manager
         # The scheduler's start-up report (the first load snapshot can still be empty).
         info = _scheduler_info(self.engine)
