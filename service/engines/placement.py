@@ -67,9 +67,11 @@ class Placement:
         # Per worker, the exact view from its KV events (`kv_events.py`), which
         # locality uses instead of the index while it is not stale; None: off.
         self.exact: list[CacheView | None] = [None] * n
-        # Per worker, the deepest keys of prompts placed there whose prefill has not
-        # streamed: the engine stores (and reports) a prompt only once computed, but
-        # a request with its prefix placed there meanwhile shares the computation.
+        # Per worker, every key of the prompts placed there whose prefill has not
+        # streamed (how many such prompts carry it): the engine stores (and reports)
+        # a prompt only once computed, but a request placed there meanwhile with any
+        # prefix of it (a shared document, not only the whole prompt) shares the
+        # computation.
         self._computing: list[dict[int, int]] = [{} for _ in range(n)]
         # First tokens that found less cached than the placement counted on.
         self.overestimated = 0
@@ -186,7 +188,8 @@ class Placement:
             self.on_prefill(self.targets[i].url, placed.prefill_id, pending)
         if keys:
             computing = self._computing[i]
-            computing[keys[-1]] = computing.get(keys[-1], 0) + 1
+            for k in keys:
+                computing[k] = computing.get(k, 0) + 1
             placed.computing = True
         return placed
 
@@ -197,21 +200,22 @@ class Placement:
         if view is None or view.stale:
             return self.index.match(i, keys)
         held, computing = view.match(keys), self._computing[i]
-        if computing and not computing.keys().isdisjoint(keys):
-            deepest = max(n for n, k in enumerate(keys) if k in computing)
-            held = max(held, (deepest + 1) * self.index.block)
-        return held
+        n = 0  # a prompt's keys are chained: a key in flight carries all before it
+        while n < len(keys) and keys[n] in computing:
+            n += 1
+        return max(held, n * self.index.block)
 
     def _computed(self, p: Placed) -> None:
         """`p`'s prompt is computed (or it left): it no longer counts as held there."""
         if not p.computing:
             return
         p.computing = False
-        computing, k = self._computing[p.worker], p.keys[-1]
-        if computing.get(k, 0) > 1:
-            computing[k] -= 1
-        else:
-            computing.pop(k, None)
+        computing = self._computing[p.worker]
+        for k in p.keys:
+            if computing.get(k, 0) > 1:
+                computing[k] -= 1
+            else:
+                computing.pop(k, None)
 
     def priority_on(self, i: int, priority: int, preempt_priority: int | None) -> int:
         """The priority a request goes to worker `i` with: `preempt_priority` (a

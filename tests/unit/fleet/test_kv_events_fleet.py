@@ -91,13 +91,17 @@ def test_without_events_the_index_still_counts_the_evicted_document() -> None:
 
 
 def test_the_view_matches_every_engine_on_the_prefix_mix() -> None:
-    """Two engines, the prefix-heavy mix: no first token finds less cached than the
-    placement counted (the index's count: 18 of 308 do, a document counted held
-    from its routing, before the engine computed it), and at the end the
-    placement's count of every prompt on every engine is that engine's tree."""
+    """Two engines, the prefix-heavy mix: at the end the placement's count of every
+    prompt on every engine is that engine's tree. On the way, a prompt sharing a
+    prefix with one in flight on its worker counts that prefix held, with the view
+    as with the index (the engine reports a prompt only once computed): the first
+    tokens that found less cached than counted are those, as many either way
+    (18 of 308 here; the view tracks evictions, which this mix does not have)."""
     drv = fleet(prefix_heavy_mix(1, 10.0, 2), 2, None, kv_events=True)
     p = drv.placement
-    assert p is not None and p.overestimated == 0
+    index = fleet(prefix_heavy_mix(1, 10.0, 2), 2, None, kv_events=False).placement
+    assert p is not None and index is not None
+    assert p.overestimated == index.overestimated
     prompts = {tuple(c.prompt_ids) for c in drv.calls}
     for i, w in enumerate(drv.workers):
         for ids in prompts:

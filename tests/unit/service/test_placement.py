@@ -11,6 +11,7 @@ import pytest
 from scheduler import rules
 from scheduler.request import Priority, QueuedRequest
 from service.engines.engine_request import engine_request
+from service.engines.kv_view import CacheView
 from service.engines.placement import Placement
 from service.engines.protocol import EngineRequest, SamplingOptions
 from service.engines.stagger import Stagger
@@ -372,3 +373,29 @@ def test_a_replica_keeps_a_worker_for_the_light_tenant_another_replica_placed() 
     now[0] += 10.5
     late = b.place(_request(3000, light=False), [], set())
     assert late is not None and late.worker == 1 and b.stagger.kept_free == 1
+
+
+def test_with_the_exact_view_a_prompt_in_flight_counts_every_prefix_of_it_held() -> None:
+    """KV events report a prompt only once computed. Until then the placement counts
+    what is in flight on the worker: a second prompt sharing only the first's
+    document (its shallower blocks) finds it held there, not only a prompt sharing
+    the whole of it; nothing is left counted once both have left."""
+    p, _ = _placement(1)
+    p.exact[0] = CacheView()
+    doc = PROMPT[:160]  # 10 blocks
+    first = _admitted(p, [*doc, *range(1000, 1160)])
+    placed = p.place(first, list(first.prefix_keys), set())
+    assert placed is not None
+    second_keys = p.prefix_keys([*doc, *range(2000, 2160)])
+    assert p.held(0, second_keys) == len(doc)
+    assert p.held(0, list(first.prefix_keys)) == len(first.prefix_keys) * p.index.block
+    # A second prompt on the same document in flight, then each leaves.
+    second = _admitted(p, [*doc, *range(2000, 2160)])
+    placed2 = p.place(second, list(second.prefix_keys), set())
+    assert placed2 is not None
+    p.first_token(placed, first.prompt_tokens, 0)
+    assert p.held(0, second_keys) == len(second.prefix_keys) * p.index.block
+    p.released(placed)
+    p.released(placed2)
+    assert p.held(0, second_keys) == 0
+    assert p._computing == [{}]
