@@ -329,7 +329,13 @@ class Placement:
             self.on_light()
         healthy = [t.healthy for t in self.targets]
         pending = self._all_pending()
-        return self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s)
+        views = self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s)
+        keep = self.stagger.keep_slots
+        if not keep:
+            return views
+        light = req.light and req.prompt_tokens < self.stagger.min_tokens
+        spare = [self.load(i, now_s, 0, keep + 1) <= 1.0 for i in range(len(self.targets))]
+        return self.stagger.spared(light, views, pending, healthy, spare, now_s)
 
     def hold_until(
         self, req: EngineRequest, keys: Sequence[int], since_s: float, first: bool
