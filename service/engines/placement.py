@@ -329,7 +329,12 @@ class Placement:
             self.on_light()
         healthy = [t.healthy for t in self.targets]
         pending = self._all_pending()
-        views = self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s)
+        fits = [False] * len(self.targets)  # its KV beside what is in flight there
+        for i, v in views:
+            kv = rules.kv_tokens(req.prompt_tokens - v.matched, req.max_tokens)
+            kv_busy = self.kv_in_flight[i] + self.remote_load.of(i, now_s)[1]
+            fits[i] = kv_busy + kv <= self.targets[i].kv_capacity()
+        views = self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits)
         keep = self.stagger.keep_slots
         if not keep:
             return views

@@ -79,10 +79,15 @@ class Stagger:
         pending: Sequence[int],
         healthy: Sequence[bool],
         now_s: float,
+        fits: Sequence[bool] | None = None,
     ) -> list[tuple[int, WorkerView]]:
         """The views a prompt of `prompt_tokens` may take: while the light tenant is
         active, all but the last worker on short steps, unless the prompt's part
-        uncached there keeps that worker short."""
+        uncached there keeps that worker short, or (`fits`: worker i's KV holds the
+        prompt beside what is in flight there) no other worker holds it: parked on a
+        full one it waits in that engine's queue while its KV fills admission's
+        budget, and the light tenant waits behind it in fairgate's queue
+        (docs/benchmarks.md, "Long mix on two workers: traced")."""
         if not (self.min_tokens and self.keep_free) or prompt_tokens < self.min_tokens:
             return views
         if not self.light_active(now_s):
@@ -96,6 +101,8 @@ class Stagger:
             for i, v in views
             if i != last or pending[i] + prompt_tokens - v.matched < self.min_tokens
         ]
+        if fits is not None and not any(fits[i] for i, _ in left if i != last):
+            return views
         if left and len(left) < len(views):
             self.kept_free += 1
         return left or views

@@ -320,6 +320,14 @@ def bench_stagger(
     share: Annotated[
         bool, typer.Option(help="replicas hear each other's long prefills (prefix share)")
     ] = True,
+    kv_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="each engine's KV tokens, admission at kv_target_fraction of them, as "
+            "`bench fleet`'s workers (16000); default: the preset's, admission at 60000",
+        ),
+    ] = None,
     json_out: Annotated[str, typer.Option("--json", help="also write every run here")] = "",
 ) -> None:
     """Issue #33's levers on the virtual fleet (simulated time): the light tenant's
@@ -346,4 +354,4 @@ def bench_stagger(
         raise typer.BadParameter("engine counts are positive integers", param_hint="--engines")
     # "none" first: the others' tokens/s are set against it.
     combos = {n: table[n] for n in ["none", *names] if n in names or n == "none"}
-    stagger_main(mix_list, counts, seed_list, combos, seconds, json_out, replicas, share)
+    stagger_main(mix_list, counts, seed_list, combos, seconds, json_out, replicas, share, kv_tokens)

@@ -298,11 +298,14 @@ class Driver:
         while self.clock.now_s() < until_s:
             # Every engine with work steps; the one whose step ends first reports.
             for w in self.workers:
+                if w.step is None and w.core.idle:
+                    w.deliver_late()  # an idle engine takes them as they come
                 if w.step is None and not w.core.idle:
                     w.step = w.core.step()
                     w.end_s = self.clock.now_s() + w.step.duration_s
                     self.steps += 1
                     assert self.steps < max_steps, "simulation does not terminate"
+                    w.deliver_late()  # after the step it formed (sim_fleet.SimWorker.late)
             stepping = [w for w in self.workers if w.step is not None]
             if not stepping:
                 if self._next_event_s() == math.inf:

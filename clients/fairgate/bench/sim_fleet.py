@@ -17,7 +17,7 @@ from service.engines.engine_request import engine_request
 from service.engines.placement import Placement
 from service.engines.protocol import EngineRequest, SamplingOptions
 from service.engines.routing import Routing
-from service.engines.simulator.core import Emission, SimConfig, SimCore, StepResult
+from service.engines.simulator.core import Emission, SimConfig, SimCore, SimRequest, StepResult
 from service.engines.staged_prefill import StagedPrefill, Staging
 from service.engines.stagger import Stagger
 
@@ -38,6 +38,18 @@ class SimWorker:
     lane_queue: deque[Call] = field(default_factory=deque)
     # Its KV events into the placement's exact view (lever 3); None: the index only.
     kv: KvFeed | None = None
+    # Sent in answer to one of its emissions (a stage's successor, the lane's next
+    # request): they reach it a gateway round trip after its step ended, when it
+    # has formed its next step already (`deliver_late`).
+    late: list[SimRequest] = field(default_factory=list)
+
+    def deliver_late(self) -> None:
+        """The late requests reach the engine: called once its next step is formed
+        (or at once where it is idle and waits for work), as a sim-server's or
+        SGLang's loop forms the next batch before a round trip can answer."""
+        for r in self.late:
+            self.core.add(r)
+        self.late.clear()
 
     def slots(self) -> int:
         return self.core.config.max_running_requests
@@ -209,8 +221,9 @@ class SimFleet:
         else:
             self._send_whole(call)
 
-    def _send_whole(self, call: Call) -> None:
-        core = self.workers[call.worker].core
+    def _send_whole(self, call: Call, late: bool = False) -> None:
+        w = self.workers[call.worker]
+        core = w.core
         sampling = SamplingOptions(ignore_eos=False)
         sim_req = core.make_request(
             call.req.request_id,
@@ -219,23 +232,24 @@ class SimFleet:
             sampling,
             call.engine_priority,
         )
-        core.add(sim_req)
+        (w.late.append if late else core.add)(sim_req)
         call.sim_req = sim_req
 
-    def _send_stage(self, call: Call) -> None:
-        """The next prefill-only stage, or the request whole (staged_prefill.py)."""
+    def _send_stage(self, call: Call, late: bool = False) -> None:
+        """The next prefill-only stage, or the request whole (staged_prefill.py);
+        `late`: sent in answer to an emission (see `SimWorker.late`)."""
         assert call.staging is not None
         end = call.staging.next_end()
         if end is None:
             call.stage_req = None
-            self._send_whole(call)
+            self._send_whole(call, late)
             return
-        core = self.workers[call.worker].core
+        w = self.workers[call.worker]
         rid = f"{call.req.request_id}/stage-{end}"
-        call.stage_req = core.make_request(
+        call.stage_req = w.core.make_request(
             rid, call.prompt_ids[:end], 0, SamplingOptions(), call.engine_priority
         )
-        core.add(call.stage_req)
+        (w.late.append if late else w.core.add)(call.stage_req)
         self._stages[rid] = call
 
     def _lane_free(self, call: Call) -> None:
@@ -247,7 +261,7 @@ class SimFleet:
             return
         w.lane = w.lane_queue.popleft() if w.lane_queue else None
         if w.lane is not None:
-            self._send_stage(w.lane)
+            self._send_stage(w.lane, late=True)
 
     def emitted(self, em: Emission) -> Call | None:
         """The request an emission's token is for; None: a stage that ended (the
@@ -258,7 +272,7 @@ class SimFleet:
         assert call.staging is not None and call.stage_req is not None
         del self._stages[em.rid]
         call.staging.stage_done(call.stage_req.cached_tokens)
-        self._send_stage(call)
+        self._send_stage(call, late=True)
         return None
 
     def first_token(self, call: Call) -> int:
@@ -286,6 +300,7 @@ class SimFleet:
             self._held.remove(call)
         w = self.workers[call.worker]
         w.core.abort(call.req.request_id)
+        w.late = [r for r in w.late if r is not call.sim_req and r is not call.stage_req]
         if call.stage_req is not None:  # ended during a stage: that is aborted too
             w.core.abort(call.stage_req.rid)
             self._stages.pop(call.stage_req.rid, None)

@@ -167,8 +167,22 @@ def solo(arrivals: Sequence[Arrival]) -> list[Arrival]:
     return [a for a in arrivals if a.tenant_id == LIGHT]
 
 
-def sim_config() -> SimConfig:
-    return SimConfig(cost=preset(), max_running_requests=SLOTS, chunked_prefill_size=CHUNK_TOKENS)
+def sim_config(kv_tokens: int | None = None) -> SimConfig:
+    return SimConfig(
+        cost=preset(),
+        max_running_requests=SLOTS,
+        chunked_prefill_size=CHUNK_TOKENS,
+        kv_capacity_tokens=kv_tokens,
+    )
+
+
+def admitted_kv(engines: int, kv_tokens: int | None) -> int:
+    """Admission's KV budget: KV_PER_ENGINE each (engines of the preset's KV, more),
+    or, with `kv_tokens` per engine, as the server sets it on such engines
+    (kv_target_fraction of their capacity: `bench fleet`'s live workers)."""
+    if kv_tokens is None:
+        return KV_PER_ENGINE * engines
+    return int(kv_tokens * engines * SETTINGS.kv_target_fraction)
 
 
 def fleet(
@@ -179,14 +193,18 @@ def fleet(
     replicas: int = 1,
     share: bool = True,
     kv_events: bool = False,
+    kv_tokens: int | None = None,
 ) -> Driver:
     """The trace through `engines` engines behind the server's placement (one engine
-    too: a pool of one, so that the levers that live in the placement apply)."""
+    too: a pool of one, so that the levers that live in the placement apply);
+    `kv_tokens`: each engine's KV capacity (None: the preset's), see `admitted_kv`."""
     reg, clock, st = TenantRegistry([TenantConfig(t) for t in TENANTS]), FakeClock(), SETTINGS
     drv = Driver(
         make_policy(st.policy, policy_options(st, clock, reg)),
-        AdmissionLimits(max_requests=SLOTS * engines, max_kv_tokens=KV_PER_ENGINE * engines),
-        sim_config(),
+        AdmissionLimits(
+            max_requests=SLOTS * engines, max_kv_tokens=admitted_kv(engines, kv_tokens)
+        ),
+        sim_config(kv_tokens),
         tenants=reg,
         w_in=st.vtc_w_in,
         w_out=st.vtc_w_out,

@@ -115,16 +115,18 @@ def run_matrix(
     seconds: float,
     replicas: int = 1,
     share: bool = True,
+    kv_tokens: int | None = None,
 ) -> list[dict[str, Any]]:
     """One row per (mix, engines, seed, levers): what that run measured (`replicas`
-    placing the requests, hearing each other or not: `stagger.fleet`)."""
+    placing the requests, hearing each other or not; `kv_tokens`: see `stagger.fleet`)."""
     rows = []
     b = bars()
     for mix in mixes:
         for engines in engine_counts:
             for seed in seeds:
                 arrivals = MIXES[mix](seed, seconds, engines)
-                solo_ttft = light_ttft_s(fleet(solo(arrivals), engines, None))
+                solo_run = fleet(solo(arrivals), engines, None, kv_tokens=kv_tokens)
+                solo_ttft = light_ttft_s(solo_run)
                 solo_p50, solo_p99 = quantile(solo_ttft, 0.5), quantile(solo_ttft, 0.99)
                 base = math.nan
                 for name, lv in combos.items():
@@ -136,6 +138,7 @@ def run_matrix(
                         replicas,
                         share,
                         lv.kv_events,
+                        kv_tokens,
                     )
                     ttft, rate = light_ttft_s(drv), tokens_per_s(drv)
                     base = rate if name == "none" or math.isnan(base) else base
@@ -254,11 +257,14 @@ def main(
     json_out: str = "",
     replicas: int = 1,
     share: bool = True,
+    kv_tokens: int | None = None,
 ) -> list[dict[str, Any]]:
-    rows = run_matrix(mixes, engine_counts, seeds, combos, seconds, replicas, share)
+    rows = run_matrix(mixes, engine_counts, seeds, combos, seconds, replicas, share, kv_tokens)
     summary = summarize(rows)
     if replicas > 1:
         print(f"{replicas} replicas placing the requests, " + ("sharing" if share else "apart"))
+    if kv_tokens is not None:
+        print(f"engines of {kv_tokens} KV tokens, admission at kv_target_fraction of them")
     print_table(summary, seeds)
     if json_out:
         write_json(json_out, rows, summary)

@@ -1,0 +1,48 @@
+"""Staggered prefill keeps a long prompt off the last worker on short steps only
+where another worker's KV holds it (issue #33, traced on two live workers: a
+prompt parked on a full worker waits in its engine's queue while its KV fills
+admission's budget, and the light tenant waits behind it in fairgate's queue)."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.engines.placement import Placement
+from service.engines.routing import WorkerView
+from service.engines.stagger import Stagger
+from tests.unit.service.test_placement import KV, _request, _Target
+
+
+def _two_workers() -> Placement:
+    p = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: 5.0)
+    p.stagger = Stagger(min_tokens=1024, light_window_s=10.0)
+    p.stagger.light_seen_s = 4.0  # a light tenant is active
+    p.pending_prefill[:] = [0, 4000]  # w0 on short steps, w1 mid-prefill
+    return p
+
+
+@pytest.mark.parametrize(("busy_kv", "kept"), [(1_000, True), (KV - 2_000, False)])
+def test_a_long_prompt_is_kept_off_the_free_worker_only_where_the_busy_one_holds_it(
+    busy_kv: int, kept: bool
+) -> None:
+    p = _two_workers()
+    p.kv_in_flight[1] = busy_kv
+    placed = p.place(_request(3000, light=False), [], set())
+    assert placed is not None
+    assert placed.worker == (1 if kept else 0) and p.stagger.kept_free == int(kept)
+
+
+def test_another_replicas_kv_on_the_busy_worker_counts() -> None:
+    p = _two_workers()
+    p.kv_in_flight[1] = 1_000
+    p.learn_load("w1", "other", 2, KV - 3_000)  # w1 full with the other replica's
+    placed = p.place(_request(3000, light=False), [], set())
+    assert placed is not None and placed.worker == 0 and p.stagger.kept_free == 0
+
+
+def test_without_the_fit_the_rule_keeps_as_before() -> None:
+    st = Stagger(min_tokens=1024, light_seen_s=4.0)
+    views = [(0, WorkerView(0.1)), (1, WorkerView(0.1))]
+    left = st.kept(3000, views, [0, 4000], [True, True], 5.0)
+    assert [i for i, _ in left] == [1]
+    assert st.kept(3000, views, [0, 4000], [True, True], 5.0, [True, False]) == views
