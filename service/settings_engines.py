@@ -85,14 +85,6 @@ class EngineSettings(BaseModel):
         "so a light request finds one on short steps (0: off; 1024 measured: docs/benchmarks.md).",
         ge=0,
     )
-    sglang_stagger_keep_slots: int = _s(
-        0,
-        "Pool, with staggered prefill: while a light tenant is active, the last worker on "
-        "short steps keeps this many slots free for its requests, where another worker has "
-        "room (0: off; measured: docs/benchmarks.md).",
-        ge=0,
-        le=64,
-    )
     sglang_stagger_light_window_s: float = _s(
         10.0,
         "Pool, staggered prefill: a light tenant is active this long after its last request.",

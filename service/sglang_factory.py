@@ -76,7 +76,6 @@ def build_sglang_http(settings: Settings, staged: StagedPrefill) -> WorkerPool:
             min_tokens=settings.sglang_stagger_prefill_tokens,
             light_window_s=settings.sglang_stagger_light_window_s,
             hold_max_s=settings.sglang_cold_start_hold_s,
-            keep_slots=settings.sglang_stagger_keep_slots,
         ),
         breaker=BreakerPolicy(
             consecutive_failures=settings.sglang_eject_after_failures,

@@ -334,13 +334,7 @@ class Placement:
             kv = rules.kv_tokens(req.prompt_tokens - v.matched, req.max_tokens)
             kv_busy = self.kv_in_flight[i] + self.remote_load.of(i, now_s)[1]
             fits[i] = kv_busy + kv <= self.targets[i].kv_capacity()
-        views = self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits)
-        keep = self.stagger.keep_slots
-        if not keep:
-            return views
-        light = req.light and req.prompt_tokens < self.stagger.min_tokens
-        spare = [self.load(i, now_s, 0, keep + 1) <= 1.0 for i in range(len(self.targets))]
-        return self.stagger.spared(light, views, pending, healthy, spare, now_s)
+        return self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits)
 
     def hold_until(
         self, req: EngineRequest, keys: Sequence[int], since_s: float, first: bool

@@ -7,9 +7,7 @@ rules keep a worker on short steps for the light tenant:
 
 - **keep one free** (`kept`, lever 1): a long prompt never takes the last
   worker free of long prefill (no long prefill routed there and not streamed).
-  Where every worker is mid-prefill there is nothing to keep. With
-  `keep_slots`, no other request takes that worker's last free slots either
-  (`spared`), while another worker has room.
+  Where every worker is mid-prefill there is nothing to keep.
 - **cold-start hold** (`hold_until_s`, lever 4): where every worker *is*
   mid-prefill, a cold long prompt is not started anywhere (which would keep
   them all mid-prefill for another prompt's worth of chunks): it waits, before
@@ -41,13 +39,9 @@ class Stagger:
     light_window_s: float = 10.0
     keep_free: bool = True
     hold_max_s: float = 0.0
-    # Slots the last worker on short steps keeps free for the light tenant (0: off).
-    keep_slots: int = 0
     light_seen_s: float = float("-inf")
     # Long prompts kept off the last worker on short steps.
     kept_free: int = 0
-    # Requests kept off the last worker on short steps to keep its slots free.
-    kept_slots: int = 0
     # Cold long prompts held (once each), and those the bound released.
     held: int = 0
     held_to_bound: int = 0
@@ -106,33 +100,6 @@ class Stagger:
         if left and len(left) < len(views):
             self.kept_free += 1
         return left or views
-
-    def spared(
-        self,
-        light: bool,
-        views: list[tuple[int, WorkerView]],
-        pending: Sequence[int],
-        healthy: Sequence[bool],
-        spare: Sequence[bool],
-        now_s: float,
-    ) -> list[tuple[int, WorkerView]]:
-        """Slot headroom (`keep_slots`): while the light tenant is active, a request
-        that is not its short one (`light`) does not take the last worker on short
-        steps unless `keep_slots` of its slots stay free (`spare[i]`: worker i has
-        `keep_slots` free beside this request), where another worker has room. Else
-        requests that are not long prefills (the rule above lets them in) fill its
-        slots, and a light request finding it full goes behind a prefill elsewhere."""
-        if not (self.min_tokens and self.keep_slots) or light or not self.light_active(now_s):
-            return views
-        free = [i for i, ok in enumerate(healthy) if ok and self.short(pending[i])]
-        if len(free) != 1 or spare[free[0]]:
-            return views
-        left = [(i, v) for i, v in views if i != free[0]]
-        if not any(v.load <= 1.0 for _, v in left):
-            return views
-        if len(left) < len(views):
-            self.kept_slots += 1
-        return left
 
     def hold_until_s(
         self,

@@ -72,17 +72,12 @@ class Levers:
     # Staged prefill only for prompts cold where the placement sends them.
     cold_only: bool = False
     kv_events: bool = False
-    # Slots the worker kept on short steps keeps free for the light tenant.
-    keep_slots: int = 0
 
     def stagger(self) -> Stagger | None:
         if not (self.keep_free or self.hold_max_s):
             return None
         return Stagger(
-            min_tokens=self.min_tokens,
-            keep_free=self.keep_free,
-            hold_max_s=self.hold_max_s,
-            keep_slots=self.keep_slots,
+            min_tokens=self.min_tokens, keep_free=self.keep_free, hold_max_s=self.hold_max_s
         )
 
     def staged(self) -> StagedPrefill | None:
@@ -109,11 +104,6 @@ def levers(min_tokens: int, hold_max_s: float, stage_tokens: int) -> dict[str, L
         ),
         "all-cold+kv": Levers(
             True, hold_max_s, stage_tokens, min_tokens, cold_only=True, kv_events=True
-        ),
-        "stagger+slot": Levers(keep_free=True, min_tokens=min_tokens, keep_slots=1),
-        "stagger+2slots": Levers(keep_free=True, min_tokens=min_tokens, keep_slots=2),
-        "all-cold+slot": Levers(
-            True, hold_max_s, stage_tokens, min_tokens, cold_only=True, keep_slots=1
         ),
     }
 

@@ -399,26 +399,3 @@ def test_with_the_exact_view_a_prompt_in_flight_counts_every_prefix_of_it_held()
     p.released(placed2)
     assert p.held(0, second_keys) == 0
     assert p._computing == [{}]
-
-
-def test_slot_headroom_keeps_the_last_short_worker_s_last_slot_for_the_light_tenant() -> None:
-    """With keep_slots 1, while the light tenant is active, short requests of other
-    tenants fill the worker on short steps only up to its last free slot, where
-    another worker has room; the light tenant's own request takes that slot."""
-    p = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: 0.0)
-    p.stagger = Stagger(min_tokens=1024, keep_slots=1)
-    p.released(p.place(_request(40, light=True), [], set()) or pytest.fail())
-    p.pending_prefill[0] = 3000  # w0 mid-prefill: w1 is the last on short steps
-    placed = [p.place(_request(100, light=False), [], set()) for _ in range(SLOTS + 2)]
-    on_w1 = [x for x in placed if x is not None and x.worker == 1]
-    assert len(on_w1) == SLOTS - 1 and p.stagger.kept_slots >= 3
-    light = p.place(_request(40, light=True), [], set())
-    assert light is not None and light.worker == 1 and p.in_flight[1] == SLOTS
-    # Without the setting the same requests fill it.
-    q = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: 0.0)
-    q.stagger = Stagger(min_tokens=1024)
-    q.released(q.place(_request(40, light=True), [], set()) or pytest.fail())
-    q.pending_prefill[0] = 3000
-    for _ in range(SLOTS + 2):
-        q.place(_request(100, light=False), [], set())
-    assert q.in_flight[1] == SLOTS
