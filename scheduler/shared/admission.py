@@ -378,7 +378,12 @@ class SharedAdmission:
 
     # -- decisions made (by the store, or the fail-open fallback) ---------------------
     def after_offer(
-        self, admitted: list[str], step: Step, decided_by: Place, lent: Set[str] = frozenset()
+        self,
+        admitted: list[str],
+        step: Step,
+        decided_by: Place,
+        lent: Set[str] = frozenset(),
+        light: Set[str] = frozenset(),
     ) -> None:
         """Start what was admitted, in the order decided (the engine queues in the
         order it is sent; its lease is where `decided_by` says); settle what was
@@ -391,7 +396,7 @@ class SharedAdmission:
                 continue
             if c.lease_id in order:
                 entry.lease_at = decided_by
-                entry.req.light = rules.light(c.queued)
+                entry.req.light = c.lease_id in light
                 entry.req.lent = c.lease_id in lent
                 if c.take_buckets:
                     entry.buckets_at = entry.lease_at

@@ -52,10 +52,16 @@ class Offers(Protocol):
     """Where the pump's decisions land (`SharedAdmission`)."""
 
     def after_offer(
-        self, admitted: list[str], step: Step, decided_by: Place, lent: Set[str] = frozenset()
+        self,
+        admitted: list[str],
+        step: Step,
+        decided_by: Place,
+        lent: Set[str] = frozenset(),
+        light: Set[str] = frozenset(),
     ) -> None:
-        """Start what was admitted (its lease is in the store `decided_by`); settle what
-        was dropped while the step was away."""
+        """Start what was admitted (its lease is in the store `decided_by`; `lent`:
+        beyond the room, `light`: its tenant light across the fleet); settle what was
+        dropped while the step was away."""
         ...
 
     def weights(self, tenants: Iterable[str]) -> dict[str, float]: ...
@@ -379,7 +385,7 @@ class Pump:
             # Decided without finding the engine full (e.g. a recheck after output
             # charges): the next step decides again at once.
             self._full_until_s = -math.inf
-        self._offers.after_offer(admitted, step, Place.SHARED, self._lent(step, out))
+        self._offers.after_offer(admitted, step, Place.SHARED, *self._marked(step, out))
         self._failover.saw(out)
         if admitted:
             self._wake.set()
@@ -437,8 +443,10 @@ class Pump:
                 )
                 self._outbox.charge(c.tenant_id, charge)
             admitted = [step.candidates[i].lease_id for i in out.admitted]
-            self._offers.after_offer(admitted, step, Place.LOCAL, self._lent(step, out))
+            self._offers.after_offer(admitted, step, Place.LOCAL, *self._marked(step, out))
 
     @staticmethod
-    def _lent(step: Step, out: StepOutcome) -> set[str]:
-        return {step.candidates[i].lease_id for i in out.lent}
+    def _marked(step: Step, out: StepOutcome) -> tuple[set[str], set[str]]:
+        """The admitted leases lent room, and those whose tenant was light."""
+        c = step.candidates
+        return {c[i].lease_id for i in out.lent}, {c[i].lease_id for i in out.light}

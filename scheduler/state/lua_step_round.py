@@ -313,5 +313,10 @@ while going do
 end
 local flat = {}
 for tenant, c in pairs(counters) do table.insert(flat, tenant); table.insert(flat, fmt(c)) end
-return {admitted, full, blocked, flat, settled, state_lost, n, held, lent, turn}
+-- the admitted whose tenant was light across the fleet (store_round.py: decide)
+local light = {}
+for _, i in ipairs(admitted) do
+  if cands[i + 1].fq <= LIGHT_QUEUE then table.insert(light, i) end
+end
+return {admitted, full, blocked, flat, settled, state_lost, n, held, lent, turn, light}
 """

@@ -205,7 +205,7 @@ class RedisStore:
             args += [str(c.kv_tokens), "1" if c.take_buckets else "0", *_limits(c.buckets)]
             args += [_num(c.max_concurrent), str(c.queued), str(c.seq), str(c.cached)]
         raw = await self._eval(_STEP, self._keys(tenants), args)
-        admitted, full, blocked, flat, settled, state_lost, n, held, lent, turn = raw
+        admitted, full, blocked, flat, settled, state_lost, n, held, lent, turn, light = raw
         out = StepOutcome(
             admitted=[int(text(x)) for x in admitted],
             full=bool(int(full)),
@@ -214,6 +214,7 @@ class RedisStore:
             in_flight=int(n),
             held=[int(text(x)) for x in held],
             lent=[int(text(x)) for x in lent],
+            light=[int(text(x)) for x in light],
             turn=bool(int(turn)),
         )
         for k in range(0, len(blocked), 2):

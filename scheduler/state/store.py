@@ -185,6 +185,9 @@ class StepOutcome:
     in_flight: int = 0
     # Admitted candidates that went beyond the room, into what PREEMPT lends.
     lent: list[int] = field(default_factory=list)
+    # Admitted candidates whose tenant was light across the fleet (its queue here
+    # and on the other replicas): what the engine priority's `light` follows.
+    light: list[int] = field(default_factory=list)
     # The round stopped for a tenant backlogged on another replica (rules.behind).
     turn: bool = False
 

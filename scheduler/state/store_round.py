@@ -31,6 +31,7 @@ def decide(store: MemoryStore, replica_id: str, step: Step, now_s: float, out: S
         store.weights[c.tenant_id] = c.weight
     r = StoreRound(store, replica_id, step, now_s, out)
     decision.admit_round(r, step.reserve_fraction, step.isolation)
+    out.light = [i for i in out.admitted if rules.light(r.queued(step.candidates[i]))]
 
 
 class StoreRound:

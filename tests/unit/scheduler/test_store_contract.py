@@ -218,10 +218,14 @@ async def test_light_or_heavy_by_what_a_tenant_has_queued_across_the_fleet(store
     await store.step("r1", Step(LIMITS, announce=["spread", "other"]))
     await store.step("r1", Step(LIMITS, charges={"spread": 100.0, "other": 60.0}))
     offered = [cand("s", "spread", queued=3), cand("o", "other", queued=9)]
-    assert await admit(store, *offered, light_credit=1000.0) == [1]
-    # With nothing queued on r2 it is light (3 in all), and goes first.
+    out = await store.step("r1", Step(LIMITS, candidates=offered, light_credit=1000.0))
+    assert out.admitted == [1] and out.light == []
+    # With nothing queued on r2 it is light (3 in all): it goes first, and its
+    # request is marked light (the engine priority's `light`).
     await store.step("r2", Step(LIMITS, withdraw=["spread"]))
-    assert await admit(store, cand("s", "spread", queued=3), light_credit=1000.0) == [0]
+    step = Step(LIMITS, candidates=[cand("s", "spread", queued=3)], light_credit=1000.0)
+    out = await store.step("r1", step)
+    assert out.admitted == [0] and out.light == [0]
 
 
 async def test_nobody_backlogged_lifts_to_the_last_served_counter(store: Store) -> None:

@@ -128,6 +128,7 @@ def verdicts(out: StepOutcome) -> tuple[object, ...]:
         out.in_flight,
         out.lent,
         out.turn,
+        out.light,
     )
 
 
