@@ -329,11 +329,13 @@ class Placement:
             self.on_light()
         healthy = [t.healthy for t in self.targets]
         pending = self._all_pending()
-        fits = [False] * len(self.targets)  # its KV beside what is in flight there
-        for i, v in views:
+
+        def fits(i: int, v: WorkerView) -> bool:
+            """Worker i's KV holds the prompt beside what is in flight there."""
             kv = rules.kv_tokens(req.prompt_tokens - v.matched, req.max_tokens)
             kv_busy = self.kv_in_flight[i] + self.remote_load.of(i, now_s)[1]
-            fits[i] = kv_busy + kv <= self.targets[i].kv_capacity()
+            return kv_busy + kv <= self.targets[i].kv_capacity()
+
         return self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits)
 
     def hold_until(

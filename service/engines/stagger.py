@@ -24,7 +24,7 @@ after its last short request was placed, by this replica or (`heard`) another.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from service.engines.routing import WorkerView
@@ -73,12 +73,13 @@ class Stagger:
         pending: Sequence[int],
         healthy: Sequence[bool],
         now_s: float,
-        fits: Sequence[bool] | None = None,
+        fits: Callable[[int, WorkerView], bool] | None = None,
     ) -> list[tuple[int, WorkerView]]:
         """The views a prompt of `prompt_tokens` may take: while the light tenant is
         active, all but the last worker on short steps, unless the prompt's part
-        uncached there keeps that worker short, or (`fits`: worker i's KV holds the
-        prompt beside what is in flight there) no other worker holds it: parked on a
+        uncached there keeps that worker short, or (`fits(i, view)`: worker i's KV
+        holds the prompt beside what is in flight there; asked only where the rule
+        applies) no other worker holds it: parked on a
         full one it waits in that engine's queue while its KV fills admission's
         budget, and the light tenant waits behind it in fairgate's queue
         (docs/benchmarks.md, "Long mix on two workers: traced")."""
@@ -95,7 +96,7 @@ class Stagger:
             for i, v in views
             if i != last or pending[i] + prompt_tokens - v.matched < self.min_tokens
         ]
-        if fits is not None and not any(fits[i] for i, _ in left if i != last):
+        if fits is not None and not any(fits(i, v) for i, v in left if i != last):
             return views
         if left and len(left) < len(views):
             self.kept_free += 1

@@ -45,4 +45,5 @@ def test_without_the_fit_the_rule_keeps_as_before() -> None:
     views = [(0, WorkerView(0.1)), (1, WorkerView(0.1))]
     left = st.kept(3000, views, [0, 4000], [True, True], 5.0)
     assert [i for i, _ in left] == [1]
-    assert st.kept(3000, views, [0, 4000], [True, True], 5.0, [True, False]) == views
+    only_w0 = lambda i, v: i == 0  # noqa: E731 (w0 holds it, w1 does not)
+    assert st.kept(3000, views, [0, 4000], [True, True], 5.0, only_w0) == views
