@@ -85,6 +85,13 @@ class EngineSettings(BaseModel):
         "so a light request finds one on short steps (0: off; 1024 measured: docs/benchmarks.md).",
         ge=0,
     )
+    sglang_stagger_keep_tokens: int = _s(
+        0,
+        "Pool, staggered prefill: the worker kept on short steps takes only prompts that "
+        "leave its prefill below this many uncached tokens (0: sglang_stagger_prefill_tokens; "
+        "at most that; 256 measured on pools of four: docs/benchmarks.md).",
+        ge=0,
+    )
     sglang_stagger_light_window_s: float = _s(
         10.0,
         "Pool, staggered prefill: a light tenant is active this long after its last request.",

@@ -39,6 +39,12 @@ def build_sglang_http(settings: Settings, staged: StagedPrefill) -> WorkerPool:
             "FAIRGATE_SGLANG_STAGGER_PREFILL_TOKENS, the uncached length from which a prompt "
             "is long"
         )
+    if settings.sglang_stagger_keep_tokens > settings.sglang_stagger_prefill_tokens:
+        raise SystemExit(
+            "FAIRGATE_SGLANG_STAGGER_KEEP_TOKENS keeps the short-step worker below a prompt "
+            "shorter than a long one: set it at most FAIRGATE_SGLANG_STAGGER_PREFILL_TOKENS "
+            f"({settings.sglang_stagger_prefill_tokens}; 0 turns the stagger off)"
+        )
 
     def one(url: str) -> SglangHttpEngine:
         return SglangHttpEngine(
@@ -74,6 +80,7 @@ def build_sglang_http(settings: Settings, staged: StagedPrefill) -> WorkerPool:
         routing="locality" if settings.sglang_routing == "locality" else "least_full",
         stagger=Stagger(
             min_tokens=settings.sglang_stagger_prefill_tokens,
+            keep_tokens=settings.sglang_stagger_keep_tokens,
             light_window_s=settings.sglang_stagger_light_window_s,
             hold_max_s=settings.sglang_cold_start_hold_s,
         ),

@@ -20,6 +20,11 @@ rules keep a worker on short steps for the light tenant:
 A prompt is long when its uncached tokens (the prompt less the longest prefix a
 worker holds) reach `min_tokens`; a light tenant is active for `light_window_s`
 after its last short request was placed, by this replica or (`heard`) another.
+The worker kept on short steps takes less than that: only prompts that leave
+its prefill under `keep_tokens` (`keep`, default `min_tokens`). A prompt below
+`min_tokens` is no long prefill, yet at 1 000 tokens it is a 180 ms step
+beside which the light request waits (the long mix's 200-1 500-token
+conversations, docs/benchmarks.md "The kept worker's threshold").
 """
 
 from __future__ import annotations
@@ -33,9 +38,12 @@ from service.engines.routing import WorkerView
 @dataclass(slots=True)
 class Stagger:
     """`min_tokens`: an uncached prompt this long is a long prefill (0: both rules
-    off); `keep_free`: lever 1 on; `hold_max_s`: lever 4's bound (0: no hold)."""
+    off); `keep_tokens`: the worker kept on short steps takes only prompts that
+    leave its prefill below this (0: `min_tokens`); `keep_free`: lever 1 on;
+    `hold_max_s`: lever 4's bound (0: no hold)."""
 
     min_tokens: int = 0
+    keep_tokens: int = 0
     light_window_s: float = 10.0
     keep_free: bool = True
     hold_max_s: float = 0.0
@@ -62,6 +70,10 @@ class Stagger:
     def light_active(self, now_s: float) -> bool:
         return now_s - self.light_seen_s <= self.light_window_s
 
+    def keep(self) -> int:
+        """The worker kept on short steps stays below this much prefill."""
+        return self.keep_tokens or self.min_tokens
+
     def short(self, pending_prefill_tokens: int) -> bool:
         """A worker with this much prefill routed and not streamed is on short steps."""
         return pending_prefill_tokens < self.min_tokens
@@ -77,13 +89,14 @@ class Stagger:
     ) -> list[tuple[int, WorkerView]]:
         """The views a prompt of `prompt_tokens` may take: while the light tenant is
         active, all but the last worker on short steps, unless the prompt's part
-        uncached there keeps that worker short, or (`fits(i, view)`: worker i's KV
-        holds the prompt beside what is in flight there; asked only where the rule
-        applies) no other worker holds it: parked on a
-        full one it waits in that engine's queue while its KV fills admission's
-        budget, and the light tenant waits behind it in fairgate's queue
-        (docs/benchmarks.md, "Long mix on two workers: traced")."""
-        if not (self.min_tokens and self.keep_free) or prompt_tokens < self.min_tokens:
+        uncached there keeps that worker's prefill below `keep()`, or
+        (`fits(i, view)`: worker i's KV holds the prompt beside what is in flight
+        there; asked only where the rule applies) no other worker holds it: parked
+        on a full one it waits in that engine's queue while its KV fills
+        admission's budget, and the light tenant waits behind it in fairgate's
+        queue (docs/benchmarks.md, "Long mix on two workers: traced")."""
+        keep = self.keep()
+        if not (self.min_tokens and self.keep_free) or prompt_tokens < keep:
             return views
         if not self.light_active(now_s):
             return views
@@ -92,9 +105,7 @@ class Stagger:
             return views
         last = free[0]
         left = [
-            (i, v)
-            for i, v in views
-            if i != last or pending[i] + prompt_tokens - v.matched < self.min_tokens
+            (i, v) for i, v in views if i != last or pending[i] + prompt_tokens - v.matched < keep
         ]
         if fits is not None and not any(fits(i, v) for i, v in left if i != last):
             return views

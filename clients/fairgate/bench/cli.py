@@ -313,6 +313,14 @@ def bench_stagger(
     min_tokens: Annotated[
         int, typer.Option(min=1, help="stagger and hold: a long prompt's uncached tokens")
     ] = 1024,
+    keep_tokens: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="stagger: the worker kept on short steps takes only prompts that leave its "
+            "prefill below this (0: --min-tokens)",
+        ),
+    ] = 0,
     hold_max_s: Annotated[float, typer.Option(min=0.01, help="hold: the longest hold")] = 2.0,
     stage_tokens: Annotated[int, typer.Option(min=1, help="staged: tokens per stage")] = 512,
     seconds: Annotated[float, typer.Option(min=1, help="simulated seconds per trace")] = 30.0,
@@ -338,7 +346,9 @@ def bench_stagger(
     from fairgate.bench.stagger import levers as lever_table
     from fairgate.bench.stagger_report import main as stagger_main
 
-    table = lever_table(min_tokens, hold_max_s, stage_tokens)
+    if keep_tokens > min_tokens:
+        raise typer.BadParameter("at most --min-tokens", param_hint="--keep-tokens")
+    table = lever_table(min_tokens, hold_max_s, stage_tokens, keep_tokens)
     names = [x.strip() for x in levers.split(",") if x.strip()]
     if not names or any(n not in table for n in names):
         raise typer.BadParameter(f"use names among {','.join(table)}", param_hint="--levers")

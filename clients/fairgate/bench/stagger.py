@@ -26,6 +26,7 @@ hear each other's long prefills and routes, as prefix_share.py carries them live
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -72,12 +73,17 @@ class Levers:
     # Staged prefill only for prompts cold where the placement sends them.
     cold_only: bool = False
     kv_events: bool = False
+    # The worker kept on short steps stays below this much prefill (0: min_tokens).
+    keep_tokens: int = 0
 
     def stagger(self) -> Stagger | None:
         if not (self.keep_free or self.hold_max_s):
             return None
         return Stagger(
-            min_tokens=self.min_tokens, keep_free=self.keep_free, hold_max_s=self.hold_max_s
+            min_tokens=self.min_tokens,
+            keep_tokens=self.keep_tokens,
+            keep_free=self.keep_free,
+            hold_max_s=self.hold_max_s,
         )
 
     def staged(self) -> StagedPrefill | None:
@@ -88,8 +94,18 @@ class Levers:
         )
 
 
-def levers(min_tokens: int, hold_max_s: float, stage_tokens: int) -> dict[str, Levers]:
-    """The combinations the table compares, in its order."""
+def levers(
+    min_tokens: int, hold_max_s: float, stage_tokens: int, keep_tokens: int = 0
+) -> dict[str, Levers]:
+    """The combinations the table compares, in its order (`keep_tokens`: every
+    stagger's, see `Levers`)."""
+    return {
+        name: dataclasses.replace(lev, keep_tokens=keep_tokens)
+        for name, lev in _levers(min_tokens, hold_max_s, stage_tokens).items()
+    }
+
+
+def _levers(min_tokens: int, hold_max_s: float, stage_tokens: int) -> dict[str, Levers]:
     return {
         "none": Levers(min_tokens=min_tokens),
         "stagger": Levers(keep_free=True, min_tokens=min_tokens),

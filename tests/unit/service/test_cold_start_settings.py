@@ -43,3 +43,16 @@ def test_one_url_is_a_pool_of_one_that_holds_and_retries_itself() -> None:
     two = build_sglang_http(settings.replace(sglang_urls=URLS), StagedPrefill())
     assert two.kind == "sglang-http-pool"
     assert [w.engine.config.retries for w in two.workers] == [0, 0]
+
+
+def test_the_keep_threshold_reaches_the_stagger_and_is_at_most_a_long_prompt() -> None:
+    settings = Settings(
+        sglang_urls=URLS, sglang_stagger_prefill_tokens=1024, sglang_stagger_keep_tokens=256
+    )
+    pool = build_sglang_http(settings, StagedPrefill())
+    st = pool.placement.stagger
+    assert (st.min_tokens, st.keep_tokens, st.keep()) == (1024, 256, 256)
+    default = build_sglang_http(settings.replace(sglang_stagger_keep_tokens=0), StagedPrefill())
+    assert default.placement.stagger.keep() == 1024
+    with pytest.raises(SystemExit, match="at most FAIRGATE_SGLANG_STAGGER_PREFILL_TOKENS"):
+        build_sglang_http(settings.replace(sglang_stagger_keep_tokens=2048), StagedPrefill())
