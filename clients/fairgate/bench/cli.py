@@ -323,6 +323,9 @@ def bench_stagger(
     ] = 0,
     hold_max_s: Annotated[float, typer.Option(min=0.01, help="hold: the longest hold")] = 2.0,
     stage_tokens: Annotated[int, typer.Option(min=1, help="staged: tokens per stage")] = 512,
+    stage_min_tokens: Annotated[
+        int, typer.Option(min=2, help="staged: prompts of at least this many tokens")
+    ] = 2049,
     seconds: Annotated[float, typer.Option(min=1, help="simulated seconds per trace")] = 30.0,
     replicas: Annotated[int, typer.Option(min=1, help="fairgate replicas placing requests")] = 1,
     share: Annotated[
@@ -348,7 +351,7 @@ def bench_stagger(
 
     if keep_tokens > min_tokens:
         raise typer.BadParameter("at most --min-tokens", param_hint="--keep-tokens")
-    table = lever_table(min_tokens, hold_max_s, stage_tokens, keep_tokens)
+    table = lever_table(min_tokens, hold_max_s, stage_tokens, keep_tokens, stage_min_tokens)
     names = [x.strip() for x in levers.split(",") if x.strip()]
     if not names or any(n not in table for n in names):
         raise typer.BadParameter(f"use names among {','.join(table)}", param_hint="--levers")

@@ -59,7 +59,8 @@ class FleetVariant:
 # Issue #33's levers as the server would run them on a pool: staggered prefill at
 # N = 1024, the worker kept on short steps below 256 (as measured on four), with
 # the cold-start hold (2 s, as `bench stagger` measured it), staged prefill of
-# cold prompts longer than SGLang's 2048-token chunk in stages of 512.
+# cold prompts of 256 tokens or more in stages of 128 (session 16: every step
+# then carries at most 128 prompt tokens beside the light request).
 STAGGER: tuple[tuple[str, object], ...] = (
     ("sglang_stagger_prefill_tokens", 1024),
     ("sglang_stagger_keep_tokens", 256),
@@ -67,8 +68,8 @@ STAGGER: tuple[tuple[str, object], ...] = (
 LEVERS: tuple[tuple[str, object], ...] = (
     *STAGGER,
     ("sglang_cold_start_hold_s", 2.0),
-    ("staged_prefill_min_tokens", 2049),
-    ("staged_prefill_stage_tokens", 512),
+    ("staged_prefill_min_tokens", 256),
+    ("staged_prefill_stage_tokens", 128),
     ("staged_prefill_cold_only", True),
 )
 

@@ -75,6 +75,8 @@ class Levers:
     kv_events: bool = False
     # The worker kept on short steps stays below this much prefill (0: min_tokens).
     keep_tokens: int = 0
+    # Staged prefill from this many prompt tokens (default: past one chunk).
+    stage_min_tokens: int = CHUNK_TOKENS + 1
 
     def stagger(self) -> Stagger | None:
         if not (self.keep_free or self.hold_max_s):
@@ -90,17 +92,23 @@ class Levers:
         if not self.stage_tokens:
             return None
         return StagedPrefill(
-            min_tokens=CHUNK_TOKENS + 1, stage_tokens=self.stage_tokens, cold_only=self.cold_only
+            min_tokens=self.stage_min_tokens,
+            stage_tokens=self.stage_tokens,
+            cold_only=self.cold_only,
         )
 
 
 def levers(
-    min_tokens: int, hold_max_s: float, stage_tokens: int, keep_tokens: int = 0
+    min_tokens: int,
+    hold_max_s: float,
+    stage_tokens: int,
+    keep_tokens: int = 0,
+    stage_min_tokens: int = CHUNK_TOKENS + 1,
 ) -> dict[str, Levers]:
-    """The combinations the table compares, in its order (`keep_tokens`: every
-    stagger's, see `Levers`)."""
+    """The combinations the table compares, in its order (`keep_tokens`,
+    `stage_min_tokens`: every combination's, see `Levers`)."""
     return {
-        name: dataclasses.replace(lev, keep_tokens=keep_tokens)
+        name: dataclasses.replace(lev, keep_tokens=keep_tokens, stage_min_tokens=stage_min_tokens)
         for name, lev in _levers(min_tokens, hold_max_s, stage_tokens).items()
     }
 

@@ -52,7 +52,7 @@ def test_the_levers_reach_the_server_as_settings() -> None:
     s = _server_settings(fairgate_settings(VARIANTS["fg-levers"], Workers(URLS, EVENTS), "t.yaml"))
     assert (s.sglang_stagger_prefill_tokens, s.sglang_stagger_keep_tokens) == (1024, 256)
     assert s.sglang_cold_start_hold_s == 2.0
-    assert (s.staged_prefill_min_tokens, s.staged_prefill_stage_tokens) == (2049, 512)
+    assert (s.staged_prefill_min_tokens, s.staged_prefill_stage_tokens) == (256, 128)
     assert s.staged_prefill_cold_only
     assert s.sglang_kv_events == ",".join(EVENTS)
     assert s.sglang_urls == ",".join(URLS) and s.sglang_routing == "locality"
