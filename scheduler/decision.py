@@ -20,9 +20,7 @@ One round, in the order the VTC guarantee needs (see scheduler/rules):
   more than the allowance stops the round (`rules.behind`: its replica's turn);
 - then the engine's room, and the fair-share reserve or the lent room
   (`rules.verdict`, with `tenant_load` only when `rules.needs_load` says it
-  applies): FULL stops the round, nobody jumps the head; HOLD stops it too,
-  unless the reserve the head is held out of goes to a light tenant queued
-  behind it that may take it (`handover`);
+  applies): FULL or HOLD stop the round, nobody jumps the head;
 - ADMIT charges and opens the request (`Round.admit`), and the round goes on.
 
 `tenant_load` is the reserve's view of the candidate's tenant, stated once for
@@ -31,7 +29,6 @@ the dispatcher's per-process counts and the store's fleet-wide ones.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
@@ -89,9 +86,8 @@ class Round(Protocol[C]):
         ...
 
     def heads_upto(self, c: C, end: float) -> list[C]:
-        """The other tenants' heads (not `c`'s) whose order key is at most `end`,
-        in fair order (`in_fair_order`): locality's window, and the reserve's
-        `handover` (`end` inf)."""
+        """Locality: the other tenants' heads (not `c`'s) whose order key is at
+        most `end`, in fair order (`in_fair_order`)."""
         ...
 
     def cached(self, c: C) -> int:
@@ -160,26 +156,6 @@ def prefer(r: Round[C], c: C) -> C:
     return within[rules.locality_pick([r.cached(h) for h in within])]
 
 
-def handover(r: Round[C], c: C, reserve_fraction: float, isolation: rules.Isolation) -> C | None:
-    """The head `c` is held out of the reserve (HOLD): the reserve is kept for a
-    light tenant below its share, so when such a tenant's request is queued behind
-    `c` in fair order it is the one to take it, not to wait with `c` until `c`'s
-    counter passes its own (every tenant with a short queue has the light credit, so
-    a held flood can stay first). The first light head after `c` in fair order
-    whose verdict is ADMIT (below its share, or small enough to stay out of the
-    reserve); a head its own limits hold is held (`Round.hold`), any other skipped.
-    None: nobody, the round stops at `c`."""
-    for h in r.heads_upto(c, math.inf):
-        if not rules.light(r.queued(h)):
-            continue
-        v, own_wait_s = judge(r, h, reserve_fraction, isolation)
-        if v is Verdict.OWN_LIMIT:
-            r.hold(h, own_wait_s)
-        elif v is Verdict.ADMIT:
-            return h
-    return None
-
-
 def behind(r: Round[C], c: C) -> bool:
     """Is a tenant backlogged on another replica first, by more than the
     allowance (`rules.behind`: that replica's turn)?"""
@@ -223,11 +199,6 @@ def admit_round(r: Round[C], reserve_fraction: float, isolation: rules.Isolation
         v, own_wait_s = judge(r, c, reserve_fraction, isolation)
         if v is Verdict.OWN_LIMIT:
             r.hold(c, own_wait_s)
-            continue
-        if v is Verdict.HOLD and (h := handover(r, c, reserve_fraction, isolation)) is not None:
-            lent = not rules.fits(r.limits, r.in_flight, r.in_flight_kv, h.kv_tokens)
-            if not r.admit(h, lent):
-                return Verdict.ADMIT
             continue
         if v is not Verdict.ADMIT:
             r.stopped(c, v)

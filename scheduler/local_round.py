@@ -67,10 +67,11 @@ class QueueRound:
 
     def heads_upto(self, c: QueuedRequest, end: float) -> list[QueuedRequest]:
         s = self.s
+        if s.locality is None:
+            return []
         heads = [h for h in s.policy.heads_upto(end) if h is not c and self._wanted(h)]
-        if s.locality is not None:
-            for h in heads:  # the head's is set (`head`)
-                h.cached_estimate = s.locality(h)
+        for h in heads:  # the head's is set (`head`)
+            h.cached_estimate = s.locality(h)
         return heads
 
     def cached(self, c: QueuedRequest) -> int:
