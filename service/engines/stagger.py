@@ -24,7 +24,8 @@ The worker kept on short steps takes less than that: only prompts that leave
 its prefill under `keep_tokens` (`keep`, default `min_tokens`). A prompt below
 `min_tokens` is no long prefill, yet at 1 000 tokens it is a 180 ms step
 beside which the light request waits (the long mix's 200-1 500-token
-conversations, docs/benchmarks.md "The kept worker's threshold").
+conversations; docs/benchmarks.md, the session-16 section on the kept
+worker's threshold).
 """
 
 from __future__ import annotations
