@@ -20,7 +20,9 @@ One round, in the order the VTC guarantee needs (see scheduler/rules):
   more than the allowance stops the round (`rules.behind`: its replica's turn);
 - then the engine's room, and the fair-share reserve or the lent room
   (`rules.verdict`, with `tenant_load` only when `rules.needs_load` says it
-  applies): FULL or HOLD stop the round, nobody jumps the head;
+  applies): FULL stops the round, nobody jumps the head; HOLD stops it too,
+  unless the reserve the head is held out of goes to a light tenant queued
+  behind it that may take it (`handover`);
 - ADMIT charges and opens the request (`Round.admit`), and the round goes on.
 
 `tenant_load` is the reserve's view of the candidate's tenant, stated once for
@@ -29,6 +31,7 @@ the dispatcher's per-process counts and the store's fleet-wide ones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
@@ -86,8 +89,9 @@ class Round(Protocol[C]):
         ...
 
     def heads_upto(self, c: C, end: float) -> list[C]:
-        """Locality: the other tenants' heads (not `c`'s) whose order key is at
-        most `end`, in fair order (`in_fair_order`)."""
+        """The other tenants' heads (not `c`'s) whose order key is at most `end`,
+        in fair order (`in_fair_order`): locality's window, and the reserve's
+        `handover` (`end` inf)."""
         ...
 
     def cached(self, c: C) -> int:
@@ -114,6 +118,13 @@ class Round(Protocol[C]):
 
     def stopped(self, c: C, v: Verdict) -> None:
         """The round stops at `c`: FULL, HOLD or TURN."""
+        ...
+
+    def held_over(self, c: C) -> None:
+        """`c` was held out of the reserve (HOLD) and the round went on past it (a
+        locality pick judged before the fair head, or a held head whose reserve
+        went to a light tenant behind it): like a stop at HOLD, the verdict may
+        change when the reserve's activity window ends, with no event to say so."""
         ...
 
     def admit(self, c: C, lent: bool) -> bool:
@@ -156,6 +167,26 @@ def prefer(r: Round[C], c: C) -> C:
     return within[rules.locality_pick([r.cached(h) for h in within])]
 
 
+def handover(r: Round[C], c: C, reserve_fraction: float, isolation: rules.Isolation) -> C | None:
+    """The head `c` is held out of the reserve (HOLD): the reserve is kept for a
+    light tenant below its share, so when such a tenant's request is queued behind
+    `c` in fair order it is the one to take it, not to wait with `c` until `c`'s
+    counter passes its own (every tenant with a short queue has the light credit, so
+    a held flood can stay first). The first light head after `c` in fair order
+    whose verdict is ADMIT (below its share, or small enough to stay out of the
+    reserve); a head its own limits hold is held (`Round.hold`), any other skipped.
+    None: nobody, the round stops at `c`."""
+    for h in r.heads_upto(c, math.inf):
+        if not rules.light(r.queued(h)):
+            continue
+        v, own_wait_s = judge(r, h, reserve_fraction, isolation)
+        if v is Verdict.OWN_LIMIT:
+            r.hold(h, own_wait_s)
+        elif v is Verdict.ADMIT:
+            return h
+    return None
+
+
 def behind(r: Round[C], c: C) -> bool:
     """Is a tenant backlogged on another replica first, by more than the
     allowance (`rules.behind`: that replica's turn)?"""
@@ -191,6 +222,8 @@ def admit_round(r: Round[C], reserve_fraction: float, isolation: rules.Isolation
             if v is Verdict.OWN_LIMIT:
                 r.hold(pick, own_wait_s)
                 continue
+            if v is Verdict.HOLD:
+                r.held_over(pick)
             if v is Verdict.ADMIT:
                 lent = not rules.fits(r.limits, r.in_flight, r.in_flight_kv, pick.kv_tokens)
                 if not r.admit(pick, lent):
@@ -199,6 +232,12 @@ def admit_round(r: Round[C], reserve_fraction: float, isolation: rules.Isolation
         v, own_wait_s = judge(r, c, reserve_fraction, isolation)
         if v is Verdict.OWN_LIMIT:
             r.hold(c, own_wait_s)
+            continue
+        if v is Verdict.HOLD and (h := handover(r, c, reserve_fraction, isolation)) is not None:
+            r.held_over(c)
+            lent = not rules.fits(r.limits, r.in_flight, r.in_flight_kv, h.kv_tokens)
+            if not r.admit(h, lent):
+                return Verdict.ADMIT
             continue
         if v is not Verdict.ADMIT:
             r.stopped(c, v)

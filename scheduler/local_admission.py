@@ -97,6 +97,8 @@ class LocalAdmission:
         self.pauses_total = 0
         # Rounds stopped to keep the fair-share reserve for a tenant below its share.
         self.reserve_holds_total = 0
+        # The last round judged a HOLD it did not stop at (`Round.held_over`).
+        self.reserve_held_over = False
         self._round = QueueRound(self)
         self.door: Door[LocalEntry]
 
@@ -150,11 +152,12 @@ class LocalAdmission:
             return
         self._pumping = True
         holds = self.reserve_holds_total
+        self.reserve_held_over = False
         try:
             decision.admit_round(self._round, self.reserve.fraction, self.isolation)
         finally:
             self._pumping = False
-        if self.reserve_holds_total != holds:
+        if self.reserve_holds_total != holds or self.reserve_held_over:
             # Held for a tenant that may be active only by the reserve's window: the
             # round must run again when that ends, with no event to say so.
             end_s = self.reserve.seen.next_end_s(self.clock.now_s())

@@ -67,11 +67,10 @@ class QueueRound:
 
     def heads_upto(self, c: QueuedRequest, end: float) -> list[QueuedRequest]:
         s = self.s
-        if s.locality is None:
-            return []
         heads = [h for h in s.policy.heads_upto(end) if h is not c and self._wanted(h)]
-        for h in heads:  # the head's is set (`head`)
-            h.cached_estimate = s.locality(h)
+        if s.locality is not None:
+            for h in heads:  # the head's is set (`head`)
+                h.cached_estimate = s.locality(h)
         return heads
 
     def cached(self, c: QueuedRequest) -> int:
@@ -112,6 +111,9 @@ class QueueRound:
     def stopped(self, c: QueuedRequest, v: Verdict) -> None:
         if v is Verdict.HOLD:
             self.s.reserve_holds_total += 1
+
+    def held_over(self, c: QueuedRequest) -> None:
+        self.s.reserve_held_over = True
 
     def admit(self, c: QueuedRequest, lent: bool) -> bool:
         s, entry = self.s, self._entry(c)

@@ -160,7 +160,8 @@ local function first_elsewhere(tenant)
 end
 local n = tonumber(redis.call('HGET', IN, 'n')) or 0
 local kv = tonumber(redis.call('HGET', IN, 'kv')) or 0
--- one candidate: 'admit', 'own' (its own limits), or 'stop' (full or held);
+-- one candidate: 'admit', 'own' (its own limits), 'hold' (held out of the
+-- reserve, not recorded here) or 'stop' (full, or another replica's turn);
 -- `trial` (a locality pick, decision.py): a stop is not recorded, the fair head
 -- is decided instead
 local function decide(c, trial)
@@ -207,10 +208,10 @@ local function decide(c, trial)
       if not trial then full = 1 end
       return 'stop'
     end
-    -- held out of the reserve: the round stops (rules.verdict: HOLD)
+    -- held out of the reserve (rules.verdict: HOLD): the caller records it or
+    -- hands the reserve over (decision.handover)
     if reserve_fraction > 0 and in_reserve(n, kv, c) and held_out(c) then
-      if not trial then table.insert(held, tostring(c.idx)) end
-      return 'stop'
+      return 'hold'
     end
   end
   if c.take then bucket_add(c.tenant, -1, -c.sent, c.rr, c.rb, c.tr, c.tb) end
@@ -299,6 +300,30 @@ while going do
           c.gone = true
           k = k + 1
         elseif v == 'stop' then
+          stop = true
+        elseif v == 'hold' then
+          -- decision.handover: the first light head after c in fair order that may
+          -- go takes the reserve c is held out of; else the round stops at c
+          local given = nil
+          for j = k + 1, #heads do
+            local h = heads[j]
+            if not h.gone and h.fq <= LIGHT_QUEUE and redis.call('HEXISTS', LT, h.id) == 0 then
+              local w = decide(h, true)
+              if w == 'own' then
+                pend[h.tenant] = nil
+                h.gone = true
+              elseif w == 'admit' then
+                given = h
+                break
+              end
+            end
+          end
+          if given then
+            table.remove(pend[given.tenant], 1)
+            going = #pend[given.tenant] > 0 or given.queued <= 1
+          else
+            table.insert(held, tostring(c.idx))
+          end
           stop = true
         else
           table.remove(pend[c.tenant], 1)

@@ -211,6 +211,10 @@ class StoreRound:
         else:
             self.out.held.append(self.index[id(c)])
 
+    def held_over(self, c: Candidate) -> None:
+        """Nothing to arm: the pump polls while a round stops (FULL, HOLD, TURN),
+        and a round that goes on past a HOLD meets it again as its head."""
+
     def admit(self, c: Candidate, lent: bool) -> bool:
         """Charge and open `c`: its buckets (wait mode), the VTC admission charge,
         its lease; its tenant has one fewer queued on this replica (exactly

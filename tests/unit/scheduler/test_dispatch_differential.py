@@ -36,8 +36,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scheduler.budget import AdmissionLimits
 from scheduler.clock import FakeClock
 from scheduler.errors import QueueTimeout, QuotaExceeded, SchedulingError
+from scheduler.tenancy.tenants import TenantConfig, TenantQuotas
 from scheduler.timers import ManualTimers
 from tests.unit.scheduler.dispatch_traces import (
     STATES,
@@ -150,3 +152,42 @@ def test_the_one_dispatcher_decides_alike_over_both_states_as_time_moves() -> No
     seen: Counter[str] = Counter()
     check()
     assert seen["admitted"] and seen["refused"] and seen["expired"], seen
+
+
+def test_a_head_passed_while_held_out_of_the_reserve_is_judged_again_when_the_window_ends() -> None:
+    """Found by the test above (random seeds): a reserve HOLD the round went on past
+    (here a locality pick, judged before a fair head that was FULL) must bring the
+    in-memory state back when the reserve's window ends, as a HOLD it stops at
+    does (`Round.held_over`): the shared state polls, and past the window (event
+    25) admitted `d`'s request alone."""
+    quotas = TenantQuotas(tokens_per_min=1.0, tokens_burst=4000.0, max_concurrent=2)
+    expiring = TenantQuotas(max_queue_wait_s=MAX_WAIT_S)
+    trace = Trace(
+        limits=AdmissionLimits(max_requests=5, max_kv_tokens=3000),
+        reserve_fraction=0.5,
+        light_credit=0.0,
+        tenants=[
+            TenantConfig("a", 4.0, quotas=expiring, over_quota="wait"),
+            TenantConfig("b", 4.0, over_quota="wait"),
+            TenantConfig("c", 2.0, over_quota="reject"),
+            TenantConfig("d", 2.0, quotas=quotas, over_quota="wait"),
+        ],
+        local=True,
+        allowance=300.0,
+        w_cached=0.1,
+        reserve_window_s=WINDOW_S,
+        events=[
+            ("finish", 39, 128), ("charge", 957, 871), ("burst", 206, 140),
+            ("arrive", 300, 127), ("advance", 42, 259), ("advance", 1000, 301),
+            ("arrive", 238, 238), ("finish", 40, 414), ("burst", 443, 229),
+            ("burst", 678, 228), ("charge", 240, 712), ("burst", 415, 395),
+            ("arrive", 287, 295), ("advance", 1, 322), ("advance", 282, 22),
+            ("cancel", 85, 232), ("arrive", 846, 119), ("finish", 404, 499),
+            ("finish", 128, 253), ("charge", 295, 177), ("advance", 403, 242),
+            ("cancel", 227, 205), ("cached", 937, 59), ("charge", 158, 334),
+            ("cancel", 229, 202), ("advance", 289, 904), ("arrive", 138, 189),
+            ("advance", 40, 605), ("finish", 137, 275), ("arrive", 430, 563),
+        ],
+    )  # fmt: skip
+    seen = asyncio.run(run_trace(trace))
+    assert seen["admitted"] and seen["advanced"], seen

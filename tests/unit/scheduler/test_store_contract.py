@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import redis as redis_lib
 
+from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import FakeClock
 from scheduler.quotas import BucketLimits
@@ -353,17 +354,30 @@ async def test_reserve_holds_an_over_share_tenant_while_a_light_one_is_below_its
     await store.step("r2", Step(ROOM, queued={"victim": 1}))
     out = await offer(store, cand("f8", "flood"))
     assert out.admitted == [] and out.held == [0]
-    # A held candidate stops the round (the reserve never reorders the counters),
-    # so a victim served more than the flood waits like everyone else...
-    step = {"charges": {"victim": 100.0}, "replica": "r2"}  # the victim's counter is larger
+    # The victim's request is queued behind the held flood (its counter is larger,
+    # and both have the light credit): the reserve kept for it goes to it, not idle
+    # until the flood's counter passes its own (decision.handover).
+    step = {"charges": {"victim": 100.0}, "replica": "r2"}
     out = await offer(store, cand("f8", "flood"), cand("v0", "victim", queued=1), **step)
-    assert out.admitted == [] and out.held == [0] and not out.full and out.blocked == {}
     assert out.counters["victim"] > out.counters["flood"]
-    # ...and once the flood's streams put it ahead, the victim goes first, into the reserve.
-    step = {"charges": {"flood": 200.0}, "replica": "r2"}
-    out = await offer(store, cand("f8", "flood"), cand("v0", "victim", queued=1), **step)
-    assert out.admitted == [1] and out.held == []
+    assert out.admitted == [1] and out.held == [] and out.full  # and then the engine is full
     assert (await store.snapshot()).in_flight == 8
+
+
+async def test_the_held_flood_keeps_the_reserve_from_a_heavy_tenant_behind_it(
+    store: Store,
+) -> None:
+    # The reserve is handed over only to a light tenant: a heavy one behind the held
+    # flood (more than LIGHT_QUEUE queued) keeps counter order and waits with it.
+    await fill(store, "flood", 6)
+    await store.step("r2", Step(ROOM, announce=["victim"]))
+    await store.step("r2", Step(ROOM, queued={"victim": 1}))
+    assert (await offer(store, cand("f6", "flood"))).admitted == [0]
+    step = {"charges": {"heavy": 100.0}, "replica": "r2"}
+    heavy = cand("h0", "heavy", queued=rules.LIGHT_QUEUE + 1)
+    out = await offer(store, cand("f7", "flood"), heavy, **step)
+    assert out.counters["heavy"] > out.counters["flood"]
+    assert out.admitted == [] and out.held == [0]
 
 
 async def test_reserve_never_holds_a_tenant_alone(store: Store) -> None:
