@@ -20,9 +20,10 @@ One round, in the order the VTC guarantee needs (see scheduler/rules):
   more than the allowance stops the round (`rules.behind`: its replica's turn);
 - then the engine's room, and the fair-share reserve or the lent room
   (`rules.verdict`, with `tenant_load` only when `rules.needs_load` says it
-  applies): FULL stops the round, nobody jumps the head; HOLD stops it too,
-  unless the reserve the head is held out of goes to a light tenant queued
-  behind it that may take it (`handover`);
+  applies): FULL or HOLD stop the round, nobody but a light tenant's request
+  jumps the head: the reserve the head is held out of, or (reserve on) room the
+  head does not fit and a request that leaves its tenant within its share does,
+  goes to the first light head behind it that may go (`handover`);
 - ADMIT charges and opens the request (`Round.admit`), and the round goes on.
 
 `tenant_load` is the reserve's view of the candidate's tenant, stated once for
@@ -167,24 +168,47 @@ def prefer(r: Round[C], c: C) -> C:
     return within[rules.locality_pick([r.cached(h) for h in within])]
 
 
-def handover(r: Round[C], c: C, reserve_fraction: float, isolation: rules.Isolation) -> C | None:
-    """The head `c` is held out of the reserve (HOLD): the reserve is kept for a
-    light tenant below its share, so when such a tenant's request is queued behind
-    `c` in fair order it is the one to take it, not to wait with `c` until `c`'s
-    counter passes its own (every tenant with a short queue has the light credit, so
-    a held flood can stay first). The first light head after `c` in fair order
-    whose verdict is ADMIT (below its share, or small enough to stay out of the
-    reserve); a head its own limits hold is held (`Round.hold`), any other skipped.
-    None: nobody, the round stops at `c`."""
+def handover(
+    r: Round[C], c: C, v: Verdict, reserve_fraction: float, isolation: rules.Isolation
+) -> C | None:
+    """The head `c` cannot go (`v`), and a light tenant's request behind it may take
+    the room instead (`hands_over`):
+    - HOLD: the reserve is kept for a light tenant below its share, so when such a
+      tenant's request is queued behind `c` in fair order it is the one to take it,
+      not to wait with `c` until `c`'s counter passes its own (every tenant with a
+      short queue has the light credit, so a held flood can stay first);
+    - FULL: `c` does not fit the room left, and a light tenant's request that does,
+      and leaves its tenant within its share of the engine, goes now rather than
+      wait for `c`'s room (a long prompt ahead of a chat request on a KV-full
+      fleet). Within their shares the tenants that pass `c` leave it its own: it
+      is not starved.
+    The first such light head after `c` in fair order whose verdict is ADMIT; a head
+    its own limits hold is held (`Round.hold`), any other skipped. None: nobody, the
+    round stops at `c`."""
     for h in r.heads_upto(c, math.inf):
         if not rules.light(r.queued(h)):
             continue
-        v, own_wait_s = judge(r, h, reserve_fraction, isolation)
-        if v is Verdict.OWN_LIMIT:
+        if v is Verdict.FULL:
+            load = r.load(h)
+            if not rules.below_share(
+                load.share, r.limits, load.in_flight, load.kv_tokens, h.kv_tokens
+            ):
+                continue
+        w, own_wait_s = judge(r, h, reserve_fraction, isolation)
+        if w is Verdict.OWN_LIMIT:
             r.hold(h, own_wait_s)
-        elif v is Verdict.ADMIT:
+        elif w is Verdict.ADMIT:
             return h
     return None
+
+
+def hands_over(v: Verdict, reserve_fraction: float, isolation: rules.Isolation) -> bool:
+    """Does a round stopped by `v` look for a light request to take the room
+    (`handover`)? HOLD always; FULL while the reserve is on (it is the isolation
+    lever) and kept rather than lent (PREEMPT lends light tenants room already)."""
+    return v is Verdict.HOLD or (
+        v is Verdict.FULL and reserve_fraction > 0 and isolation is rules.Isolation.RESERVE
+    )
 
 
 def behind(r: Round[C], c: C) -> bool:
@@ -233,8 +257,12 @@ def admit_round(r: Round[C], reserve_fraction: float, isolation: rules.Isolation
         if v is Verdict.OWN_LIMIT:
             r.hold(c, own_wait_s)
             continue
-        if v is Verdict.HOLD and (h := handover(r, c, reserve_fraction, isolation)) is not None:
-            r.held_over(c)
+        if (
+            hands_over(v, reserve_fraction, isolation)
+            and (h := handover(r, c, v, reserve_fraction, isolation)) is not None
+        ):
+            if v is Verdict.HOLD:
+                r.held_over(c)
             lent = not rules.fits(r.limits, r.in_flight, r.in_flight_kv, h.kv_tokens)
             if not r.admit(h, lent):
                 return Verdict.ADMIT

@@ -103,6 +103,10 @@ local function below(tenant, share, kv)
   local tkv = tonumber(redis.call('HGET', IN, 'kv:' .. tenant)) or 0
   return tn < share * max_req and tkv + kv <= share * max_kv
 end
+-- a tenant's weighted share among the active ones (decision.tenant_load)
+local function share_of(tenant, a)
+  return (tonumber(redis.call('HGET', W, tenant)) or 1) / a.total
+end
 -- rules.verdict's HOLD: at or above its share while another active, light tenant
 -- (rules.light) is below its own (someone to keep the reserve for)
 local function held_out(c)
@@ -161,7 +165,8 @@ end
 local n = tonumber(redis.call('HGET', IN, 'n')) or 0
 local kv = tonumber(redis.call('HGET', IN, 'kv')) or 0
 -- one candidate: 'admit', 'own' (its own limits), 'hold' (held out of the
--- reserve, not recorded here) or 'stop' (full, or another replica's turn);
+-- reserve) or 'full' (no room; neither recorded here), or 'stop' (another
+-- replica's turn, or full beyond the lent room);
 -- `trial` (a locality pick, decision.py): a stop is not recorded, the fair head
 -- is decided instead
 local function decide(c, trial)
@@ -204,10 +209,8 @@ local function decide(c, trial)
       table.insert(lent, tostring(c.idx))
     end
   else
-    if not room then
-      if not trial then full = 1 end
-      return 'stop'
-    end
+    -- no room: the caller records it or hands the room over (decision.handover)
+    if not room then return 'full' end
     -- held out of the reserve (rules.verdict: HOLD): the caller records it or
     -- hands the reserve over (decision.handover)
     if reserve_fraction > 0 and in_reserve(n, kv, c) and held_out(c) then
@@ -301,13 +304,17 @@ while going do
           k = k + 1
         elseif v == 'stop' then
           stop = true
-        elseif v == 'hold' then
+        elseif v == 'hold' or v == 'full' then
           -- decision.handover: the first light head after c in fair order that may
-          -- go takes the reserve c is held out of; else the round stops at c
+          -- go (when full: one that leaves its tenant within its share, with the
+          -- reserve on) takes the reserve c is held out of, or the room c does not
+          -- fit; else the round stops at c
           local given = nil
-          for j = k + 1, #heads do
+          local a = (v == 'full' and reserve_fraction > 0) and get_active() or nil
+          for j = k + 1, (v == 'hold' or a) and #heads or 0 do
             local h = heads[j]
-            if not h.gone and h.fq <= LIGHT_QUEUE and redis.call('HEXISTS', LT, h.id) == 0 then
+            if not h.gone and h.fq <= LIGHT_QUEUE and redis.call('HEXISTS', LT, h.id) == 0
+              and (v == 'hold' or below(h.tenant, share_of(h.tenant, a), h.kv)) then
               local w = decide(h, true)
               if w == 'own' then
                 pend[h.tenant] = nil
@@ -321,8 +328,10 @@ while going do
           if given then
             table.remove(pend[given.tenant], 1)
             going = #pend[given.tenant] > 0 or given.queued <= 1
-          else
+          elseif v == 'hold' then
             table.insert(held, tostring(c.idx))
+          else
+            full = 1
           end
           stop = true
         else
