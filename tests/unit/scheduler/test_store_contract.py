@@ -380,6 +380,46 @@ async def test_the_held_flood_keeps_the_reserve_from_a_heavy_tenant_behind_it(
     assert out.admitted == [] and out.held == [0]
 
 
+KV_FULL = AdmissionLimits(max_requests=8, max_kv_tokens=1000)
+
+
+async def test_a_head_that_does_not_fit_hands_the_room_to_a_light_request_that_does(
+    store: Store,
+) -> None:
+    # A long prompt at the head of fair order on a KV-full engine, a chat request
+    # behind it that fits (decision.handover, FULL): the chat request goes now,
+    # the long one waits for its room as before.
+    await fill(store, "code", 2, KV_FULL, kv=400)
+    step = {"charges": {"light": 100.0}, "limits": KV_FULL}  # light's counter is larger
+    docs, light = cand("d0", "docs", kv=300, queued=2), cand("l0", "light", kv=50, queued=1)
+    out = await offer(store, docs, light, **step)
+    assert out.counters["light"] > out.counters["docs"]
+    assert out.admitted == [1] and out.full and out.held == []
+    assert (await store.snapshot()).in_flight == 3
+
+
+async def test_a_full_head_keeps_its_room_from_a_request_past_its_tenants_share(
+    store: Store,
+) -> None:
+    # Only within its share: the light tenant already holds 300 of the 1000 KV tokens
+    # (a third is its share among three), so 50 more would take it past it.
+    await fill(store, "code", 2, KV_FULL, kv=300)
+    await fill(store, "light", 1, KV_FULL, kv=300)
+    step = {"charges": {"light": 100.0}, "limits": KV_FULL}
+    docs, light = cand("d0", "docs", kv=200, queued=2), cand("l1", "light", kv=50, queued=1)
+    out = await offer(store, docs, light, **step)
+    assert out.admitted == [] and out.full
+
+
+async def test_a_full_head_stops_the_round_without_the_reserve(store: Store) -> None:
+    # The reserve off (0): the isolation levers are off, FULL stops the round.
+    await fill(store, "code", 2, KV_FULL, kv=400)
+    cands = [cand("d0", "docs", kv=300, queued=2), cand("l0", "light", kv=50, queued=1)]
+    step = Step(KV_FULL, charges={"light": 100.0}, candidates=cands)
+    out = await store.step("r1", step)
+    assert out.admitted == [] and out.full
+
+
 async def test_reserve_never_holds_a_tenant_alone(store: Store) -> None:
     await fill(store, "flood", 8)
     out = await offer(store, cand("f8", "flood"))
