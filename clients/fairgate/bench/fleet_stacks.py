@@ -65,12 +65,15 @@ STAGGER: tuple[tuple[str, object], ...] = (
     ("sglang_stagger_prefill_tokens", 1024),
     ("sglang_stagger_keep_tokens", 256),
 )
-LEVERS: tuple[tuple[str, object], ...] = (
-    *STAGGER,
-    ("sglang_cold_start_hold_s", 2.0),
+STAGED: tuple[tuple[str, object], ...] = (
     ("staged_prefill_min_tokens", 256),
     ("staged_prefill_stage_tokens", 128),
     ("staged_prefill_cold_only", True),
+)
+LEVERS: tuple[tuple[str, object], ...] = (
+    *STAGGER,
+    ("sglang_cold_start_hold_s", 2.0),
+    *STAGED,
 )
 
 
@@ -91,6 +94,9 @@ VARIANTS = {
             extra=STAGGER,
         ),
         FleetVariant("fg-levers", "fairgate", "vtc", "locality", extra=LEVERS, kv_events=True),
+        # The stages alone (no stagger, no hold): every step short wherever a
+        # prompt lands, no worker kept off the long prefill (session 17).
+        FleetVariant("fg-staged", "fairgate", "vtc", "locality", extra=STAGED, kv_events=True),
         FleetVariant(
             "fg-levers-2r", "fairgate", "vtc", "locality", 2, extra=LEVERS, kv_events=True
         ),

@@ -48,6 +48,16 @@ def test_lever_variants_carry_every_lever_and_kv_events() -> None:
     assert not VARIANTS["fg-locality"].kv_events
 
 
+def test_the_staged_variant_is_the_stages_alone() -> None:
+    staged = VARIANTS["fg-staged"]
+    assert staged.kv_events and staged.routing == "locality" and staged.replicas == 1
+    s = _server_settings(fairgate_settings(staged, Workers(URLS, EVENTS), "t.yaml"))
+    assert (s.staged_prefill_min_tokens, s.staged_prefill_stage_tokens) == (256, 128)
+    assert s.staged_prefill_cold_only
+    assert s.sglang_stagger_prefill_tokens == 0 and s.sglang_cold_start_hold_s == 0
+    assert "fg-staged" not in DEFAULT_VARIANTS
+
+
 def test_the_levers_reach_the_server_as_settings() -> None:
     s = _server_settings(fairgate_settings(VARIANTS["fg-levers"], Workers(URLS, EVENTS), "t.yaml"))
     assert (s.sglang_stagger_prefill_tokens, s.sglang_stagger_keep_tokens) == (1024, 256)
