@@ -21,9 +21,9 @@ One round, in the order the VTC guarantee needs (see scheduler/rules):
 - then the engine's room, and the fair-share reserve or the lent room
   (`rules.verdict`, with `tenant_load` only when `rules.needs_load` says it
   applies): FULL or HOLD stop the round, nobody but a light tenant's request
-  jumps the head: the reserve the head is held out of, or (reserve on) room the
-  head does not fit and a request that leaves its tenant within its share does,
-  goes to the first light head behind it that may go (`handover`);
+  jumps the head: the reserve the head is held out of, or (reserve or lent room
+  on) room the head does not fit and a request that leaves its tenant within its
+  share does, goes to the first light head behind it that may go (`handover`);
 - ADMIT charges and opens the request (`Round.admit`), and the round goes on.
 
 `tenant_load` is the reserve's view of the candidate's tenant, stated once for
@@ -177,11 +177,11 @@ def handover(
       tenant's request is queued behind `c` in fair order it is the one to take it,
       not to wait with `c` until `c`'s counter passes its own (every tenant with a
       short queue has the light credit, so a held flood can stay first);
-    - FULL: `c` does not fit the room left, and a light tenant's request that does,
-      and leaves its tenant within its share of the engine, goes now rather than
-      wait for `c`'s room (a long prompt ahead of a chat request on a KV-full
-      fleet). Within their shares the tenants that pass `c` leave it its own: it
-      is not starved.
+    - FULL: `c` does not fit the room left (nor the lent room, PREEMPT), and a
+      light tenant's request that does, and leaves its tenant within its share of
+      the engine, goes now rather than wait for `c`'s room (a long prompt ahead
+      of a chat request on a KV-full fleet). Within their shares the tenants that
+      pass `c` leave it its own: it is not starved.
     The first such light head after `c` in fair order whose verdict is ADMIT; a head
     its own limits hold is held (`Round.hold`), any other skipped. None: nobody, the
     round stops at `c`."""
@@ -202,13 +202,12 @@ def handover(
     return None
 
 
-def hands_over(v: Verdict, reserve_fraction: float, isolation: rules.Isolation) -> bool:
+def hands_over(v: Verdict, reserve_fraction: float) -> bool:
     """Does a round stopped by `v` look for a light request to take the room
-    (`handover`)? HOLD always; FULL while the reserve is on (it is the isolation
-    lever) and kept rather than lent (PREEMPT lends light tenants room already)."""
-    return v is Verdict.HOLD or (
-        v is Verdict.FULL and reserve_fraction > 0 and isolation is rules.Isolation.RESERVE
-    )
+    (`handover`)? HOLD always; FULL while the reserve, or the lent room, is on (it
+    is the isolation lever; with PREEMPT the light request may be lent room, as
+    the head would be)."""
+    return v is Verdict.HOLD or (v is Verdict.FULL and reserve_fraction > 0)
 
 
 def behind(r: Round[C], c: C) -> bool:
@@ -237,6 +236,12 @@ def admit_round(r: Round[C], reserve_fraction: float, isolation: rules.Isolation
     """Admit heads in fair order until a verdict other than ADMIT or OWN_LIMIT
     stops the round (returned), `admit` ends it (ADMIT), or nobody is left (None)."""
     while (c := r.head()) is not None:
+        # Its own limits first: a head that may not go for them is no anchor for
+        # locality's window (else where it is judged, at a poll or not, would decide
+        # whether the heads behind it may pass the next one).
+        if (own_wait_s := r.own_wait_s(c)) > 0:
+            r.hold(c, own_wait_s)
+            continue
         # (Locality is asked only while the engine has a slot: it costs a lookup.)
         pick = prefer(r, c) if r.in_flight < r.limits.max_requests else c
         if pick is not c:
@@ -258,7 +263,7 @@ def admit_round(r: Round[C], reserve_fraction: float, isolation: rules.Isolation
             r.hold(c, own_wait_s)
             continue
         if (
-            hands_over(v, reserve_fraction, isolation)
+            hands_over(v, reserve_fraction)
             and (h := handover(r, c, v, reserve_fraction, isolation)) is not None
         ):
             if v is Verdict.HOLD:

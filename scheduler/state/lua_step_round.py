@@ -165,21 +165,26 @@ end
 local n = tonumber(redis.call('HGET', IN, 'n')) or 0
 local kv = tonumber(redis.call('HGET', IN, 'kv')) or 0
 -- one candidate: 'admit', 'own' (its own limits), 'hold' (held out of the
--- reserve) or 'full' (no room; neither recorded here), or 'stop' (another
--- replica's turn, or full beyond the lent room);
+-- reserve) or 'full' (no room, nor lent room; neither recorded here), or 'stop'
+-- (another replica's turn);
 -- `trial` (a locality pick, decision.py): a stop is not recorded, the fair head
 -- is decided instead
-local function decide(c, trial)
-  if redis.call('HEXISTS', LT, c.id) == 1 then table.insert(admitted, c.idx); return 'admit' end
+-- held by its own limits (max_concurrent, wait-mode buckets): recorded as blocked
+local function own_limited(c)
   if c.maxc and (tonumber(redis.call('HGET', IN, 'c:' .. c.tenant)) or 0) >= c.maxc then
-    table.insert(blocked, tostring(c.idx)); table.insert(blocked, '-1'); return 'own'
+    table.insert(blocked, tostring(c.idx)); table.insert(blocked, '-1'); return true
   end
   if c.take then
     local _, w = bucket_wait(c.tenant, c.sent, c.rr, c.rb, c.tr, c.tb)
     if w ~= 0 then
-      table.insert(blocked, tostring(c.idx)); table.insert(blocked, fmt(w)); return 'own'
+      table.insert(blocked, tostring(c.idx)); table.insert(blocked, fmt(w)); return true
     end
   end
+  return false
+end
+local function decide(c, trial)
+  if redis.call('HEXISTS', LT, c.id) == 1 then table.insert(admitted, c.idx); return 'admit' end
+  if own_limited(c) then return 'own' end
   if allowance >= 0 then
     local first = first_elsewhere(c.tenant)
     local key = counters[c.tenant]
@@ -202,10 +207,7 @@ local function decide(c, trial)
         local light = (a.queued[c.tenant] or 0) <= LIGHT_QUEUE
         lend = light and share < 1 - 1e-9 and below(c.tenant, share, c.kv)
       end
-      if not lend then
-        if not trial then full = 1 end
-        return 'stop'
-      end
+      if not lend then return 'full' end
       table.insert(lent, tostring(c.idx))
     end
   else
@@ -267,6 +269,11 @@ while going do
     local c = heads[k]
     if c.gone then
       k = k + 1
+    elseif redis.call('HEXISTS', LT, c.id) == 0 and own_limited(c) then
+      -- its own limits first: no anchor for locality's window (decision.admit_round)
+      pend[c.tenant] = nil
+      c.gone = true
+      k = k + 1
     else
       -- locality (decision.prefer, window_end; store_round.py: heads_upto), while a slot
       -- is free: the other heads within the allowance of c, in fair order, not one
@@ -307,8 +314,8 @@ while going do
         elseif v == 'hold' or v == 'full' then
           -- decision.handover: the first light head after c in fair order that may
           -- go (when full: one that leaves its tenant within its share, with the
-          -- reserve on) takes the reserve c is held out of, or the room c does not
-          -- fit; else the round stops at c
+          -- reserve or the lent room on) takes the reserve c is held out of, or the
+          -- room c does not fit; else the round stops at c
           local given = nil
           local a = (v == 'full' and reserve_fraction > 0) and get_active() or nil
           for j = k + 1, (v == 'hold' or a) and #heads or 0 do
