@@ -111,12 +111,10 @@ end
 -- (rules.light) is below its own (someone to keep the reserve for)
 local function held_out(c)
   local a = get_active()
-  local weight = tonumber(redis.call('HGET', W, c.tenant)) or 1
-  if below(c.tenant, weight / a.total, c.kv) then return false end
+  if below(c.tenant, share_of(c.tenant, a), c.kv) then return false end
   for _, tenant in ipairs(a.names) do
     if tenant ~= c.tenant and (a.queued[tenant] or 0) <= LIGHT_QUEUE then
-      local w = tonumber(redis.call('HGET', W, tenant)) or 1
-      if below(tenant, w / a.total, 0) then return true end
+      if below(tenant, share_of(tenant, a), 0) then return true end
     end
   end
   return false
@@ -203,7 +201,7 @@ local function decide(c, trial)
       local lend = false
       if reserve_fraction > 0 and fits_lent(n, kv, c) then
         local a = get_active()
-        local share = (tonumber(redis.call('HGET', W, c.tenant)) or 1) / a.total
+        local share = share_of(c.tenant, a)
         local light = (a.queued[c.tenant] or 0) <= LIGHT_QUEUE
         lend = light and share < 1 - 1e-9 and below(c.tenant, share, c.kv)
       end
