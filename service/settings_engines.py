@@ -12,6 +12,7 @@ from typing import Annotated
 from pydantic import BaseModel
 
 from service.engines.routing import ROUTINGS
+from service.engines.stagger import MIN_WORKERS as STAGGER_MIN_WORKERS
 from service.settings_errors import OneOf
 from service.settings_field import setting as _s
 
@@ -105,6 +106,13 @@ class EngineSettings(BaseModel):
         "measured: docs/benchmarks.md).",
         ge=0,
         le=60,
+    )
+    sglang_stagger_min_workers: int = _s(
+        STAGGER_MIN_WORKERS,
+        "Pool, staggered prefill: keeps a worker free of long prefill only while at least "
+        "this many workers are healthy (on two, keeping one free cost a quarter of the "
+        "tokens/s and staged prefill alone met the bar: docs/benchmarks.md).",
+        ge=2,
     )
     sglang_kv_events: str = _s(
         "",

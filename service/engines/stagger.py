@@ -17,6 +17,13 @@ rules keep a worker on short steps for the light tenant:
   KV counted), so the hold delays only the prompts themselves, never the fair
   queue behind them.
 
+Keeping one free applies only while at least `min_workers` workers are healthy
+(default 3): keeping one of two off long prefill takes half the pool's prefill
+from the long prompts, and on two workers staged prefill alone meets the bar
+(docs/benchmarks.md, session 18: the levers at 0.71-0.74x the tokens/s of none
+on the prefix mix, the stages alone at 1.10x). The hold has no such floor: a
+pool of one holds too.
+
 A prompt is long when its uncached tokens (the prompt less the longest prefix a
 worker holds) reach `min_tokens`; a light tenant is active for `light_window_s`
 after its last short request was placed, by this replica or (`heard`) another.
@@ -35,19 +42,24 @@ from dataclasses import dataclass
 
 from service.engines.routing import WorkerView
 
+# The fewest healthy workers keeping one free applies on (see above).
+MIN_WORKERS = 3
+
 
 @dataclass(slots=True)
 class Stagger:
     """`min_tokens`: an uncached prompt this long is a long prefill (0: both rules
     off); `keep_tokens`: the worker kept on short steps takes only prompts that
     leave its prefill below this (0: `min_tokens`); `keep_free`: lever 1 on;
-    `hold_max_s`: lever 4's bound (0: no hold)."""
+    `hold_max_s`: lever 4's bound (0: no hold); `min_workers`: the fewest healthy
+    workers lever 1 applies on."""
 
     min_tokens: int = 0
     keep_tokens: int = 0
     light_window_s: float = 10.0
     keep_free: bool = True
     hold_max_s: float = 0.0
+    min_workers: int = MIN_WORKERS
     light_seen_s: float = float("-inf")
     # Long prompts kept off the last worker on short steps.
     kept_free: int = 0
@@ -75,6 +87,10 @@ class Stagger:
         """The worker kept on short steps stays below this much prefill."""
         return self.keep_tokens or self.min_tokens
 
+    def enough(self, healthy: Sequence[bool]) -> bool:
+        """Are there workers enough (`min_workers`) to keep one free?"""
+        return sum(healthy) >= self.min_workers
+
     def short(self, pending_prefill_tokens: int) -> bool:
         """A worker with this much prefill routed and not streamed is on short steps."""
         return pending_prefill_tokens < self.min_tokens
@@ -99,7 +115,7 @@ class Stagger:
         keep = self.keep()
         if not (self.min_tokens and self.keep_free) or prompt_tokens < keep:
             return views
-        if not self.light_active(now_s):
+        if not self.light_active(now_s) or not self.enough(healthy):
             return views
         free = [i for i, ok in enumerate(healthy) if ok and self.short(pending[i])]
         if len(free) != 1:

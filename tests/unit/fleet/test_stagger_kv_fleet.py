@@ -29,7 +29,7 @@ def test_stagger_parks_no_prompt_where_the_kv_is_full_so_the_light_tenant_is_not
     tokens/s; kept off the free worker only where they fit, it waits for none."""
     arrivals = long_prompt_mix(2, 20.0, 2)
     none = fleet(arrivals, 2, None, kv_tokens=KV)
-    drv = fleet(arrivals, 2, Stagger(min_tokens=1024), kv_tokens=KV)
+    drv = fleet(arrivals, 2, Stagger(min_tokens=1024, min_workers=2), kv_tokens=KV)
     waits = [c.admitted_s - c.arrival.at_s for c in drv.calls if c.arrival.tenant_id == LIGHT]
     assert all(c.admitted_s is not None for c in drv.calls)
     assert max(waits) < 0.1

@@ -52,6 +52,9 @@ def test_the_keep_threshold_reaches_the_stagger_and_is_at_most_a_long_prompt() -
     pool = build_sglang_http(settings, StagedPrefill())
     st = pool.placement.stagger
     assert (st.min_tokens, st.keep_tokens, st.keep()) == (1024, 256, 256)
+    assert st.min_workers == 3  # keeps no worker free on a pool of two
+    on_two = build_sglang_http(settings.replace(sglang_stagger_min_workers=2), StagedPrefill())
+    assert on_two.placement.stagger.min_workers == 2
     default = build_sglang_http(settings.replace(sglang_stagger_keep_tokens=0), StagedPrefill())
     assert default.placement.stagger.keep() == 1024
     with pytest.raises(SystemExit, match="at most FAIRGATE_SGLANG_STAGGER_PREFILL_TOKENS"):

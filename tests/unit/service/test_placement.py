@@ -199,6 +199,27 @@ def test_staggered_prefill_keeps_the_last_worker_on_short_steps(light_active: bo
     assert late is not None and late.worker == 0
 
 
+def test_staggered_prefill_keeps_no_worker_free_on_fewer_than_min_workers() -> None:
+    """Keeping one of two workers off long prefill costs the pool half its prefill
+    for the long prompts (a quarter of the tokens/s, measured): below
+    `min_workers` healthy workers (3 by default) a long prompt goes where the
+    rule alone sends it, and from a third one on it is kept again."""
+    targets = [_Target(f"w{i}") for i in range(3)]
+    p = Placement(targets, clock=lambda: 5.0)
+    p.stagger = Stagger(min_tokens=1024, light_window_s=10.0)
+    assert p.stagger.min_workers == 3
+    p.stagger.light_seen_s = 4.0  # a light tenant is active
+    targets[2].healthy = False
+    p.pending_prefill[:] = [0, 5000, 0]  # w0 the last healthy worker on short steps
+    two = p.place(_request(3000, light=False), [], set())
+    assert two is not None and two.worker == 0 and p.stagger.kept_free == 0
+    p.released(two)
+    targets[2].healthy = True
+    p.pending_prefill[:] = [0, 5000, 5000]
+    three = p.place(_request(3000, light=False), [], set())
+    assert three is not None and three.worker != 0 and p.stagger.kept_free == 1
+
+
 def test_two_replicas_stagger_with_each_others_prefills() -> None:
     """Replica B counts the long prefill replica A routed (as the prefix share
     carries it): B keeps its light tenant's worker free and sends the light
@@ -210,7 +231,7 @@ def test_two_replicas_stagger_with_each_others_prefills() -> None:
     sent: list[tuple[str, str, int]] = []
     a.on_prefill = lambda url, pid, n: sent.append((url, pid, n))
     for p in (a, b):
-        p.stagger = Stagger(min_tokens=1024, light_window_s=10.0)
+        p.stagger = Stagger(min_tokens=1024, light_window_s=10.0, min_workers=2)
         p.released(p.place(_request(40, light=True), [], set()) or pytest.fail())
     long_a = a.place(_request(3000, light=False), [], set())
     assert long_a is not None and long_a.worker == 0
@@ -362,7 +383,7 @@ def test_a_replica_keeps_a_worker_for_the_light_tenant_another_replica_placed() 
     b = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
     a.on_light = b.learn_light
     for p in (a, b):
-        p.stagger = Stagger(min_tokens=1024, light_window_s=10.0)
+        p.stagger = Stagger(min_tokens=1024, light_window_s=10.0, min_workers=2)
     a.released(a.place(_request(3000, light=False), [], set()) or pytest.fail())
     assert not b.stagger.light_active(now[0])  # a long request marks nothing
     a.released(a.place(_request(40, light=True), [], set()) or pytest.fail())

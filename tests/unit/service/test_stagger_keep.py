@@ -29,13 +29,13 @@ def _left(st: Stagger, prompt_tokens: int, pending: list[int] = PENDING) -> list
 def test_the_short_step_worker_takes_only_what_keeps_it_below_keep_tokens(
     keep_tokens: int, prompt: int, left: list[int]
 ) -> None:
-    st = Stagger(min_tokens=1024, keep_tokens=keep_tokens, light_seen_s=4.0)
+    st = Stagger(min_tokens=1024, keep_tokens=keep_tokens, light_seen_s=4.0, min_workers=2)
     assert _left(st, prompt) == left
     assert st.kept_free == int(left == [1])
 
 
 def test_what_makes_a_worker_short_is_still_the_long_mark() -> None:
-    st = Stagger(min_tokens=1024, keep_tokens=256, light_seen_s=4.0)
+    st = Stagger(min_tokens=1024, keep_tokens=256, light_seen_s=4.0, min_workers=2)
     # w0 with 500 prefill pending is on short steps (below 1024): it is kept.
     assert _left(st, 300, [500, 4000]) == [1]
     # Neither is below 1024: no worker to keep, the prompt goes anywhere.
@@ -43,5 +43,5 @@ def test_what_makes_a_worker_short_is_still_the_long_mark() -> None:
     # The part of it w0 holds cached does not count: 300 - 200 keeps w0 below 256.
     cached = [(0, WorkerView(0.1, 0, 200)), (1, WorkerView(0.1))]
     assert len(st.kept(300, cached, [0, 4000], [True, True], 5.0)) == 2
-    quiet = Stagger(min_tokens=1024, keep_tokens=256, light_seen_s=-100.0)
+    quiet = Stagger(min_tokens=1024, keep_tokens=256, light_seen_s=-100.0, min_workers=2)
     assert _left(quiet, 300) == [0, 1]  # no light tenant active: no rule

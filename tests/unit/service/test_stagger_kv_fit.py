@@ -15,7 +15,7 @@ from tests.unit.service.test_placement import KV, _request, _Target
 
 def _two_workers() -> Placement:
     p = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: 5.0)
-    p.stagger = Stagger(min_tokens=1024, light_window_s=10.0)
+    p.stagger = Stagger(min_tokens=1024, light_window_s=10.0, min_workers=2)
     p.stagger.light_seen_s = 4.0  # a light tenant is active
     p.pending_prefill[:] = [0, 4000]  # w0 on short steps, w1 mid-prefill
     return p
@@ -41,7 +41,7 @@ def test_another_replicas_kv_on_the_busy_worker_counts() -> None:
 
 
 def test_without_the_fit_the_rule_keeps_as_before() -> None:
-    st = Stagger(min_tokens=1024, light_seen_s=4.0)
+    st = Stagger(min_tokens=1024, light_seen_s=4.0, min_workers=2)
     views = [(0, WorkerView(0.1)), (1, WorkerView(0.1))]
     left = st.kept(3000, views, [0, 4000], [True, True], 5.0)
     assert [i for i, _ in left] == [1]
