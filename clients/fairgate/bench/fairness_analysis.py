@@ -134,6 +134,13 @@ def analyse(
             for r in mine
             if not (r.rejected or r.failed)
         ]
+        # fairgate's queue wait (the part of the TTFT before admission; smg: none
+        # to read, its records admit at the first token), censored alike.
+        waits = [
+            (r.admitted_s if r.admitted_s is not None else window_s) - r.sent_s
+            for r in mine
+            if not (r.rejected or r.failed)
+        ]
         res.per_tenant[t] = {
             "sent": len(mine),
             "rejected": sum(1 for r in mine if r.rejected),
@@ -142,6 +149,7 @@ def analyse(
             "weighted_service": sum(v for _, v in events.get(t, [])) / sc.weights[t],
             "ttft_p50_s": percentile(ttfts, 50),
             "ttft_p99_s": percentile(ttfts, 99),
+            "queue_wait_p99_s": percentile(waits, 99),
         }
     others = [r for r in records if r.tenant != sc.victim and not (r.rejected or r.failed)]
     if others:

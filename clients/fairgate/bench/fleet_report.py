@@ -70,6 +70,7 @@ FIGURES = (
     "gap_over_bound",
     "light_ttft_p50_s",
     "light_ttft_p99_s",
+    "light_queue_wait_p99_s",
 )
 
 
@@ -84,6 +85,7 @@ def _figures(run: FleetRun, victim: str) -> dict[str, float]:
         "gap_over_bound": r.gap_over_bound,
         "light_ttft_p50_s": light.get("ttft_p50_s", math.nan),
         "light_ttft_p99_s": light.get("ttft_p99_s", math.nan),
+        "light_queue_wait_p99_s": light.get("queue_wait_p99_s", math.nan),
     }
 
 

@@ -1,7 +1,8 @@
 """Issue #33's live runs as one table: `python -m fairgate.bench.fleet_summary
 r1.json r2.json ...` reads `bench fleet --json` reports (one per mix, workers,
 time scale and seed) and prints, per (mix, workers, time scale, variant), the
-median (min-max) over the seeds of the light tenant's TTFT p50 and p99, p99 ÷
+median (min-max) over the seeds of the light tenant's TTFT p50 and p99, its
+queue wait's p99 (the part of the TTFT spent in fairgate's queue), p99 ÷
 its solo run, p99 ÷ the bar, tokens/s ÷ fairgate without the levers and ÷ smg
 cache_aware (each ratio taken within one report, then the median), and the load
 averages the runs started and ended at.
@@ -28,6 +29,7 @@ from service.engines.simulator.hardware import preset
 SPREAD = (
     "light_p50_s",
     "light_p99_s",
+    "light_wait_p99_s",
     "p99_over_solo",
     "p99_over_bar",
     "tokens_per_s",
@@ -57,6 +59,8 @@ def rows(reports: Sequence[dict[str, Any]], bars: Bars) -> list[dict[str, Any]]:
                     "variant": key,
                     "light_p50_s": v["light_ttft_p50_s"],
                     "light_p99_s": v["light_ttft_p99_s"],
+                    # fairgate's queue wait (older reports: none recorded).
+                    "light_wait_p99_s": v.get("light_queue_wait_p99_s", math.nan),
                     "p99_over_solo": v["light_p99_over_solo"],
                     "p99_over_bar": v["light_ttft_p99_s"] / bar_s(solo, rep["workers"], bars),
                     "tokens_per_s": v["tokens_per_s"],
@@ -98,14 +102,16 @@ def _fmt(v: tuple[float, float, float] | None, spec: str, scale: float = 1.0) ->
 
 def print_markdown(summary: Sequence[dict[str, Any]]) -> None:
     print(
-        "| mix | workers | time scale | variant | light p50 ms | light p99 ms | p99 ÷ solo "
-        "| p99 ÷ bar | tokens/s | ÷ fg-locality | ÷ smg cache_aware |"
+        "| mix | workers | time scale | variant | light p50 ms | light p99 ms "
+        "| queue wait p99 ms | p99 ÷ solo | p99 ÷ bar | tokens/s | ÷ fg-locality "
+        "| ÷ smg cache_aware |"
     )
-    print("|---|---:|---:|---|---|---|---|---|---|---|---|")
+    print("|---|---:|---:|---|---|---|---|---|---|---|---|---|")
     for s in summary:
         print(
             f"| {s['mix']} | {s['workers']} | {s['time_scale']:g} | {s['variant']} "
             f"| {_fmt(s['light_p50_s'], '.0f', 1e3)} | {_fmt(s['light_p99_s'], '.0f', 1e3)} "
+            f"| {_fmt(s['light_wait_p99_s'], '.0f', 1e3)} "
             f"| {_fmt(s['p99_over_solo'], '.1f')} | {_fmt(s['p99_over_bar'], '.2f')} "
             f"| {_fmt(s['tokens_per_s'], '.0f')} | {_fmt(s['tokens_over_nolevers'], '.3f')} "
             f"| {_fmt(s['tokens_over_peer'], '.3f')} |"
