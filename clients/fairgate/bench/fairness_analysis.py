@@ -135,11 +135,14 @@ def analyse(
             if not (r.rejected or r.failed)
         ]
         # fairgate's queue wait (the part of the TTFT before admission; smg: none
-        # to read, its records admit at the first token), censored alike.
+        # to read, its records admit at the first token). The server says it at
+        # the stream's end: a request still streaming at the window's end is left
+        # out (admitted, its wait unknown), one never started is censored.
         waits = [
             (r.admitted_s if r.admitted_s is not None else window_s) - r.sent_s
             for r in mine
             if not (r.rejected or r.failed)
+            and (r.admitted_s is not None or r.first_token_s is None)
         ]
         res.per_tenant[t] = {
             "sent": len(mine),

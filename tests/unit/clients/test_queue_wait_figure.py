@@ -1,6 +1,7 @@
 """The light tenant's queue wait beside its TTFT (`bench fleet`): the part of a
-first token spent in fairgate's queue, censored at the window's end as the TTFT
-is, so a run says whether the light tenant waited on admission or the engine."""
+first token spent in fairgate's queue, censored at the window's end for a request
+never admitted, so a run says whether the light tenant waited on admission or
+the engine."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ def test_the_queue_wait_p99_is_the_admission_part_and_censored_like_the_ttft() -
         _rec("light", 1.0, 1.02, 1.30),  # waited on the engine, not the queue
         _rec("heavy", 0.0, 0.0, 0.10),
         _rec("heavy", 1.0, None, None),  # never admitted in the window: 9 s, censored
+        # Still streaming at the window's end: admitted, its wait unknown (the
+        # server says it at the end), so left out rather than censored.
+        _rec("light", 9.9, None, 9.95),
     ]
     res = analyse(_Scenario(), records, 10.0, 1.0, "x", 1)
     light, heavy = res.per_tenant["light"], res.per_tenant["heavy"]
