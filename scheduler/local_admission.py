@@ -195,15 +195,9 @@ class LocalAdmission:
     def _charged(self) -> None:
         # A charge can change which tenant is next (VTC): a request that was
         # waiting behind a head too big for the room may now be the head and fit.
-        # Room first: the cheaper test, and mostly false under load. The round
-        # runs once the charges at hand are in (a wake-up due now: the loop's
-        # next pass), not once per charge: every streamed chunk is a charge, and
-        # a round stopped at a head that does not fit (KV-full, slots free) asks
-        # locality of every head it judges (docs/benchmarks.md, session 18: a
-        # third of the gateway's CPU, its event loop blocked for 100+ ms).
+        # Room first: the cheaper test, and mostly false under load.
         if self.budget.engine.requests < self.budget.limits.max_requests and len(self.policy):
-            self.door.decide_at(self.clock.now_s())
-            self.door.arm()
+            self.decide()
 
     def release(self, entry: LocalEntry) -> None:
         req = entry.req

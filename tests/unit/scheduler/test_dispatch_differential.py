@@ -77,9 +77,6 @@ async def run_trace(trace: Trace) -> Counter[str]:
             if kind == "advance":
                 await advance(clock, timers, ADVANCES_S[y % len(ADVANCES_S)], quiesce)
             await apply_event(sides, n, kind, x, y, quiesce)
-            # The loop's next pass: a wake-up due now (the memory state's round
-            # after output charges, LocalAdmission._charged) fires before anything else.
-            await advance(clock, timers, 0.0, quiesce)
             base, other = sides
             assert other.admitted == base.admitted, f"after event {n} {kind}"
             for error in (QuotaExceeded, QueueTimeout):
