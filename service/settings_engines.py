@@ -110,8 +110,8 @@ class EngineSettings(BaseModel):
     sglang_stagger_min_workers: int = _s(
         STAGGER_MIN_WORKERS,
         "Pool, staggered prefill: keeps a worker free of long prefill only while at least "
-        "this many workers are healthy (on two, keeping one free cost a quarter of the "
-        "tokens/s and staged prefill alone met the bar: docs/benchmarks.md).",
+        "this many workers are healthy (on two, keeping one free cost 0.71x the tokens/s "
+        "on the prefix mix, and staged prefill alone met the bar: docs/benchmarks.md).",
         ge=2,
     )
     sglang_kv_events: str = _s(

@@ -20,8 +20,8 @@ rules keep a worker on short steps for the light tenant:
 Keeping one free applies only while at least `min_workers` workers are healthy
 (default 3): keeping one of two off long prefill takes half the pool's prefill
 from the long prompts, and on two workers staged prefill alone meets the bar
-(docs/benchmarks.md, session 18: the levers at 0.71-0.74x the tokens/s of none
-on the prefix mix, the stages alone at 1.10x). The hold has no such floor: a
+(docs/benchmarks.md, session 18: live, prefix mix, the levers with it at 0.71x
+the tokens/s of none, the stages alone at 1.10x, median of three seeds). The hold has no such floor: a
 pool of one holds too.
 
 A prompt is long when its uncached tokens (the prompt less the longest prefix a

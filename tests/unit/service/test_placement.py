@@ -201,7 +201,7 @@ def test_staggered_prefill_keeps_the_last_worker_on_short_steps(light_active: bo
 
 def test_staggered_prefill_keeps_no_worker_free_on_fewer_than_min_workers() -> None:
     """Keeping one of two workers off long prefill costs the pool half its prefill
-    for the long prompts (a quarter of the tokens/s, measured): below
+    for the long prompts (0.71x the tokens/s, measured): below
     `min_workers` healthy workers (3 by default) a long prompt goes where the
     rule alone sends it, and from a third one on it is kept again."""
     targets = [_Target(f"w{i}") for i in range(3)]
