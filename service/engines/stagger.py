@@ -21,8 +21,8 @@ Keeping one free applies only while at least `min_workers` workers are healthy
 (default 3): keeping one of two off long prefill takes half the pool's prefill
 from the long prompts, and on two workers staged prefill alone meets the bar
 (docs/benchmarks.md, session 18: live, prefix mix, the levers with it at 0.71x
-the tokens/s of none, the stages alone at 1.10x, median of three seeds). The hold has no such floor: a
-pool of one holds too.
+the tokens/s of none, the stages alone at 1.10x, median of three seeds). The
+hold has no such floor: a pool of one holds too.
 
 A prompt is long when its uncached tokens (the prompt less the longest prefix a
 worker holds) reach `min_tokens`; a light tenant is active for `light_window_s`

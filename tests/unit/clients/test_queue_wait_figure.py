@@ -24,7 +24,7 @@ def _rec(
     return RequestRecord(tenant, sent_s, 10, 1, admitted_s=admitted_s, first_token_s=first_s)
 
 
-def test_the_queue_wait_p99_is_the_admission_part_and_censored_like_the_ttft() -> None:
+def test_the_queue_wait_p99_is_the_admission_part_censored_only_if_never_admitted() -> None:
     records = [
         _rec("light", 0.0, 0.01, 0.05),
         _rec("light", 1.0, 1.02, 1.30),  # waited on the engine, not the queue
