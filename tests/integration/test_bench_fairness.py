@@ -37,6 +37,7 @@ TENANT_KEYS = {
     "weighted_service",
     "ttft_p50_s",
     "ttft_p99_s",
+    "queue_wait_p99_s",
 }
 
 
