@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 
 from service.engines.prefix_index import BLOCK_TOKENS, next_key
 
@@ -37,6 +38,9 @@ class _Block:
 
 _ROOT = _Block(0, (), ())
 
+# Matches remembered between two changes of the view (then forgotten at once).
+_MEMO_MAX = 4096
+
 
 class CacheView:
     """The prefixes one engine's cache holds, as fairgate keys."""
@@ -48,6 +52,10 @@ class CacheView:
         # A key can be completed by more than one engine block (a LoRA namespace
         # hashes the same tokens apart), so it is held while any of them is.
         self._held: dict[int, int] = {}
+        # Each prompt's match since the view last changed, by its deepest key (which
+        # stands for the whole prefix): admission asks the same queued heads again at
+        # every streamed chunk, and a long prompt's keys take hundreds of lookups.
+        self._memo: dict[int, int] = {}
 
     def stored(
         self,
@@ -69,6 +77,7 @@ class CacheView:
                 continue
             parent = self._extend(parent, page)
             self._blocks[h] = parent
+            self._memo.clear()
             for k in parent.keys:
                 self._held[k] = self._held.get(k, 0) + 1
 
@@ -77,6 +86,7 @@ class CacheView:
             b = self._blocks.pop(h, None)
             if b is None:
                 continue  # stored before the view started: nothing counted
+            self._memo.clear()
             for k in b.keys:
                 left = self._held[k] - 1
                 if left:
@@ -88,19 +98,27 @@ class CacheView:
         """The engine flushed its cache: empty, and exact again from here."""
         self._blocks.clear()
         self._held.clear()
+        self._memo.clear()
         self.stale = False
 
     def match(self, keys: Sequence[int]) -> int:
         """Tokens of the prefix `keys` stands for that the engine holds: its
         leading keys held without a gap (an engine evicts leaves, so a held
         key under an evicted one would be a view out of step, and not counted)."""
+        if not keys:
+            return 0
+        memo = self._memo
+        if (n := memo.get(keys[-1])) is not None:
+            return n
         held = self._held
         if held.keys().isdisjoint(keys):
-            return 0
-        n = 0
-        while n < len(keys) and keys[n] in held:
-            n += 1
-        return n * self.block
+            n = 0
+        else:
+            n = len(list(takewhile(held.__contains__, keys))) * self.block
+        if len(memo) >= _MEMO_MAX:
+            memo.clear()
+        memo[keys[-1]] = n
+        return n
 
     def size(self) -> int:
         """Distinct tokens of whole fairgate blocks the engine holds."""

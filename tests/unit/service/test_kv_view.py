@@ -39,3 +39,22 @@ def test_removing_a_leaf_keeps_its_parent_and_a_missing_parent_goes_stale() -> N
     assert view.stale
     view.cleared()
     assert not view.stale and view.match(chain(turn)) == 0
+
+
+def test_a_prompt_asked_again_sees_what_was_stored_and_removed_since() -> None:
+    """Admission asks the same queued prompt at every streamed chunk: the answer
+    follows every change of the view in between."""
+    view = CacheView()
+    prompt = list(range(1, 65))
+    keys = chain(prompt)
+    assert view.match(keys) == 0
+    first = _store(view, prompt[:32], 16)
+    assert view.match(keys) == 32
+    view.stored([50, 51], first[-1], prompt[32:], 16)
+    assert view.match(keys) == 64
+    view.removed([51])
+    assert view.match(keys) == 48
+    view.removed([12345])  # a block the view never saw changes nothing
+    assert view.match(keys) == 48
+    view.cleared()
+    assert view.match(keys) == 0
