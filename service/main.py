@@ -45,6 +45,10 @@ async def serve(
     from service.app import App
 
     app = await App.start(settings, telemetry)
+    if settings.gc_freeze:
+        from service.collector import freeze_startup
+
+        freeze_startup()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in stop_signals:

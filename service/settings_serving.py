@@ -36,6 +36,12 @@ class ServingSettings(BaseModel):
     event_loop: Annotated[str, OneOf(EVENT_LOOPS)] = _s(
         "auto", "Event loop: auto (uvloop when installed), uvloop, asyncio."
     )
+    gc_freeze: bool = _s(
+        True,
+        "Once started, take what start built out of Python's garbage collector "
+        "(gc.freeze): a full collection then skips ~90 000 objects that never become "
+        "garbage, instead of stalling every stream for 40-150 ms.",
+    )
     workers: int = _s(
         1,
         "Server processes on this node, all on the same ports (SO_REUSEPORT); "
