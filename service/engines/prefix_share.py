@@ -5,9 +5,15 @@ several replicas over Redis, a conversation's turns may reach different
 replicas; the one that routes a later turn must know where the earlier turns
 went. So every replica appends, for each sequence it routes (the prompt when it
 is sent, prompt plus output when it ends), the worker's URL and the sequence's
-deepest prefix key to one stream, and reads the others' entries every
-`interval_s` into its own index. A key stands for its whole prefix, so that
+deepest prefix key to one stream, and reads the others' entries into its own
+index. A key stands for its whole prefix, so that
 one key per sequence is enough (`PrefixIndex.match` looks for the deepest).
+
+A prefill's start and end, and a light request placed, are sent at once (the
+sender wakes for them), and each replica reads with a blocking `XREAD`, so the
+others know of a long prefill within a round trip: two replicas that each keep
+a worker free for the light tenant must not fill each other's in the 50-100 ms a
+polled read leaves. Everything else goes every `interval_s`.
 
 Redis faults cost locality only: entries not sent or not read are not retried,
 routing goes on from the local index, and a warning is logged once per outage.
@@ -23,10 +29,10 @@ whose end is lost (its replica died) stops counting after the placement's TTL.
 
 And each replica's requests and KV in flight per worker (`publish_load`): a
 worker the other replicas filled is full for this one's routing too
-(`Placement.learn_load`). At most one entry per worker and round, only when the
+(`Placement.learn_load`). At most one entry per worker and send, only when the
 count changed, and every worker's again every `load_refresh_s`, so that the
 others can drop a replica that went silent (remote_load.py). And that a light
-tenant's short request was placed (`publish_light`, at most one entry a round):
+tenant's short request was placed (`publish_light`, at most one entry a send):
 staggered prefill keeps a worker for an active light tenant, which a replica
 must know of even when the other replicas placed its requests.
 """
@@ -38,7 +44,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from scheduler.redis_io import UNAVAILABLE, text
@@ -71,6 +77,8 @@ class PrefixShare:
         self.learn_load = learn_load
         self.learn_light = learn_light
         self._light = False  # a light request placed since the last round
+        # Set by what the other replicas need at once (a prefill, a light request).
+        self._urgent = asyncio.Event()
         self.load_refresh_s = load_refresh_s
         # This replica's load per worker URL, and those changed since the last send.
         self._loads: dict[str, tuple[int, int]] = {}
@@ -93,8 +101,9 @@ class PrefixShare:
 
     def publish_prefill(self, url: str, prefill_id: str, tokens: int) -> None:
         """This replica routed `tokens` uncached prompt tokens to worker `url` under
-        `prefill_id` (0: that prefill is over)."""
+        `prefill_id` (0: that prefill is over); sent at once."""
         self._send({"u": url, "p": prefill_id, "n": str(tokens)})
+        self._urgent.set()
 
     def publish_load(self, url: str, requests: int, kv_tokens: int) -> None:
         """This replica now has `requests` of `kv_tokens` in flight on worker `url`
@@ -103,8 +112,10 @@ class PrefixShare:
         self._loads_changed.add(url)
 
     def publish_light(self) -> None:
-        """This replica placed a light tenant's short request (sent with the next round)."""
+        """This replica placed a light tenant's short request (sent at once, one entry
+        for those placed meanwhile)."""
         self._light = True
+        self._urgent.set()
 
     def _queue_loads(self) -> None:
         """The loads changed since the last round; every one once per refresh."""
@@ -132,24 +143,51 @@ class PrefixShare:
         await self.client.aclose()
 
     async def _run(self) -> None:
+        await asyncio.gather(self._sending(), self._reading())
+
+    async def _sending(self) -> None:
+        """Every `interval_s`, or at once when something urgent was published."""
         while True:
-            try:
-                await self.sync()
-                if self._failing:
-                    log.info("prefix share: Redis is back")
-                self._failing = False
-            except UNAVAILABLE as exc:
-                raise_if_cancelling(exc)
-                if not self._failing:
-                    log.warning(
-                        "prefix share: Redis failed (%s); routing from this replica's routes", exc
-                    )
-                self._failing = True
+            self._urgent.clear()
+            sent = await self._safely(self.send())
             self.rounds += 1
-            await asyncio.sleep(self.interval_s)
+            if not sent:
+                await asyncio.sleep(self.interval_s)  # down: no faster than a round
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._urgent.wait(), self.interval_s)
+
+    async def _reading(self) -> None:
+        """The others' entries as they come (a blocking read, `interval_s` at most)."""
+        block_ms = max(1, int(self.interval_s * 1000))
+        while True:
+            if not await self._safely(self.read(block_ms)):
+                await asyncio.sleep(self.interval_s)
+
+    async def _safely(self, call: Coroutine[Any, Any, None]) -> bool:
+        """Run one Redis call; a fault is logged once per outage, never raised."""
+        try:
+            await call
+        except UNAVAILABLE as exc:
+            raise_if_cancelling(exc)
+            if not self._failing:
+                log.warning(
+                    "prefix share: Redis failed (%s); routing from this replica's routes", exc
+                )
+            self._failing = True
+            return False
+        if self._failing:
+            log.info("prefix share: Redis is back")
+        self._failing = False
+        return True
 
     async def sync(self) -> None:
         """Send what this replica routed since the last call; learn the others'."""
+        await self.send()
+        await self.read()
+
+    async def send(self) -> None:
+        """What this replica routed since the last send."""
         self._queue_loads()
         if self._light:
             self._light = False
@@ -161,8 +199,15 @@ class PrefixShare:
                 pipe.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
             await pipe.execute()
             self.sent_total += len(out)
+
+    async def read(self, block_ms: int | None = None) -> None:
+        """The others' entries since the last read; with `block_ms`, waiting that long
+        for the first when there is none yet."""
         while True:
-            got = await self.client.xread({self.stream: self._last_id}, count=self.batch)
+            got = await self.client.xread(
+                {self.stream: self._last_id}, count=self.batch, block=block_ms
+            )
+            block_ms = None
             entries = got[0][1] if got else []
             for entry_id, fields in entries:
                 self._last_id = text(entry_id)

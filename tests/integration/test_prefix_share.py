@@ -152,3 +152,49 @@ async def test_a_light_request_placed_reaches_the_other_replica_once_a_round(
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_a_prefill_and_a_light_request_reach_a_running_replica_at_once(
+    redis_url: str,
+) -> None:
+    """Started replicas: a prefill and a light request go out when placed and the
+    other replica reads them as they come, not at its next round (`interval_s` is
+    far beyond the wait here); a route waits for the sender's round."""
+    prefills: list[tuple[str, str, int]] = []
+    lights: list[int] = []
+    routes: list[tuple[str, int]] = []
+
+    def share(replica: str, **learn: Any) -> PrefixShare:
+        return PrefixShare(
+            connect(redis_url, timeout_s=0.5),
+            "t:{d}:routes",
+            replica,
+            lambda u, k: routes.append((u, k)),
+            interval_s=30.0,
+            **learn,
+        )
+
+    a = share("a")
+    b = share(
+        "b",
+        learn_prefill=lambda u, pid, n: prefills.append((u, pid, n)),
+        learn_light=lambda: lights.append(1),
+    )
+    try:
+        await a.start()
+        await b.start()
+        await eventually(lambda: a.rounds >= 1 and b.rounds >= 1, what="first rounds")
+        a.publish("http://w0", 5)  # not urgent: waits for a's next round
+        a.publish_prefill("http://w1", "1", 4000)
+        await eventually(lambda: bool(prefills), what="the prefill at b")
+        assert prefills == [("http://w1", "a:1", 4000)]
+        # The route went in the same send, ahead of the prefill.
+        assert routes == [("http://w0", 5)]
+        a.publish_light()
+        await eventually(lambda: bool(lights), what="the light request at b")
+        a.publish_prefill("http://w1", "1", 0)
+        await eventually(lambda: len(prefills) == 2, what="the prefill's end at b")
+        assert prefills[-1] == ("http://w1", "a:1", 0) and lights == [1]
+    finally:
+        await a.aclose()
+        await b.aclose()
