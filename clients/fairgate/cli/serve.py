@@ -33,7 +33,15 @@ ALIASES = {
 SECTIONS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     (
         "Listening",
-        ("listen", "http_listen", "metrics_listen", "workers", "event_loop", "shutdown_grace_s"),
+        (
+            "listen",
+            "http_listen",
+            "metrics_listen",
+            "workers",
+            "event_loop",
+            "gc_freeze",
+            "shutdown_grace_s",
+        ),
         ("tls_",),
     ),
     (
