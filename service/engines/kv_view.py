@@ -38,7 +38,7 @@ class _Block:
 
 _ROOT = _Block(0, (), ())
 
-# Matches remembered between two changes of the view (then forgotten at once).
+# At most this many matches remembered; past it, all are forgotten.
 _MEMO_MAX = 4096
 
 
@@ -110,11 +110,8 @@ class CacheView:
         memo = self._memo
         if (n := memo.get(keys[-1])) is not None:
             return n
-        held = self._held
-        if held.keys().isdisjoint(keys):
-            n = 0
-        else:
-            n = len(list(takewhile(held.__contains__, keys))) * self.block
+        # A cold prompt stops at its first key.
+        n = len(list(takewhile(self._held.__contains__, keys))) * self.block
         if len(memo) >= _MEMO_MAX:
             memo.clear()
         memo[keys[-1]] = n

@@ -155,7 +155,8 @@ class PrefixShare:
                 await asyncio.sleep(self.interval_s)  # down: no faster than a round
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._urgent.wait(), self.interval_s)
+                async with asyncio.timeout(self.interval_s):
+                    await self._urgent.wait()
 
     async def _reading(self) -> None:
         """The others' entries as they come (a blocking read, `interval_s` at most)."""
