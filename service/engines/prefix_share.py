@@ -89,7 +89,9 @@ class PrefixShare:
         self.batch = batch
         self._out: list[dict[str, str]] = []
         self._last_id = "0-0"
-        self._task: asyncio.Task[None] | None = None
+        # The sender and the reader, each stopped on its own (`stop_task`): a gather
+        # of the two could end on one's error and leave the other running.
+        self._tasks: list[asyncio.Task[None]] = []
         self._failing = False
         self.sent_total = 0
         self.learned_total = 0
@@ -134,16 +136,17 @@ class PrefixShare:
             self._out.append(fields)
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="prefix-share")
+        if not self._tasks:
+            self._tasks = [
+                asyncio.create_task(self._sending(), name="prefix-share-send"),
+                asyncio.create_task(self._reading(), name="prefix-share-read"),
+            ]
 
     async def aclose(self) -> None:
-        await stop_task(self._task)
-        self._task = None
+        for task in self._tasks:
+            await stop_task(task)
+        self._tasks = []
         await self.client.aclose()
-
-    async def _run(self) -> None:
-        await asyncio.gather(self._sending(), self._reading())
 
     async def _sending(self) -> None:
         """Every `interval_s`, or at once when something urgent was published."""
