@@ -61,8 +61,10 @@ class Stagger:
     hold_max_s: float = 0.0
     min_workers: int = MIN_WORKERS
     light_seen_s: float = float("-inf")
-    # Long prompts kept off the last worker on short steps.
+    # Long prompts kept off the last worker on short steps, and those let onto it
+    # because no other worker's KV held them (`kept`'s `fits`).
     kept_free: int = 0
+    kept_given_up: int = 0
     # Cold long prompts held (once each), and those the bound released.
     held: int = 0
     held_to_bound: int = 0
@@ -125,6 +127,7 @@ class Stagger:
             (i, v) for i, v in views if i != last or pending[i] + prompt_tokens - v.matched < keep
         ]
         if fits is not None and not any(fits(i, v) for i, v in left if i != last):
+            self.kept_given_up += len(left) < len(views)
             return views
         if left and len(left) < len(views):
             self.kept_free += 1

@@ -39,6 +39,8 @@ CACHED_TOKENS = "fairgate.usage.cached_tokens"
 # freed for a request of higher priority and it was prefilled again.
 RETRACTIONS = "fairgate.engine.retractions"
 QUEUE_WAIT_S = "fairgate.queue.wait_s"
+# What an isolation lever did (service/engines/isolation_stats.py's EVENTS).
+ISOLATION_EVENT = "fairgate.isolation.event"
 TTFT_S = "fairgate.time_to_first_token_s"
 REJECTION_REASON = "fairgate.rejection.reason"
 REJECTION_LIMIT = "fairgate.rejection.limit"

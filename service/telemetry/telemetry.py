@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from service.engines.isolation_stats import isolation_counts
 from service.telemetry import names as n
 from service.telemetry.instruments import Instruments
 from service.telemetry.interceptor import TelemetryInterceptor
@@ -81,6 +82,13 @@ class Telemetry(Instruments):
             "{request}",
             "Admissions beyond the engine's room for light tenants (fair_isolation=preempt): "
             "the engine retracts a running request for each that finds it full",
+        )
+        m.create_observable_counter(
+            "fairgate.engine.isolation_events",
+            [self._isolation_events],
+            "{event}",
+            "What the isolation levers did (staggered prefill, the cold-start hold, staged "
+            "prefill), by event",
         )
         m.create_observable_gauge(
             "fairgate.engine.kv_tokens",
@@ -215,6 +223,11 @@ class Telemetry(Instruments):
     def _lent_admissions(self, _: CallbackOptions) -> Iterable[Observation]:
         for _model, stats, attrs in self._per_model():
             yield Observation(stats.lent_total, attrs)
+
+    def _isolation_events(self, _: CallbackOptions) -> Iterable[Observation]:
+        for model, _stats, attrs in self._per_model():
+            for event, count in isolation_counts(model.engine).items():
+                yield Observation(count, {**attrs, n.ISOLATION_EVENT: event})
 
     def _engine_kv_tokens(self, _: CallbackOptions) -> Iterable[Observation]:
         for model, stats, attrs in self._per_model():

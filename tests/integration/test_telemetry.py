@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from service.engines.isolation_stats import EVENTS
 from service.settings import Settings
 from service.telemetry.setup import build_telemetry
 from tests.conftest import StartServer
@@ -369,3 +370,31 @@ async def test_prometheus_scrape_endpoint(start_server: StartServer) -> None:
     ttft = "gen_ai_server_time_to_first_token_seconds_bucket{"
     assert any(line.startswith(ttft) for line in lines)
     assert any(line.startswith("fairgate_queue_depth{") for line in lines)
+
+
+async def test_isolation_events_count_what_the_levers_did(
+    start_server: StartServer, captured: Captured
+) -> None:
+    """`fairgate.engine.isolation_events` reports the staged prefill's stages (and
+    zeros for the levers a single engine has not got), from the engine's own counts."""
+    app = await start_server(
+        telemetry=captured.telemetry,
+        engine="simulator",
+        sim_time_scale=0.0,
+        staged_prefill_min_tokens=256,
+        staged_prefill_stage_tokens=128,
+    )
+    model = app.models.resolve("")
+    assert model is not None
+    async with AsyncClient(app.address, tenant="team-a") as client:
+        done = await client.complete(list(range(300, 900)), max_tokens=2, ignore_eos=True)
+    assert done.result.usage.prompt_tokens == 600
+    stages = model.engine.staging.stages  # type: ignore[attr-defined]
+    assert stages == 4  # 128, 256, 384 and 512; the request adds the rest
+    event = "fairgate.isolation.event"
+    assert captured.value("fairgate.engine.isolation_events", {event: "stages"}) == stages
+    assert captured.value("fairgate.engine.isolation_events", {event: "staged_requests"}) == 1
+    points = captured.points("fairgate.engine.isolation_events")
+    assert {a[event] for a, _ in points} == set(EVENTS)  # every event, zeros included
+    assert captured.value("fairgate.engine.isolation_events", {event: "kept_free"}) == 0
+    await assert_no_leaks(app)

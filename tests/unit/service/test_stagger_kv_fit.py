@@ -30,6 +30,7 @@ def test_a_long_prompt_is_kept_off_the_free_worker_only_where_the_busy_one_holds
     placed = p.place(_request(3000, light=False), [], set())
     assert placed is not None
     assert placed.worker == (1 if kept else 0) and p.stagger.kept_free == int(kept)
+    assert p.stagger.kept_given_up == int(not kept)  # counted for the operator's metric
 
 
 def test_another_replicas_kv_on_the_busy_worker_counts() -> None:
@@ -38,6 +39,7 @@ def test_another_replicas_kv_on_the_busy_worker_counts() -> None:
     p.learn_load("w1", "other", 2, KV - 3_000)  # w1 full with the other replica's
     placed = p.place(_request(3000, light=False), [], set())
     assert placed is not None and placed.worker == 0 and p.stagger.kept_free == 0
+    assert p.stagger.kept_given_up == 1
 
 
 def test_without_the_fit_the_rule_keeps_as_before() -> None:
@@ -47,3 +49,4 @@ def test_without_the_fit_the_rule_keeps_as_before() -> None:
     assert [i for i, _ in left] == [1]
     only_w0 = lambda i, v: i == 0  # noqa: E731 (w0 holds it, w1 does not)
     assert st.kept(3000, views, [0, 4000], [True, True], 5.0, only_w0) == views
+    assert (st.kept_free, st.kept_given_up) == (1, 1)
