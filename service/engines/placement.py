@@ -329,21 +329,26 @@ class Placement:
             self.on_light()
         healthy = [t.healthy for t in self.targets]
         pending = self._all_pending()
+        fits = self._fits(req, now_s)
+        return self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits)
 
+    def _fits(self, req: EngineRequest, now_s: float) -> Callable[[int, WorkerView], bool]:
         def fits(i: int, v: WorkerView) -> bool:
             """Worker i's KV holds the prompt beside what is in flight there."""
             kv = rules.kv_tokens(req.prompt_tokens - v.matched, req.max_tokens)
             kv_busy = self.kv_in_flight[i] + self.remote_load.of(i, now_s)[1]
             return kv_busy + kv <= self.targets[i].kv_capacity()
 
-        return self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits)
+        return fits
 
     def hold_until(
         self, req: EngineRequest, keys: Sequence[int], since_s: float, first: bool
     ) -> float | None:
         """Cold-start hold (`stagger.py`, lever 4), asked before `place`: the clock
         time until which `req` waits unsent (every worker mid-prefill, the light
-        tenant active, the prompt cold and long), or None: place it now. `since_s`:
+        tenant active, the prompt cold and long; or the prompt would take the last
+        worker free of long prefill for want of KV on the others), or None: place
+        it now. `since_s`:
         when it was first asked (`first`: this is that time). Ask again once a
         worker's prefill ends (`first_token`, `released`) or at the time returned."""
         st, now_s = self.stagger, self.clock()
@@ -358,7 +363,14 @@ class Placement:
         _, soonest = min(views, key=lambda iv: iv[1].pending_prefill - iv[1].matched)
         uncached = req.prompt_tokens - soonest.matched
         pending = self._all_pending()
-        return st.hold_until_s(uncached, pending, healthy, now_s, since_s, first)
+        until_s = st.hold_until_s(uncached, pending, healthy, now_s, since_s, first)
+        if until_s is not None:
+            return until_s
+        # Or the last free worker would be let go for want of KV elsewhere (`kept`).
+        fits = self._fits(req, now_s)
+        return st.room_hold_until_s(
+            req.prompt_tokens, views, pending, healthy, now_s, fits, since_s, first
+        )
 
     def _all_pending(self) -> list[int]:
         """Every worker's `prefill_pending` (this replica's and the others')."""

@@ -113,25 +113,63 @@ class Stagger:
         there; asked only where the rule applies) no other worker holds it: parked
         on a full one it waits in that engine's queue while its KV fills
         admission's budget, and the light tenant waits behind it in fairgate's
-        queue (docs/benchmarks.md, "Long mix on two workers: traced")."""
+        queue (docs/benchmarks.md, "Long mix on two workers: traced"). That last
+        case is what `room_hold_until_s` holds, where the hold is on."""
+        left, given_up = self._kept(prompt_tokens, views, pending, healthy, now_s, fits)
+        self.kept_given_up += given_up
+        if len(left) < len(views):
+            self.kept_free += 1
+        return left
+
+    def _kept(
+        self,
+        prompt_tokens: int,
+        views: list[tuple[int, WorkerView]],
+        pending: Sequence[int],
+        healthy: Sequence[bool],
+        now_s: float,
+        fits: Callable[[int, WorkerView], bool] | None,
+    ) -> tuple[list[tuple[int, WorkerView]], bool]:
+        """`kept`'s views, and whether the last free worker was let go for want of
+        KV elsewhere (no counting)."""
         keep = self.keep()
         if not (self.min_tokens and self.keep_free) or prompt_tokens < keep:
-            return views
+            return views, False
         if not self.light_active(now_s) or not self.enough(healthy):
-            return views
+            return views, False
         free = [i for i, ok in enumerate(healthy) if ok and self.short(pending[i])]
         if len(free) != 1:
-            return views
+            return views, False
         last = free[0]
         left = [
             (i, v) for i, v in views if i != last or pending[i] + prompt_tokens - v.matched < keep
         ]
         if fits is not None and not any(fits(i, v) for i, v in left if i != last):
-            self.kept_given_up += len(left) < len(views)
-            return views
-        if left and len(left) < len(views):
-            self.kept_free += 1
-        return left or views
+            return views, len(left) < len(views)
+        return (left or views), False
+
+    def room_hold_until_s(
+        self,
+        prompt_tokens: int,
+        views: list[tuple[int, WorkerView]],
+        pending: Sequence[int],
+        healthy: Sequence[bool],
+        now_s: float,
+        fits: Callable[[int, WorkerView], bool],
+        since_s: float,
+        first: bool,
+    ) -> float | None:
+        """With the hold on: until when a prompt that `kept` would let onto the last
+        free worker, for want of KV elsewhere, waits unsent instead (the KV held
+        elsewhere frees as requests end; the last free worker stays on short steps
+        for the light tenant), at most `hold_max_s` from `since_s`; None: place it
+        now. Counted in `held` / `held_to_bound` as the cold-start hold."""
+        if not self.hold_max_s:
+            return None
+        _, given_up = self._kept(prompt_tokens, views, pending, healthy, now_s, fits)
+        if not given_up:
+            return None
+        return self._held_until_s(now_s, since_s, first)
 
     def hold_until_s(
         self,
@@ -153,6 +191,11 @@ class Stagger:
         live = [p for p, ok in zip(pending, healthy, strict=True) if ok]
         if not live or any(self.short(p) for p in live):
             return None
+        return self._held_until_s(now_s, since_s, first)
+
+    def _held_until_s(self, now_s: float, since_s: float, first: bool) -> float | None:
+        """Held until the bound (`hold_max_s` from `since_s`) or the light tenant's
+        window end, whichever is first; None: the bound is past (counted)."""
         until_s = since_s + self.hold_max_s
         if now_s >= until_s:
             self.held_to_bound += 1
