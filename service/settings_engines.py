@@ -102,8 +102,9 @@ class EngineSettings(BaseModel):
         0.0,
         "Pool, with staggered prefill: while every worker is mid-prefill and a light tenant "
         "is active, a prompt with at least sglang_stagger_prefill_tokens uncached tokens "
-        "waits, unsent, until a worker's prefill ends, for at most this long (0: off; "
-        "measured: docs/benchmarks.md).",
+        "waits, unsent, until a worker's prefill ends, for at most this long; so does a "
+        "long prompt that would take the last worker free of long prefill because no other "
+        "worker's KV holds it (0: off; measured: docs/benchmarks.md).",
         ge=0,
         le=60,
     )

@@ -13,7 +13,12 @@ rules keep a worker on short steps for the light tenant:
   them all mid-prefill for another prompt's worth of chunks): it waits, before
   it is sent, until a worker's prefill ends (then the rules above place it), the
   light tenant goes quiet, or it has waited `hold_max_s` — the bound that keeps
-  batch traffic from starving. A held prompt is already admitted (its slot and
+  batch traffic from starving. With the hold on, so does a long prompt that
+  would take the last free worker because no other worker's KV holds it
+  (`room_hold_until_s`): until a request ends elsewhere, within the same bound.
+  Traced live (long mix, four workers), that exception was how the last free
+  worker was lost 26 times of 29, and the light tenant's slowest first tokens
+  came when no worker was free (docs/benchmarks.md, session 20). A held prompt is already admitted (its slot and
   KV counted), so the hold delays only the prompts themselves, never the fair
   queue behind them.
 

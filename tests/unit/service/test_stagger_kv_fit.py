@@ -50,3 +50,33 @@ def test_without_the_fit_the_rule_keeps_as_before() -> None:
     only_w0 = lambda i, v: i == 0  # noqa: E731 (w0 holds it, w1 does not)
     assert st.kept(3000, views, [0, 4000], [True, True], 5.0, only_w0) == views
     assert (st.kept_free, st.kept_given_up) == (1, 1)
+
+
+def test_with_the_hold_the_prompt_waits_rather_than_take_the_last_free_worker() -> None:
+    """Where no other worker's KV holds it, the hold keeps the prompt unsent (at
+    most `hold_max_s`) so that the free worker stays on short steps; once the busy
+    worker's KV frees, the rule keeps it off the free one as before."""
+    p = _two_workers()
+    p.stagger.hold_max_s = 2.0
+    p.kv_in_flight[1] = KV - 2_000  # w1 cannot hold 3 000 more
+    req = _request(3000, light=False)
+    assert p.hold_until(req, [], 5.0, True) == 7.0  # the bound
+    assert (p.stagger.held, p.stagger.kept_given_up) == (1, 0)  # asked, not placed
+    assert p.hold_until(req, [], 5.0, False) == 7.0  # asked again: counted once
+    assert p.stagger.held == 1
+    p.kv_in_flight[1] = 1_000  # a request on w1 ended
+    assert p.hold_until(req, [], 5.0, False) is None
+    placed = p.place(req, [], set())
+    assert placed is not None and placed.worker == 1 and p.stagger.kept_free == 1
+
+
+def test_the_hold_for_room_ends_at_its_bound_and_is_off_without_the_hold() -> None:
+    p = _two_workers()
+    p.kv_in_flight[1] = KV - 2_000
+    req = _request(3000, light=False)
+    assert p.hold_until(req, [], 5.0, True) is None  # hold_max_s 0: the hold is off
+    p.stagger.hold_max_s = 2.0
+    assert p.hold_until(req, [], 3.0, True) is None  # waiting since 3.0: the bound is past
+    assert (p.stagger.held, p.stagger.held_to_bound) == (0, 1)
+    placed = p.place(req, [], set())
+    assert placed is not None and placed.worker == 0 and p.stagger.kept_given_up == 1
