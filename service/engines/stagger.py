@@ -18,9 +18,9 @@ rules keep a worker on short steps for the light tenant:
   (`room_hold_until_s`): until a request ends elsewhere, within the same bound.
   Traced live (long mix, four workers), that exception was how the last free
   worker was lost 26 times of 29, and the light tenant's slowest first tokens
-  came when no worker was free (docs/benchmarks.md, session 20). A held prompt is already admitted (its slot and
-  KV counted), so the hold delays only the prompts themselves, never the fair
-  queue behind them.
+  came when no worker was free (docs/benchmarks.md, session 20). A held prompt
+  is already admitted (its slot and KV counted), so the hold delays only the
+  prompts themselves, never the fair queue behind them.
 
 Keeping one free applies only while at least `min_workers` workers are healthy
 (default 3): keeping one of two off long prefill takes half the pool's prefill
