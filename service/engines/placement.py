@@ -348,9 +348,9 @@ class Placement:
         time until which `req` waits unsent (every worker mid-prefill, the light
         tenant active, the prompt cold and long; or the prompt would take the last
         worker free of long prefill for want of KV on the others), or None: place
-        it now. `since_s`:
-        when it was first asked (`first`: this is that time). Ask again once a
-        worker's prefill ends (`first_token`, `released`) or at the time returned."""
+        it now. `since_s`: when it was first asked (`first`: this is that time).
+        Ask again once a worker's prefill ends (`first_token`, `released`) or at
+        the time returned."""
         st, now_s = self.stagger, self.clock()
         if not (st.min_tokens and st.hold_max_s):
             return None

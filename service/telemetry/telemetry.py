@@ -212,8 +212,7 @@ class Telemetry(Instruments):
     def _per_model(self) -> Iterator[tuple[ServedModel, GateStats, dict[str, str]]]:
         """Each served model, its admission stats and its gauges' attributes."""
         for model in list(self._models):
-            attrs = {n.GEN_AI_REQUEST_MODEL: model.name, n.ENGINE_KIND: model.engine.kind}
-            yield model, model.dispatcher.stats(), attrs
+            yield model, model.dispatcher.stats(), _model_attrs(model)
 
     def _engine_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
         for _model, stats, attrs in self._per_model():
@@ -225,7 +224,8 @@ class Telemetry(Instruments):
             yield Observation(stats.lent_total, attrs)
 
     def _isolation_events(self, _: CallbackOptions) -> Iterable[Observation]:
-        for model, _stats, attrs in self._per_model():
+        for model in list(self._models):  # the engine's counts: no admission stats needed
+            attrs = _model_attrs(model)
             for event, count in isolation_counts(model.engine).items():
                 yield Observation(count, {**attrs, n.ISOLATION_EVENT: event})
 
@@ -235,3 +235,8 @@ class Telemetry(Instruments):
             yield Observation(stats.limits.max_kv_tokens, {**attrs, "fairgate.kind": "limit"})
             capacity = model.engine.capacity().max_total_tokens
             yield Observation(capacity, {**attrs, "fairgate.kind": "capacity"})
+
+
+def _model_attrs(model: ServedModel) -> dict[str, str]:
+    """A served model's gauges' attributes."""
+    return {n.GEN_AI_REQUEST_MODEL: model.name, n.ENGINE_KIND: model.engine.kind}
