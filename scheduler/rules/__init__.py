@@ -53,7 +53,13 @@ from scheduler.rules.fairness import (
     vtc_rank,
 )
 from scheduler.rules.locality import behind, locality_may_pass, locality_pick
-from scheduler.rules.priority import COST_TIERS_TOKENS, engine_priority, lent_slot_priority
+from scheduler.rules.priority import (
+    COST_TIERS_TOKENS,
+    LIGHT_PREFILL_TOKENS,
+    engine_priority,
+    lent_slot_priority,
+    light_request,
+)
 from scheduler.rules.reserve import (
     Isolation,
     TenantLoad,
@@ -70,6 +76,7 @@ from scheduler.rules.verdicts import Verdict, needs_load, verdict
 __all__ = [
     "COST_TIERS_TOKENS",
     "EPSILON",
+    "LIGHT_PREFILL_TOKENS",
     "LIGHT_QUEUE",
     "W_IN",
     "W_OUT",
@@ -99,6 +106,7 @@ __all__ = [
     "lift_floor",
     "lifted",
     "light",
+    "light_request",
     "locality_may_pass",
     "locality_pick",
     "needs_load",

@@ -9,6 +9,20 @@ import bisect
 # Prompt lengths (tokens) that split heavy requests into tiers of recompute
 # cost, for an engine that preempts (`engine_priority`).
 COST_TIERS_TOKENS = (128, 512, 2048)
+# A light tenant's request is treated as light by the engine (prefilled first;
+# lent room, it retracts a running request) only while the prompt it brings is
+# short: up to this many uncached tokens. Admission calls every tenant with a
+# short queue light, so on a fleet with room the heavy tenants' long prompts were
+# light too, and lent, then sent with the lent priority: the light tenant's chat
+# request could not retract them and waited out their prefill in the engine's
+# queue (issue #33: 236-643 ms on the simulated fleet).
+LIGHT_PREFILL_TOKENS = COST_TIERS_TOKENS[1]
+
+
+def light_request(light_tenant: bool, uncached_prompt_tokens: int) -> bool:
+    """Does the engine treat this request as light (`engine_priority`,
+    `lent_slot_priority`, the placement's soonest worker)?"""
+    return light_tenant and uncached_prompt_tokens <= LIGHT_PREFILL_TOKENS
 
 
 def engine_priority(

@@ -20,20 +20,22 @@ def engine_request(
     """What goes to the engine for an admitted request: its priority there
     (`threshold`: the engine's preemption threshold, None: it does not preempt;
     `preempts`: Isolation.PREEMPT), the one a pool lends a full worker's slot
-    with, and admission's locality choice."""
+    with, and admission's locality choice. Light (and lent) for the engine only
+    while its uncached prompt is short (`rules.light_request`)."""
     batch = queued.priority is Priority.BATCH
     tiers_of = queued.prompt_tokens if preempts else None
+    light = rules.light_request(queued.light, queued.prompt_tokens - queued.cached_estimate)
     return EngineRequest(
         request_id=request_id,
         prompt_token_ids=prompt_ids,
         prompt_text=prompt_text,
         max_tokens=queued.max_tokens,
         sampling=sampling,
-        priority=rules.engine_priority(batch, queued.light, threshold, queued.lent, tiers_of),
+        priority=rules.engine_priority(batch, light, threshold, queued.lent and light, tiers_of),
         prefix_keys=queued.prefix_keys,
-        light=queued.light,
+        light=light,
         preempt_priority=rules.lent_slot_priority(
-            batch, queued.light, threshold if preempts else None, tiers_of
+            batch, light, threshold if preempts else None, tiers_of
         ),
         cached_on=queued.cached_on if queued.cached_estimate > 0 else None,
     )

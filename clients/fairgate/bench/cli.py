@@ -339,13 +339,22 @@ def bench_stagger(
             "`bench fleet`'s workers (16000); default: the preset's, admission at 60000",
         ),
     ] = None,
+    engine_mode: Annotated[
+        str,
+        typer.Option(
+            help="preempt: engines schedule by priority and preempt (as `bench fleet`'s "
+            "workers, SGLang --enable-priority-scheduling) and admission lends light tenants "
+            "room beyond them (fair_isolation auto); reserve: the same engines, admission "
+            "keeps a reserve; fcfs: FCFS engines and the reserve (every table before session 21)"
+        ),
+    ] = "preempt",
     json_out: Annotated[str, typer.Option("--json", help="also write every run here")] = "",
 ) -> None:
     """Issue #33's levers on the virtual fleet (simulated time): the light tenant's
     TTFT against its solo run beside long cold prompts and a prefix-heavy mix, on
     each engine count, per lever combination, over seeds (median and spread), with
     tokens/s against no levers, Jain over service and over queue wait, and the bars."""
-    from fairgate.bench.stagger import MIXES
+    from fairgate.bench.stagger import ENGINE_MODES, MIXES
     from fairgate.bench.stagger import levers as lever_table
     from fairgate.bench.stagger_report import main as stagger_main
 
@@ -355,6 +364,8 @@ def bench_stagger(
     names = [x.strip() for x in levers.split(",") if x.strip()]
     if not names or any(n not in table for n in names):
         raise typer.BadParameter(f"use names among {','.join(table)}", param_hint="--levers")
+    if engine_mode not in ENGINE_MODES:
+        raise typer.BadParameter(f"one of {','.join(ENGINE_MODES)}", param_hint="--engine-mode")
     mix_list = [x.strip() for x in mixes.split(",") if x.strip()]
     if not mix_list or any(m not in MIXES for m in mix_list):
         raise typer.BadParameter(f"use mixes among {','.join(MIXES)}", param_hint="--mixes")
@@ -367,4 +378,15 @@ def bench_stagger(
         raise typer.BadParameter("engine counts are positive integers", param_hint="--engines")
     # "none" first: the others' tokens/s are set against it.
     combos = {n: table[n] for n in ["none", *names] if n in names or n == "none"}
-    stagger_main(mix_list, counts, seed_list, combos, seconds, json_out, replicas, share, kv_tokens)
+    stagger_main(
+        mix_list,
+        counts,
+        seed_list,
+        combos,
+        seconds,
+        json_out,
+        replicas,
+        share,
+        kv_tokens,
+        ENGINE_MODES[engine_mode],
+    )

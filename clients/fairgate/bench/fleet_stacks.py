@@ -100,6 +100,17 @@ VARIANTS = {
         FleetVariant(
             "fg-levers-2r", "fairgate", "vtc", "locality", 2, extra=LEVERS, kv_events=True
         ),
+        # The levers with a reserve kept for light tenants instead of room lent
+        # beyond the engine (session 21: engines that preempt, as these workers do,
+        # run full under the lent room; the virtual fleet met the prefix mix only so).
+        FleetVariant(
+            "fg-reserve",
+            "fairgate",
+            "vtc",
+            "locality",
+            extra=(*LEVERS, ("fair_isolation", "reserve")),
+            kv_events=True,
+        ),
     )
 }
 # What a run compares unless told (the lever variants are asked for by name).

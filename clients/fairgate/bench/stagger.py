@@ -36,6 +36,7 @@ from fairgate.bench.fleet_scenarios import FleetScenario
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import FakeClock
 from scheduler.ordering.policies import make_policy
+from scheduler.rules import Isolation
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 from service.app import policy_options
 from service.engines.simulator.core import SimConfig
@@ -54,8 +55,8 @@ HEAVY = {"code": (1.2, 1000, 6000), "docs": (1.2, 1000, 6000), "conv": (2.0, 200
 LIGHT_RATE = 2.0
 PREFIX_LOAD = 0.6
 # Admission as the server's defaults set it (policy, light credit, cached-token
-# charge, locality allowance, the room kept for light tenants: the engine does
-# not preempt), whatever the environment says.
+# charge, locality allowance, the room lent or kept for light tenants), whatever
+# the environment says.
 SETTINGS = Settings.model_construct()
 
 
@@ -181,12 +182,35 @@ def solo(arrivals: Sequence[Arrival]) -> list[Arrival]:
     return [a for a in arrivals if a.tenant_id == LIGHT]
 
 
-def sim_config(kv_tokens: int | None = None) -> SimConfig:
+@dataclass(frozen=True, slots=True)
+class EngineMode:
+    """How the engines schedule, and admission's isolation beside them:
+    `priority`, by priority with preemption (SGLang's --enable-priority-scheduling,
+    as `bench fleet`'s workers), else FCFS; `isolation`, room lent to light tenants
+    beyond the engine (PREEMPT: what fair_isolation auto picks on such engines) or a
+    reserve kept for them (RESERVE: the only one FCFS engines allow)."""
+
+    priority: bool = False
+    isolation: Isolation = Isolation.RESERVE
+
+
+# Every table before session 21.
+FCFS = EngineMode()
+ENGINE_MODES = {
+    "preempt": EngineMode(True, Isolation.PREEMPT),
+    "reserve": EngineMode(True, Isolation.RESERVE),
+    "fcfs": FCFS,
+}
+
+
+def sim_config(kv_tokens: int | None = None, priority: bool = False) -> SimConfig:
+    """The engines: `priority`, they schedule by priority and preempt (`EngineMode`)."""
     return SimConfig(
         cost=preset(),
         max_running_requests=SLOTS,
         chunked_prefill_size=CHUNK_TOKENS,
         kv_capacity_tokens=kv_tokens,
+        priority_scheduling=priority,
     )
 
 
@@ -208,22 +232,26 @@ def fleet(
     share: bool = True,
     kv_events: bool = False,
     kv_tokens: int | None = None,
+    mode: EngineMode = FCFS,
 ) -> Driver:
     """The trace through `engines` engines behind the server's placement (one engine
     too: a pool of one, so that the levers that live in the placement apply);
-    `kv_tokens`: each engine's KV capacity (None: the preset's), see `admitted_kv`."""
+    `kv_tokens`: each engine's KV capacity (None: the preset's), see `admitted_kv`;
+    `mode`: the engines' scheduling and admission's isolation (`EngineMode`)."""
+    lend = mode.isolation is Isolation.PREEMPT
     reg, clock, st = TenantRegistry([TenantConfig(t) for t in TENANTS]), FakeClock(), SETTINGS
     drv = Driver(
         make_policy(st.policy, policy_options(st, clock, reg)),
         AdmissionLimits(
             max_requests=SLOTS * engines, max_kv_tokens=admitted_kv(engines, kv_tokens)
         ),
-        sim_config(kv_tokens),
+        sim_config(kv_tokens, mode.priority),
         tenants=reg,
         w_in=st.vtc_w_in,
         w_out=st.vtc_w_out,
         clock=clock,
-        reserve_fraction=st.light_share(False),
+        reserve_fraction=st.light_share(lend),
+        isolation=mode.isolation,
         allowance=st.fair_allowance_tokens,
         engines=engines,
         routing="locality",

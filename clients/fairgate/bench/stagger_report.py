@@ -38,11 +38,13 @@ from fairgate.bench.fairness_metrics import (
 from fairgate.bench.fairness_virtual import records as virtual_records
 from fairgate.bench.stagger import (
     CHUNK_TOKENS,
+    FCFS,
     KV_PER_ENGINE,
     LIGHT,
     MIXES,
     SETTINGS,
     SLOTS,
+    EngineMode,
     Levers,
     fleet,
     light_ttft_s,
@@ -116,16 +118,18 @@ def run_matrix(
     replicas: int = 1,
     share: bool = True,
     kv_tokens: int | None = None,
+    mode: EngineMode = FCFS,
 ) -> list[dict[str, Any]]:
     """One row per (mix, engines, seed, levers): what that run measured (`replicas`
-    placing the requests, hearing each other or not; `kv_tokens`: see `stagger.fleet`)."""
+    placing the requests, hearing each other or not; `kv_tokens`, `mode`: see
+    `stagger.fleet`)."""
     rows = []
     b = bars()
     for mix in mixes:
         for engines in engine_counts:
             for seed in seeds:
                 arrivals = MIXES[mix](seed, seconds, engines)
-                solo_run = fleet(solo(arrivals), engines, None, kv_tokens=kv_tokens)
+                solo_run = fleet(solo(arrivals), engines, None, kv_tokens=kv_tokens, mode=mode)
                 solo_ttft = light_ttft_s(solo_run)
                 solo_p50, solo_p99 = quantile(solo_ttft, 0.5), quantile(solo_ttft, 0.99)
                 base = math.nan
@@ -139,6 +143,7 @@ def run_matrix(
                         share,
                         lv.kv_events,
                         kv_tokens,
+                        mode,
                     )
                     ttft, rate = light_ttft_s(drv), tokens_per_s(drv)
                     base = rate if name == "none" or math.isnan(base) else base
@@ -258,13 +263,18 @@ def main(
     replicas: int = 1,
     share: bool = True,
     kv_tokens: int | None = None,
+    mode: EngineMode = FCFS,
 ) -> list[dict[str, Any]]:
-    rows = run_matrix(mixes, engine_counts, seeds, combos, seconds, replicas, share, kv_tokens)
+    rows = run_matrix(
+        mixes, engine_counts, seeds, combos, seconds, replicas, share, kv_tokens, mode
+    )
     summary = summarize(rows)
     if replicas > 1:
         print(f"{replicas} replicas placing the requests, " + ("sharing" if share else "apart"))
     if kv_tokens is not None:
         print(f"engines of {kv_tokens} KV tokens, admission at kv_target_fraction of them")
+    engines = "by priority, preempting" if mode.priority else "FCFS"
+    print(f"engines schedule {engines}; admission's isolation: {mode.isolation.value}")
     print_table(summary, seeds)
     if json_out:
         write_json(json_out, rows, summary)

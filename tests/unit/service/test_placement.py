@@ -148,10 +148,30 @@ def test_engine_request_carries_the_rules_priorities(
     q.cached_on, q.cached_estimate = 1, 0
     req = engine_request(q, "r", list(range(300)), SamplingOptions(), 10, preempts)
     tiers = 300 if preempts else None
-    assert req.priority == rules.engine_priority(True, light, 10, lent, tiers)
+    # Lent room is the engine's to honour only for a light request (a short prompt).
+    assert req.priority == rules.engine_priority(True, light, 10, lent and light, tiers)
     lend = rules.lent_slot_priority(True, light, 10 if preempts else None, tiers)
     assert req.preempt_priority == lend
+    assert req.light == light
     assert req.cached_on is None  # nothing estimated cached: no worker counted on
+
+
+@pytest.mark.parametrize("cached", [0, 200])
+def test_a_light_tenants_long_prompt_is_no_light_request_for_the_engine(cached: int) -> None:
+    """Admission calls a tenant with a short queue light; the engine is told so
+    (prefilled first, lent a running request's room) only for a short uncached
+    prompt: else a heavy tenant's long prompts, on a fleet with room, took the
+    lent priority and the chat request could not retract them (issue #33)."""
+    n = rules.LIGHT_PREFILL_TOKENS + 100
+    q = QueuedRequest("r", "t", n, 16, Priority.INTERACTIVE, light=True, lent=True)
+    q.cached_estimate = cached
+    req = engine_request(q, "r", list(range(n)), SamplingOptions(), 10, True)
+    light = n - cached <= rules.LIGHT_PREFILL_TOKENS
+    assert req.light is light
+    assert req.priority == rules.engine_priority(False, light, 10, light, n)
+    assert (req.preempt_priority is not None) is light
+    heavy = rules.engine_priority(False, False, 10, prompt_tokens=n)
+    assert (req.priority > 10) is light and (req.priority == heavy) is not light
 
 
 def test_a_light_request_is_lent_a_full_workers_slot_only_where_none_is_free() -> None:

@@ -1,0 +1,44 @@
+"""The long mix on engines that preempt by priority (as `bench fleet`'s live
+workers): the lent priority, which makes the engine retract a running request,
+goes to the light tenant's short requests only (issue #33; docs/benchmarks.md
+"Engines that preempt, on the virtual fleet")."""
+
+from __future__ import annotations
+
+from fairgate.bench.stagger import (
+    ENGINE_MODES,
+    LIGHT,
+    fleet,
+    levers,
+    light_ttft_s,
+    long_prompt_mix,
+    quantile,
+)
+
+from scheduler import rules
+from service.engines.sglang_chunks import SGLANG_PREEMPTION_THRESHOLD
+
+KV = 16_000
+
+
+def test_only_short_light_requests_are_sent_to_retract_a_running_one() -> None:
+    """Seed 1: every tenant's queue is short on four engines with room, so
+    admission called the heavy tenants light and lent them room; sent with the
+    lent priority, their 1-3 k-token prompts could not be retracted for the chat
+    request, which waited 643 ms behind one's prefill. Now only short prompts
+    carry it, and the chat tenant's slowest first token is a few steps."""
+    lv = levers(1024, 2.0, 128, 256, 256)["all-cold+kv"]
+    drv = fleet(
+        long_prompt_mix(1, 30.0, 4),
+        4,
+        lv.stagger(),
+        lv.staged(),
+        kv_events=True,
+        kv_tokens=KV,
+        mode=ENGINE_MODES["preempt"],
+    )
+    lent = [c for c in drv.calls if c.engine_priority > SGLANG_PREEMPTION_THRESHOLD]
+    assert lent, "no request was lent room: the test shows nothing"
+    assert all(c.arrival.prompt_tokens <= rules.LIGHT_PREFILL_TOKENS for c in lent)
+    assert LIGHT in {c.arrival.tenant_id for c in lent}
+    assert quantile(light_ttft_s(drv), 1.0) < 0.2
