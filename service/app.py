@@ -142,7 +142,7 @@ class App:
         await directory.refresh()
         tenants = directory.registry
         options = policy_options(settings, clock, tenants, directory.weight_of)
-        isolation = isolation_for(settings.fair_isolation, cap)
+        isolation = isolation_for(settings, cap)
         placement = engine.placement if isinstance(engine, WorkerPool) else None
         if placement is not None and placement.routing != "locality":
             placement = None

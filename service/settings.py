@@ -97,7 +97,8 @@ class Settings(EngineSettings, ServingSettings, BaseSettings):
     fair_isolation: Annotated[str, OneOf(ISOLATIONS)] = _s(
         "auto",
         "preempt: lend beyond the engine's room (SGLang with priority preemption); "
-        "reserve: keep the share idle; auto: preempt where the engine can.",
+        "reserve: keep the share idle; auto: preempt where the engine can, reserve beside "
+        "staggered prefill (sglang_stagger_prefill_tokens).",
     )
     fair_light_credit: float = _s(
         4096.0,

@@ -342,12 +342,12 @@ def bench_stagger(
     engine_mode: Annotated[
         str,
         typer.Option(
-            help="preempt: engines schedule by priority and preempt (as `bench fleet`'s "
-            "workers, SGLang --enable-priority-scheduling) and admission lends light tenants "
-            "room beyond them (fair_isolation auto); reserve: the same engines, admission "
-            "keeps a reserve; fcfs: FCFS engines and the reserve (every table before session 21)"
+            help="engines that schedule by priority and preempt (as `bench fleet`'s workers, "
+            "SGLang --enable-priority-scheduling) with fair_isolation auto (lends room beyond "
+            "them, keeps a reserve beside staggered prefill), preempt or reserve; fcfs: FCFS "
+            "engines and the reserve (every table before session 21)"
         ),
-    ] = "preempt",
+    ] = "auto",
     json_out: Annotated[str, typer.Option("--json", help="also write every run here")] = "",
 ) -> None:
     """Issue #33's levers on the virtual fleet (simulated time): the light tenant's

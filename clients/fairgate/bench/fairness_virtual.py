@@ -56,7 +56,7 @@ def replay(
         vocab_size=sim.vocab_size,
         preempt_threshold=sim.priority_preemption_threshold,
     )
-    isolation = isolation_for(settings.fair_isolation, cap)
+    isolation = isolation_for(settings, cap)
     drv = Driver(
         make_policy(settings.policy, options),
         admission_limits(cap, settings),

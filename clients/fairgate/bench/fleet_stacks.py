@@ -100,15 +100,15 @@ VARIANTS = {
         FleetVariant(
             "fg-levers-2r", "fairgate", "vtc", "locality", 2, extra=LEVERS, kv_events=True
         ),
-        # The levers with a reserve kept for light tenants instead of room lent
-        # beyond the engine (session 21: engines that preempt, as these workers do,
-        # run full under the lent room; the virtual fleet met the prefix mix only so).
+        # The levers with room lent beyond the engines instead of the reserve that
+        # fair_isolation auto keeps beside them (session 21: the lent room ran the
+        # workers' KV full and evicted the shared prefixes; prefix mix 14x solo).
         FleetVariant(
-            "fg-reserve",
+            "fg-lend",
             "fairgate",
             "vtc",
             "locality",
-            extra=(*LEVERS, ("fair_isolation", "reserve")),
+            extra=(*LEVERS, ("fair_isolation", "preempt")),
             kv_events=True,
         ),
     )

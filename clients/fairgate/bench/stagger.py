@@ -38,7 +38,9 @@ from scheduler.clock import FakeClock
 from scheduler.ordering.policies import make_policy
 from scheduler.rules import Isolation
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
-from service.app import policy_options
+from service.app import isolation_for, policy_options
+from service.engines.protocol import EngineCapacity
+from service.engines.sglang_chunks import SGLANG_PREEMPTION_THRESHOLD
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
 from service.engines.staged_prefill import StagedPrefill
@@ -186,19 +188,36 @@ def solo(arrivals: Sequence[Arrival]) -> list[Arrival]:
 class EngineMode:
     """How the engines schedule, and admission's isolation beside them:
     `priority`, by priority with preemption (SGLang's --enable-priority-scheduling,
-    as `bench fleet`'s workers), else FCFS; `isolation`, room lent to light tenants
-    beyond the engine (PREEMPT: what fair_isolation auto picks on such engines) or a
-    reserve kept for them (RESERVE: the only one FCFS engines allow)."""
+    as `bench fleet`'s workers), else FCFS; `isolation`, the server's
+    fair_isolation setting, resolved as the server does (`isolation_for`: `auto`
+    lends room beyond engines that preempt, except beside staggered prefill)."""
 
     priority: bool = False
-    isolation: Isolation = Isolation.RESERVE
+    isolation: str = "auto"
+
+    def resolve(self, stagger: Stagger | None, kv_tokens: int) -> Isolation:
+        settings = SETTINGS.model_copy(
+            update={
+                "fair_isolation": self.isolation,
+                "sglang_stagger_prefill_tokens": stagger.min_tokens if stagger else 0,
+            }
+        )
+        cap = EngineCapacity(
+            SLOTS,
+            kv_tokens,
+            preset().model.max_context_tokens,
+            SimConfig(cost=preset()).vocab_size,
+            SGLANG_PREEMPTION_THRESHOLD if self.priority else None,
+        )
+        return isolation_for(settings, cap)
 
 
-# Every table before session 21.
+# Every table before session 21: FCFS engines (so the reserve).
 FCFS = EngineMode()
 ENGINE_MODES = {
-    "preempt": EngineMode(True, Isolation.PREEMPT),
-    "reserve": EngineMode(True, Isolation.RESERVE),
+    "auto": EngineMode(True),
+    "preempt": EngineMode(True, "preempt"),
+    "reserve": EngineMode(True, "reserve"),
     "fcfs": FCFS,
 }
 
@@ -238,7 +257,8 @@ def fleet(
     too: a pool of one, so that the levers that live in the placement apply);
     `kv_tokens`: each engine's KV capacity (None: the preset's), see `admitted_kv`;
     `mode`: the engines' scheduling and admission's isolation (`EngineMode`)."""
-    lend = mode.isolation is Isolation.PREEMPT
+    isolation = mode.resolve(stagger, kv_tokens or preset().kv_capacity_tokens)
+    lend = isolation is Isolation.PREEMPT
     reg, clock, st = TenantRegistry([TenantConfig(t) for t in TENANTS]), FakeClock(), SETTINGS
     drv = Driver(
         make_policy(st.policy, policy_options(st, clock, reg)),
@@ -251,7 +271,7 @@ def fleet(
         w_out=st.vtc_w_out,
         clock=clock,
         reserve_fraction=st.light_share(lend),
-        isolation=mode.isolation,
+        isolation=isolation,
         allowance=st.fair_allowance_tokens,
         engines=engines,
         routing="locality",

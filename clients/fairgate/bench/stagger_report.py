@@ -274,7 +274,7 @@ def main(
     if kv_tokens is not None:
         print(f"engines of {kv_tokens} KV tokens, admission at kv_target_fraction of them")
     engines = "by priority, preempting" if mode.priority else "FCFS"
-    print(f"engines schedule {engines}; admission's isolation: {mode.isolation.value}")
+    print(f"engines schedule {engines}; fair_isolation {mode.isolation}")
     print_table(summary, seeds)
     if json_out:
         write_json(json_out, rows, summary)
