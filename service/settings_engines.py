@@ -83,7 +83,8 @@ class EngineSettings(BaseModel):
         0,
         "Pool, routing=locality: staggered prefill; while a light tenant is active, a "
         "prompt of at least N tokens never takes the last worker free of long prefill, "
-        "so a light request finds one on short steps (0: off; 1024 measured: docs/benchmarks.md).",
+        "so a light request finds one on short steps; fair_isolation auto then keeps the "
+        "reserve (0: off; 1024 measured: docs/benchmarks.md).",
         ge=0,
     )
     sglang_stagger_keep_tokens: int = _s(
