@@ -13,9 +13,9 @@ COST_TIERS_TOKENS = (128, 512, 2048)
 # lent room, it retracts a running request) only while the prompt it brings is
 # short: up to this many uncached tokens. Admission calls every tenant with a
 # short queue light, so on a fleet with room the heavy tenants' long prompts were
-# light too, and lent, then sent with the lent priority: the light tenant's chat
-# request could not retract them and waited out their prefill in the engine's
-# queue (issue #33: 236-643 ms on the simulated fleet).
+# light too, and lent, then sent with the lent priority; the light tenant's chat
+# request, of the same rank, waited out their prefill steps (issue #33: 236-643
+# ms on the simulated fleet).
 LIGHT_PREFILL_TOKENS = COST_TIERS_TOKENS[1]
 
 

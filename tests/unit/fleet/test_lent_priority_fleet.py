@@ -24,9 +24,9 @@ KV = 16_000
 def test_only_short_light_requests_are_sent_to_retract_a_running_one() -> None:
     """Seed 1: every tenant's queue is short on four engines with room, so
     admission called the heavy tenants light and lent them room; sent with the
-    lent priority, their 1-3 k-token prompts could not be retracted for the chat
-    request, which waited 643 ms behind one's prefill. Now only short prompts
-    carry it, and the chat tenant's slowest first token is a few steps."""
+    lent priority, their 1-3 k-token prompts ran beside the chat request, of the
+    same rank, which waited 643 ms behind their prefill steps. Now only short
+    prompts carry it, and the chat tenant's slowest first token is a few steps."""
     lv = levers(1024, 2.0, 128, 256, 256)["all-cold+kv"]
     drv = fleet(
         long_prompt_mix(1, 30.0, 4),

@@ -161,7 +161,8 @@ def test_a_light_tenants_long_prompt_is_no_light_request_for_the_engine(cached: 
     """Admission calls a tenant with a short queue light; the engine is told so
     (prefilled first, lent a running request's room) only for a short uncached
     prompt: else a heavy tenant's long prompts, on a fleet with room, took the
-    lent priority and the chat request could not retract them (issue #33)."""
+    lent priority and the chat request, of the same rank, waited out their
+    prefill steps (issue #33)."""
     n = rules.LIGHT_PREFILL_TOKENS + 100
     q = QueuedRequest("r", "t", n, 16, Priority.INTERACTIVE, light=True, lent=True)
     q.cached_estimate = cached
