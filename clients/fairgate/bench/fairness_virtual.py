@@ -24,7 +24,6 @@ from scheduler.rules import Isolation
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 from service.app import admission_limits, isolation_for, policy_options
 from service.engine_factory import staged_prefill
-from service.engines.protocol import EngineCapacity
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
 from service.settings import Settings
@@ -49,13 +48,7 @@ def replay(
         seed=settings.sim_seed,
         priority_scheduling=True,
     )
-    cap = EngineCapacity(
-        max_running_requests=MAX_RUNNING_REQUESTS,
-        max_total_tokens=KV_CAPACITY_TOKENS,
-        max_context_tokens=sim.cost.model.max_context_tokens,
-        vocab_size=sim.vocab_size,
-        preempt_threshold=sim.priority_preemption_threshold,
-    )
+    cap = sim.engine_capacity()
     isolation = isolation_for(settings, cap)
     drv = Driver(
         make_policy(settings.policy, options),

@@ -39,8 +39,6 @@ from scheduler.ordering.policies import make_policy
 from scheduler.rules import Isolation
 from scheduler.tenancy.tenants import TenantConfig, TenantRegistry
 from service.app import isolation_for, policy_options
-from service.engines.protocol import EngineCapacity
-from service.engines.sglang_chunks import SGLANG_PREEMPTION_THRESHOLD
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.hardware import preset
 from service.engines.staged_prefill import StagedPrefill
@@ -195,21 +193,15 @@ class EngineMode:
     priority: bool = False
     isolation: str = "auto"
 
-    def resolve(self, stagger: Stagger | None, kv_tokens: int) -> Isolation:
+    def resolve(self, stagger: Stagger | None, sim: SimConfig) -> Isolation:
+        """Admission's isolation beside engines of `sim` (`sim_config`) and `stagger`."""
         settings = SETTINGS.model_copy(
             update={
                 "fair_isolation": self.isolation,
                 "sglang_stagger_prefill_tokens": stagger.min_tokens if stagger else 0,
             }
         )
-        cap = EngineCapacity(
-            SLOTS,
-            kv_tokens,
-            preset().model.max_context_tokens,
-            SimConfig(cost=preset()).vocab_size,
-            SGLANG_PREEMPTION_THRESHOLD if self.priority else None,
-        )
-        return isolation_for(settings, cap)
+        return isolation_for(settings, sim.engine_capacity())
 
 
 # Every table before session 21: FCFS engines (so the reserve).
@@ -257,7 +249,8 @@ def fleet(
     too: a pool of one, so that the levers that live in the placement apply);
     `kv_tokens`: each engine's KV capacity (None: the preset's), see `admitted_kv`;
     `mode`: the engines' scheduling and admission's isolation (`EngineMode`)."""
-    isolation = mode.resolve(stagger, kv_tokens or preset().kv_capacity_tokens)
+    sim = sim_config(kv_tokens, mode.priority)
+    isolation = mode.resolve(stagger, sim)
     lend = isolation is Isolation.PREEMPT
     reg, clock, st = TenantRegistry([TenantConfig(t) for t in TENANTS]), FakeClock(), SETTINGS
     drv = Driver(
@@ -265,7 +258,7 @@ def fleet(
         AdmissionLimits(
             max_requests=SLOTS * engines, max_kv_tokens=admitted_kv(engines, kv_tokens)
         ),
-        sim_config(kv_tokens, mode.priority),
+        sim,
         tenants=reg,
         w_in=st.vtc_w_in,
         w_out=st.vtc_w_out,

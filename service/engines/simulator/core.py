@@ -15,7 +15,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from service.engines.protocol import FinishKind, SamplingOptions
+from service.engines.protocol import EngineCapacity, FinishKind, SamplingOptions
 from service.engines.sglang_chunks import SGLANG_PREEMPTION_THRESHOLD
 from service.engines.simulator import vocab
 from service.engines.simulator.hardware import CostModel
@@ -53,6 +53,18 @@ class SimConfig:
     @property
     def kv_capacity(self) -> int:
         return self.kv_capacity_tokens or self.cost.kv_capacity_tokens
+
+    def engine_capacity(self) -> EngineCapacity:
+        """What an engine of this configuration reports (SGLang's /server_info)."""
+        return EngineCapacity(
+            max_running_requests=self.max_running_requests,
+            max_total_tokens=self.kv_capacity,
+            max_context_tokens=min(self.cost.model.max_context_tokens, self.kv_capacity),
+            vocab_size=self.vocab_size,
+            preempt_threshold=(
+                self.priority_preemption_threshold if self.priority_scheduling else None
+            ),
+        )
 
 
 class _State(enum.Enum):

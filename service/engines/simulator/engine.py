@@ -125,17 +125,7 @@ class SimulatedEngine:
 
     # -- engine protocol ------------------------------------------------------
     def capacity(self) -> EngineCapacity:
-        return EngineCapacity(
-            max_running_requests=self.config.max_running_requests,
-            max_total_tokens=self.core.capacity,
-            max_context_tokens=self.core.max_context,
-            vocab_size=self.config.vocab_size,
-            preempt_threshold=(
-                self.config.priority_preemption_threshold
-                if self.config.priority_scheduling
-                else None
-            ),
-        )
+        return self.config.engine_capacity()
 
     async def load(self) -> EngineLoad:
         return EngineLoad(
