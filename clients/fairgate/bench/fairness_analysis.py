@@ -14,10 +14,9 @@ from fairgate.bench.fairness_metrics import (
     RequestRecord,
     backlog_intervals,
     common_intervals,
-    jain_index,
+    jain_backlogged,
     max_weighted_gap,
     service_events,
-    service_within,
 )
 from fairgate.bench.fairness_scenarios import M_TOKENS, Arrival
 from scheduler.rules import W_IN, W_OUT, vtc_bound
@@ -108,16 +107,13 @@ def analyse(
     ]
     if gaps:
         res.gap_over_bound = max(gaps) / bound
-    # Jain over weighted service received while every backlogged tenant was: the
-    # victim (a light tenant, backlogged only now and then by design) is left out,
-    # as it is not meant to take its share; the gap still covers every pair.
+    # Jain over weighted service among the tenants backlogged together: the victim
+    # (a light tenant, backlogged only now and then by design) is left out, as it is
+    # not meant to take its share; the gap still covers every pair.
     heavy = [t for t in tenants if t != sc.victim]
     together = common_intervals([intervals[t] for t in heavy])
     res.all_backlogged_s = sum(hi - lo for lo, hi in together)
-    if together and len(heavy) > 1:
-        res.jain = jain_index(
-            [service_within(events.get(t, []), together) / sc.weights[t] for t in heavy]
-        )
+    res.jain = jain_backlogged(events, {t: intervals[t] for t in heavy}, sc.weights)
     total_out = total_prefilled = 0
     for t in tenants:
         mine = [r for r in records if r.tenant == t]

@@ -10,6 +10,7 @@ w_out per output token when it arrives.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -145,6 +146,49 @@ def _between(events: list[tuple[float, float]], lo: float, hi: float) -> list[tu
 def service_within(events: list[tuple[float, float]], spans: list[tuple[float, float]]) -> float:
     """Service in time-sorted `events` that fell inside the disjoint `spans`."""
     return sum(v for lo, hi in spans for _, v in _between(events, lo, hi))
+
+
+def backlogged_sets(
+    intervals: dict[str, list[tuple[float, float]]],
+) -> dict[tuple[str, ...], list[tuple[float, float]]]:
+    """The time cut where the set of backlogged tenants changes: per set of two or
+    more tenants (in `intervals`' order), the spans when exactly those were."""
+    names = list(intervals)
+    cuts = sorted({x for spans in intervals.values() for s in spans for x in s})
+    out: dict[tuple[str, ...], list[tuple[float, float]]] = {}
+    for lo, hi in itertools.pairwise(cuts):
+        mid = (lo + hi) / 2
+        now = tuple(t for t in names if _covers(intervals[t], mid))
+        if len(now) >= 2:
+            out.setdefault(now, []).append((lo, hi))
+    return out
+
+
+def _covers(spans: list[tuple[float, float]], t: float) -> bool:
+    i = bisect.bisect_right(spans, t, key=lambda s: s[0]) - 1
+    return i >= 0 and spans[i][1] > t
+
+
+def jain_backlogged(
+    events: dict[str, list[tuple[float, float]]],
+    intervals: dict[str, list[tuple[float, float]]],
+    weights: dict[str, float],
+) -> float:
+    """Jain over weighted service among the tenants backlogged together: per set of
+    two or more tenants backlogged at once, Jain over what each of them received
+    while exactly that set was, averaged over the sets by how long each lasted
+    (NaN: never two at once). With every tenant backlogged throughout it is Jain
+    over the whole window; unlike Jain over only the spans when *all* were, a
+    tenant seldom backlogged (its share is served at once) does not shrink the
+    window to a few admissions."""
+    total = acc = 0.0
+    for names, spans in backlogged_sets(intervals).items():
+        j = jain_index([service_within(events.get(t, []), spans) / weights[t] for t in names])
+        if math.isnan(j):
+            continue
+        dur = sum(hi - lo for lo, hi in spans)
+        total, acc = total + dur, acc + dur * j
+    return acc / total if total else math.nan
 
 
 def jain_index(values: list[float]) -> float:

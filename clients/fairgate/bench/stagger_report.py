@@ -9,8 +9,8 @@ levers) the median and spread over the seeds of
   prefill chunk (both steps from the cost model, `bars`);
 - engine tokens/s against no levers on the same trace;
 - Jain over token service (weighted tokens, as the fair counter charges them,
-  received while every heavy tenant was backlogged; NaN where that never
-  happened) and Jain over queue wait (each heavy tenant's mean wait from arrival
+  among the heavy tenants backlogged together, `jain_backlogged`; NaN where no
+  two ever were) and Jain over queue wait (each heavy tenant's mean wait from arrival
   to being sent to an engine: fairgate's queue plus any cold-start hold);
 - the largest weighted service gap between two backlogged tenants over the VTC
   bound (with the default light credit and locality allowance added).
@@ -30,10 +30,9 @@ from typing import Any
 from fairgate.bench.event_driver import Driver
 from fairgate.bench.fairness_metrics import (
     backlog_intervals,
-    common_intervals,
+    jain_backlogged,
     jain_index,
     service_events,
-    service_within,
 )
 from fairgate.bench.fairness_virtual import records as virtual_records
 from fairgate.bench.stagger import (
@@ -78,15 +77,13 @@ def bar_s(solo_p99_s: float, engines: int, b: Bars) -> float:
 
 
 def jain_service(drv: Driver) -> float:
-    """Jain over the heavy tenants' weighted service while all of them were backlogged."""
+    """Jain over the heavy tenants' weighted service among those backlogged together."""
     records = virtual_records(drv)
     heavy = sorted({r.tenant for r in records} - {LIGHT})
     until = max((r.done_s or 0.0) for r in records)
-    together = common_intervals([backlog_intervals(records, t, until) for t in heavy])
-    if not together or len(heavy) < 2:
-        return math.nan
+    intervals = {t: backlog_intervals(records, t, until) for t in heavy}
     events = service_events(records, W_IN, W_OUT, until, drv.w_cached)
-    return jain_index([service_within(events.get(t, []), together) for t in heavy])
+    return jain_backlogged(events, intervals, dict.fromkeys(heavy, 1.0))
 
 
 def jain_wait(drv: Driver) -> float:

@@ -8,7 +8,9 @@ import pytest
 from fairgate.bench.fairness_metrics import (
     RequestRecord,
     backlog_intervals,
+    backlogged_sets,
     common_intervals,
+    jain_backlogged,
     jain_index,
     max_weighted_gap,
     service_events,
@@ -71,3 +73,37 @@ def test_prompt_tokens_the_engine_had_cached_count_at_w_cached() -> None:
     # Without w_cached every prompt token counts at w_in, reported hits or not.
     plain = service_events(recs, w_in=1.0, w_out=2.0, until_s=9.0)["a"]
     assert [v for _, v in plain] == [1000, 500, 100]
+
+
+def test_backlogged_sets_cut_time_where_the_set_changes() -> None:
+    iv = {"a": [(0.0, 10.0)], "b": [(2.0, 8.0)], "c": [(4.0, 5.0), (9.0, 12.0)]}
+    assert backlogged_sets(iv) == {
+        ("a", "b"): [(2.0, 4.0), (5.0, 8.0)],
+        ("a", "b", "c"): [(4.0, 5.0)],
+        ("a", "c"): [(9.0, 10.0)],
+    }
+
+
+def test_jain_among_the_tenants_backlogged_together() -> None:
+    # a and b backlogged on [0, 10] and served alike; c, seldom backlogged (its
+    # share served at once), joins them for [4, 5], in which one of a's large
+    # admissions lands. Jain over only the spans when all three were is that one
+    # admission's (1/3); among those backlogged together it is near 1.
+    iv = {"a": [(0.0, 10.0)], "b": [(0.0, 10.0)], "c": [(4.0, 5.0)]}
+    ev = {
+        "a": [(0.5, 100.0), (2.5, 100.0), (4.5, 100.0), (6.0, 100.0), (8.5, 100.0)],
+        "b": [(1.5, 100.0), (3.5, 100.0), (6.5, 100.0), (7.5, 100.0)],
+        "c": [],
+    }
+    w = {"a": 1.0, "b": 1.0, "c": 1.0}
+    all_three = common_intervals(list(iv.values()))
+    assert jain_index([service_within(ev[t], all_three) for t in iv]) == pytest.approx(1 / 3)
+    # (a, b) for 9 s at Jain 1 (400 each), (a, b, c) for 1 s at 1/3.
+    assert jain_backlogged(ev, iv, w) == pytest.approx((9 * 1.0 + 1 * (1 / 3)) / 10)
+    # Weights divide the service: b at weight 2 owes twice a's service.
+    iv2 = {"a": [(0.0, 10.0)], "b": [(0.0, 10.0)]}
+    assert jain_backlogged(ev, iv2, {"a": 1.0, "b": 2.0}) == pytest.approx(
+        jain_index([500.0, 200.0])
+    )
+    # Never two at once: NaN.
+    assert math.isnan(jain_backlogged(ev, {"a": [(0.0, 1.0)], "b": [(2.0, 3.0)]}, w))
