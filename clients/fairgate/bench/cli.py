@@ -327,6 +327,14 @@ def bench_stagger(
         int, typer.Option(min=2, help="staged: prompts of at least this many tokens")
     ] = 2049,
     seconds: Annotated[float, typer.Option(min=1, help="simulated seconds per trace")] = 30.0,
+    load: Annotated[
+        float,
+        typer.Option(
+            min=0.01,
+            help="the heavy tenants' rates x this (1: as listed; above ~1.5 they stay "
+            "backlogged, where Jain over service has footing)",
+        ),
+    ] = 1.0,
     replicas: Annotated[int, typer.Option(min=1, help="fairgate replicas placing requests")] = 1,
     share: Annotated[
         bool, typer.Option(help="replicas hear each other's long prefills (prefix share)")
@@ -389,4 +397,5 @@ def bench_stagger(
         share,
         kv_tokens,
         ENGINE_MODES[engine_mode],
+        load,
     )

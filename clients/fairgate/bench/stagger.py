@@ -145,24 +145,28 @@ def _light(seed: int, seconds: float) -> list[Arrival]:
 
 
 def long_prompt_mix(
-    seed: int, seconds: float, engines: int = 4, heavy: bool = True
+    seed: int, seconds: float, engines: int = 4, heavy: bool = True, load: float = 1.0
 ) -> list[Arrival]:
     """The seeded long-prompt trace: heavy tenants' rates scale with the engines
-    (4 = as listed); `heavy` False: the light tenant alone."""
+    (4 = as listed) and `load`; `heavy` False: the light tenant alone."""
     rng = random.Random(seed)
     out = []
     for tenant, (rate, lo, hi) in HEAVY.items() if heavy else ():
-        t = rng.expovariate(rate * engines / 4)
+        per_s = rate * engines / 4 * load
+        t = rng.expovariate(per_s)
         while t < seconds:
             out.append(Arrival(t, tenant, rng.randint(lo, hi), rng.randint(64, 256)))
-            t += rng.expovariate(rate * engines / 4)
+            t += rng.expovariate(per_s)
     return sorted(out + _light(seed, seconds), key=lambda a: a.at_s)
 
 
-def prefix_heavy_mix(seed: int, seconds: float, engines: int = 4) -> list[Arrival]:
+def prefix_heavy_mix(
+    seed: int, seconds: float, engines: int = 4, load: float = 1.0
+) -> list[Arrival]:
     """`bench fleet`'s shared-prefix tenants (sys, rag; its conversations left out:
-    their turns wait on replies, which an open trace cannot), beside the light tenant."""
-    plan = FleetScenario(engines, seconds, PREFIX_LOAD).plan(seed)
+    their turns wait on replies, which an open trace cannot) at `load` x
+    `PREFIX_LOAD`, beside the light tenant."""
+    plan = FleetScenario(engines, seconds, PREFIX_LOAD * load).plan(seed)
     out = [
         Arrival(i.t_s, i.tenant, len(i.prompt_ids), i.max_tokens, prompt_ids=i.prompt_ids)
         for i in plan
@@ -171,8 +175,13 @@ def prefix_heavy_mix(seed: int, seconds: float, engines: int = 4) -> list[Arriva
     return sorted(out + _light(seed, seconds), key=lambda a: a.at_s)
 
 
-MIXES: dict[str, Callable[[int, float, int], list[Arrival]]] = {
-    "long": long_prompt_mix,
+def _long(seed: int, seconds: float, engines: int, load: float) -> list[Arrival]:
+    return long_prompt_mix(seed, seconds, engines, load=load)
+
+
+# mix: (seed, seconds, engines, load: the heavy tenants' rates x this) -> its trace
+MIXES: dict[str, Callable[[int, float, int, float], list[Arrival]]] = {
+    "long": _long,
     "prefix": prefix_heavy_mix,
 }
 

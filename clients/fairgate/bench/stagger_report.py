@@ -10,8 +10,11 @@ levers) the median and spread over the seeds of
 - engine tokens/s against no levers on the same trace;
 - Jain over token service (weighted tokens, as the fair counter charges them,
   among the heavy tenants backlogged together, `jain_backlogged`; NaN where no
-  two ever were) and Jain over queue wait (each heavy tenant's mean wait from arrival
-  to being sent to an engine: fairgate's queue plus any cold-start hold);
+  two ever were), beside the seconds two or more were: at the default load the
+  heavy tenants are seldom backlogged together, and over a few seconds Jain
+  weighs a handful of admissions, each up to 6 000 tokens; and Jain over queue
+  wait (each heavy tenant's mean wait from arrival to being sent to an engine:
+  fairgate's queue plus any cold-start hold);
 - the largest weighted service gap between two backlogged tenants over the VTC
   bound (with the default light credit and locality allowance added).
 
@@ -30,6 +33,7 @@ from typing import Any
 from fairgate.bench.event_driver import Driver
 from fairgate.bench.fairness_metrics import (
     backlog_intervals,
+    backlogged_sets,
     jain_backlogged,
     jain_index,
     service_events,
@@ -76,14 +80,16 @@ def bar_s(solo_p99_s: float, engines: int, b: Bars) -> float:
     return max(2 * solo_p99_s, solo_p99_s + b.decode_step_s)
 
 
-def jain_service(drv: Driver) -> float:
-    """Jain over the heavy tenants' weighted service among those backlogged together."""
+def jain_service(drv: Driver) -> tuple[float, float]:
+    """Jain over the heavy tenants' weighted service among those backlogged
+    together, and the seconds two or more of them were (what it stands on)."""
     records = virtual_records(drv)
     heavy = sorted({r.tenant for r in records} - {LIGHT})
     until = max((r.done_s or 0.0) for r in records)
     intervals = {t: backlog_intervals(records, t, until) for t in heavy}
     events = service_events(records, W_IN, W_OUT, until, drv.w_cached)
-    return jain_backlogged(events, intervals, dict.fromkeys(heavy, 1.0))
+    together = sum(hi - lo for s in backlogged_sets(intervals).values() for lo, hi in s)
+    return jain_backlogged(events, intervals, dict.fromkeys(heavy, 1.0)), together
 
 
 def jain_wait(drv: Driver) -> float:
@@ -116,16 +122,17 @@ def run_matrix(
     share: bool = True,
     kv_tokens: int | None = None,
     mode: EngineMode = FCFS,
+    load: float = 1.0,
 ) -> list[dict[str, Any]]:
     """One row per (mix, engines, seed, levers): what that run measured (`replicas`
     placing the requests, hearing each other or not; `kv_tokens`, `mode`: see
-    `stagger.fleet`)."""
+    `stagger.fleet`; `load`: the heavy tenants' rates x this, see `MIXES`)."""
     rows = []
     b = bars()
     for mix in mixes:
         for engines in engine_counts:
             for seed in seeds:
-                arrivals = MIXES[mix](seed, seconds, engines)
+                arrivals = MIXES[mix](seed, seconds, engines, load)
                 solo_run = fleet(solo(arrivals), engines, None, kv_tokens=kv_tokens, mode=mode)
                 solo_ttft = light_ttft_s(solo_run)
                 solo_p50, solo_p99 = quantile(solo_ttft, 0.5), quantile(solo_ttft, 0.99)
@@ -146,6 +153,7 @@ def run_matrix(
                     base = rate if name == "none" or math.isnan(base) else base
                     sts = [p.stagger for p in drv.placements]
                     p50, p99 = quantile(ttft, 0.5), quantile(ttft, 0.99)
+                    jain, together_s = jain_service(drv)
                     rows.append(
                         {
                             "mix": mix,
@@ -164,7 +172,8 @@ def run_matrix(
                             "p99_over_bar": p99 / bar_s(solo_p99, engines, b),
                             "tokens_per_s": rate,
                             "tokens_vs_none": rate / base,
-                            "jain_service": jain_service(drv),
+                            "jain_service": jain,
+                            "backlogged_s": together_s,
                             "jain_wait": jain_wait(drv),
                             "gap_over_bound": gap_over_bound(drv),
                             "kept_free": sum(st.kept_free for st in sts),
@@ -182,6 +191,7 @@ SUMMARIZED = (
     "p99_over_bar",
     "tokens_vs_none",
     "jain_service",
+    "backlogged_s",
     "jain_wait",
     "gap_over_bound",
     "held",
@@ -224,7 +234,8 @@ def print_table(summary: list[dict[str, Any]], seeds: Sequence[int]) -> None:
     print(
         f"{'mix':<6} {'eng':>3} {'levers':<11} | {'p50/solo':<17} | {'p99/solo':<19} | "
         f"{'p99-solo ms':<19} | {'p99/bar':<17} | bar | {'tok/s x none':<21} | "
-        f"{'Jain svc':<21} | {'Jain wait':<21} | {'gap/B':<17} | held"
+        f"{'Jain svc':<21} | {'2+ backlogged s':<17} | {'Jain wait':<21} | {'gap/B':<17} | "
+        "held"
     )
     for s in summary:
         ms = s["p99_minus_solo_s"]
@@ -234,7 +245,8 @@ def print_table(summary: list[dict[str, Any]], seeds: Sequence[int]) -> None:
             f"{_fmt(s['p50_over_solo'], '.1f'):<17} | {_fmt(s['p99_over_solo'], '.1f'):<19} | "
             f"{_fmt(ms, '.0f'):<19} | {_fmt(s['p99_over_bar'], '.2f'):<17} | "
             f"{'yes' if s['bar_met'] else 'no':<3} | {_fmt(s['tokens_vs_none'], '.3f'):<21} | "
-            f"{_fmt(s['jain_service'], '.3f'):<21} | {_fmt(s['jain_wait'], '.3f'):<21} | "
+            f"{_fmt(s['jain_service'], '.3f'):<21} | {_fmt(s['backlogged_s'], '.1f'):<17} | "
+            f"{_fmt(s['jain_wait'], '.3f'):<21} | "
             f"{_fmt(s['gap_over_bound'], '.2f'):<17} | {_fmt(s['held'], '.0f')}"
         )
 
@@ -261,15 +273,18 @@ def main(
     share: bool = True,
     kv_tokens: int | None = None,
     mode: EngineMode = FCFS,
+    load: float = 1.0,
 ) -> list[dict[str, Any]]:
     rows = run_matrix(
-        mixes, engine_counts, seeds, combos, seconds, replicas, share, kv_tokens, mode
+        mixes, engine_counts, seeds, combos, seconds, replicas, share, kv_tokens, mode, load
     )
     summary = summarize(rows)
     if replicas > 1:
         print(f"{replicas} replicas placing the requests, " + ("sharing" if share else "apart"))
     if kv_tokens is not None:
         print(f"engines of {kv_tokens} KV tokens, admission at kv_target_fraction of them")
+    if load != 1.0:
+        print(f"heavy tenants at {load:g}x their rates")
     engines = "by priority, preempting" if mode.priority else "FCFS"
     print(f"engines schedule {engines}; fair_isolation {mode.isolation}")
     print_table(summary, seeds)

@@ -46,3 +46,15 @@ def test_the_bars_come_from_the_cost_model() -> None:
     assert bar_s(0.1, 1, b) == 0.1 + b.chunk_s
     assert bar_s(0.1, 2, b) == max(0.2, 0.1 + b.decode_step_s)
     assert not math.isnan(b.chunk_s)
+
+
+def test_load_scales_the_heavy_tenants_and_leaves_the_light_one() -> None:
+    base = run_matrix(["long"], [2], [1], {"none": levers(1024, 2.0, 512)["none"]}, 20.0)
+    busy = run_matrix(["long"], [2], [1], {"none": levers(1024, 2.0, 512)["none"]}, 20.0, load=2)
+    one, two = long_prompt_mix(1, 20.0, 2), long_prompt_mix(1, 20.0, 2, load=2.0)
+    assert solo(one) == solo(two)
+    heavy = [len([a for a in t if a.tenant_id != "light"]) for t in (one, two)]
+    assert 1.6 < heavy[1] / heavy[0] < 2.4
+    # Twice the heavy traffic keeps the heavy tenants backlogged together longer.
+    assert busy[0]["backlogged_s"] > base[0]["backlogged_s"]
+    assert busy[0]["solo_p99_s"] == base[0]["solo_p99_s"]
