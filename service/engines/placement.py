@@ -73,8 +73,10 @@ class Placement:
         # prefix of it (a shared document, not only the whole prompt) shares the
         # computation.
         self._computing: list[dict[int, int]] = [{} for _ in range(n)]
-        # First tokens that found less cached than the placement counted on.
+        # First tokens that found less cached than the placement counted on; and
+        # prompts found colder before their prefill started (`recheck`).
         self.overestimated = 0
+        self.evicted_before_prefill = 0
         # Per worker: requests placed there, their KV claims, and their uncached
         # prompt tokens that have not streamed yet.
         self.in_flight = [0] * n
@@ -183,9 +185,7 @@ class Placement:
         self._loaded(i)
         self._routed(i, keys)
         placed = Placed(i, priority, view.matched, kv, pending, keys)
-        if self.on_prefill is not None and pending >= self._shared_prefill_tokens():
-            placed.prefill_id = str(next(self._prefills))
-            self.on_prefill(self.targets[i].url, placed.prefill_id, pending)
+        self._announce(placed)
         if keys:
             computing = self._computing[i]
             for k in keys:
@@ -204,6 +204,40 @@ class Placement:
         while n < len(keys) and keys[n] in computing:
             n += 1
         return max(held, n * self.index.block)
+
+    def recheck(self, p: Placed) -> int:
+        """What `p`'s worker holds of its prompt now, its own claim left out: asked
+        as its prefill is about to start (its turn in the worker's staged-prefill
+        lane), the prefix it was placed for may have been evicted while it waited.
+        Only an exact view (KV events) can say so: without one, `p.matched`. What
+        is no longer held counts as its pending prefill and KV claim there."""
+        i, keys = p.worker, p.keys
+        view = self.exact[i]
+        if p.released or view is None or view.stale:
+            return p.matched
+        computing, own = self._computing[i], int(p.computing)
+        n = 0  # as `held`: a key in flight (another's) carries all before it
+        while n < len(keys) and computing.get(keys[n], 0) > own:
+            n += 1
+        now = min(p.matched, max(view.match(keys), n * self.index.block))
+        if now < p.matched:
+            gone, p.matched = p.matched - now, now
+            self.evicted_before_prefill += 1
+            p.pending += gone
+            self.pending_prefill[i] += gone
+            p.kv_tokens += gone
+            self.kv_in_flight[i] += gone
+            self._loaded(i)
+            self._announce(p)
+        return now
+
+    def _announce(self, p: Placed) -> None:
+        """Tell the other replicas of `p`'s prefill, long enough to weigh (again if
+        it grew)."""
+        if self.on_prefill is None or p.pending < self._shared_prefill_tokens():
+            return
+        p.prefill_id = p.prefill_id or str(next(self._prefills))
+        self.on_prefill(self.targets[p.worker].url, p.prefill_id, p.pending)
 
     def _computed(self, p: Placed) -> None:
         """`p`'s prompt is computed (or it left): it no longer counts as held there."""

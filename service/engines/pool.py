@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections import deque
@@ -238,7 +239,12 @@ class WorkerPool:
             if placed is None:
                 raise last or EngineError("no healthy SGLang worker", retryable=True)
             w = self.workers[placed.worker]
-            sent = dataclasses.replace(req, priority=placed.priority, held_tokens=placed.matched)
+            sent = dataclasses.replace(
+                req,
+                priority=placed.priority,
+                held_tokens=placed.matched,
+                held_now=functools.partial(placement.recheck, placed),
+            )
             tried.add(placed.worker)
             if last is not None:
                 self.moved_requests += 1

@@ -8,7 +8,7 @@ its capacity and live load so the admission gate can size itself.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -56,6 +56,9 @@ class EngineRequest:
     # Prompt tokens the pool's placement counts as cached on the worker it sent the
     # request to (`Placed.matched`); None: no pool placed it (staged_prefill.py).
     held_tokens: int | None = None
+    # What that worker holds of it now (`Placement.recheck`), asked when a staged
+    # request's turn in the worker's lane comes; None: `held_tokens` stands.
+    held_now: Callable[[], int] | None = field(default=None, compare=False, repr=False)
 
     @property
     def prompt_tokens(self) -> int:

@@ -86,10 +86,12 @@ class StagedPrefill:
         return bool(self.ends(prompt_tokens, max_tokens))
 
     def stage_ends(self, req: EngineRequest) -> list[int]:
-        """The stages' lengths for `req` ([]: send it as it is)."""
+        """The stages' lengths for `req` ([]: send it as it is), from what its
+        worker holds of it now where the pool can say (`held_now`)."""
         if req.prompt_text is not None and not self.exact_ids:
             return []
-        return self.ends(req.prompt_tokens, req.max_tokens, req.held_tokens or 0)
+        held = req.held_now() if req.held_now is not None else req.held_tokens or 0
+        return self.ends(req.prompt_tokens, req.max_tokens, held)
 
     def ends(self, prompt_tokens: int, max_tokens: int, held_tokens: int = 0) -> list[int]:
         """The stages' lengths for a token-id prompt of `prompt_tokens`, of which the
@@ -167,20 +169,23 @@ class StageLane:
 async def staged(
     send: Send,
     req: EngineRequest,
-    ends: list[int],
+    ends: Callable[[], list[int]],
     stats: StagingStats,
     page_tokens: int = 1,
     lane: StageLane | None = None,
 ) -> AsyncGenerator[EngineChunk, None]:
-    """`req` through `send` in prefix stages ending at `ends` (none: it goes whole),
-    then whole; with a `lane`, only once it holds it, until its first token."""
-    stats.staged_requests += bool(ends)
-    staging = Staging(ends, page_tokens)
+    """`req` through `send` in prefix stages ending at `ends()` (none: it goes
+    whole), then whole; with a `lane`, only once it holds it, until its first
+    token. `ends` is asked once the lane is held: a prefix the placement counted
+    cached may have been evicted while the request waited for it
+    (`StagedPrefill.stage_ends`, `held_now`), and is then staged, not sent whole."""
     held = False
     try:
         if lane is not None:
             await lane.acquire()
             held = True
+        staging = Staging(ends(), page_tokens)
+        stats.staged_requests += bool(staging.ends)
         while (end := staging.next_end()) is not None:
             stage = dataclasses.replace(
                 req,

@@ -209,17 +209,25 @@ class SimFleet:
         w = self.workers[call.worker]
         call.engine_priority = priority
         self.running[call.req.request_id] = call
-        held = call.placed.matched if call.placed is not None else 0
-        ends = self.staged_prefill.ends(call.req.prompt_tokens, call.req.max_tokens, held)
         if self.staged_prefill.in_lane(call.req.prompt_tokens, call.req.max_tokens):
-            call.staging = Staging(ends)
+            call.staging = Staging([])  # its stages are planned when its turn comes
             if w.lane is None or not self.staged_prefill.one_at_a_time:
                 w.lane = call
-                self._send_stage(call)
+                self._lane_turn(call)
             else:
                 w.lane_queue.append(call)
         else:
             self._send_whole(call)
+
+    def _lane_turn(self, call: Call, late: bool = False) -> None:
+        """`call`'s turn in its worker's lane: its stages from what the worker holds
+        of it now (`Placement.recheck`: evicted while it waited?), as `staged` does."""
+        held = 0
+        if call.placed is not None:
+            held = self._placement_of(call.req).recheck(call.placed)
+        ends = self.staged_prefill.ends(call.req.prompt_tokens, call.req.max_tokens, held)
+        call.staging = Staging(ends)
+        self._send_stage(call, late)
 
     def _send_whole(self, call: Call, late: bool = False) -> None:
         w = self.workers[call.worker]
@@ -261,7 +269,7 @@ class SimFleet:
             return
         w.lane = w.lane_queue.popleft() if w.lane_queue else None
         if w.lane is not None:
-            self._send_stage(w.lane, late=True)
+            self._lane_turn(w.lane, late=True)
 
     def emitted(self, em: Emission) -> Call | None:
         """The request an emission's token is for; None: a stage that ended (the

@@ -157,9 +157,10 @@ class SimulatedEngine:
     def generate(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:
         plan = self.staged_prefill
         if plan.laned(req):
-            ends = plan.stage_ends(req)
             lane = self.stage_lane if plan.one_at_a_time else None
-            return staged(self._generate_one, req, ends, self.staging, lane=lane)
+            return staged(
+                self._generate_one, req, lambda: plan.stage_ends(req), self.staging, lane=lane
+            )
         return self._generate_one(req)
 
     async def _generate_one(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:

@@ -441,3 +441,41 @@ def test_with_the_exact_view_a_prompt_in_flight_counts_every_prefix_of_it_held()
     p.released(placed2)
     assert p.held(0, second_keys) == 0
     assert p._computing == [{}]
+
+
+def test_a_prefix_evicted_before_its_prefill_counts_as_pending_prefill_again() -> None:
+    """Placed for a prefix the worker held, a request waits (in the worker's
+    staged-prefill lane); the engine evicts part of the prefix meanwhile. `recheck`
+    says what is held now (its own claim on the keys left out), and the rest counts
+    as pending prefill and KV there, so a light request is not routed to a worker
+    about to prefill it; nothing is left counted once it leaves."""
+    p, _ = _placement(1)
+    view = p.exact[0] = CacheView()
+    doc = PROMPT  # 20 blocks
+    view.stored(list(range(1, 21)), None, doc, view.block)
+    req = _admitted(p, [*doc, *range(1000, 1160)])
+    placed = p.place(req, list(req.prefix_keys), set())
+    assert placed is not None and placed.matched == len(doc)
+    pending, kv = p.pending_prefill[0], p.kv_in_flight[0]
+    assert p.recheck(placed) == len(doc)  # still held: nothing changes
+    assert (p.pending_prefill[0], p.kv_in_flight[0]) == (pending, kv)
+    view.removed(list(range(11, 21)))  # its last 10 blocks evicted while it waited
+    assert p.recheck(placed) == 160 and placed.matched == 160
+    assert (p.pending_prefill[0], p.kv_in_flight[0]) == (pending + 160, kv + 160)
+    assert p.evicted_before_prefill == 1
+    p.first_token(placed, req.prompt_tokens, 160)
+    assert p.overestimated == 0  # the placement knew by then
+    p.released(placed)
+    assert (p.pending_prefill, p.kv_in_flight, p._computing) == ([0], [0], [{}])
+
+
+def test_without_an_exact_view_recheck_keeps_what_placement_counted() -> None:
+    """The approximate index cannot tell an eviction (and counts the request's own
+    keys, routed there): the placement's count stands."""
+    p, _ = _placement(1)
+    first = _admitted(p)
+    p.released(p.place(first, list(first.prefix_keys), set()) or pytest.fail())
+    again = _admitted(p)
+    placed = p.place(again, list(again.prefix_keys), set())
+    assert placed is not None and placed.matched > 0
+    assert p.recheck(placed) == placed.matched and p.evicted_before_prefill == 0

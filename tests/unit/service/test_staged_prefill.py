@@ -123,7 +123,7 @@ async def test_a_refused_stage_sends_the_rest_whole_and_a_failed_worker_fails_it
         req = _req(2000)
         plan = StagedPrefill(1000, 512)
         stats = StagingStats()
-        chunks = await _collect(staged(refusing(False), req, plan.stage_ends(req), stats))
+        chunks = await _collect(staged(refusing(False), req, lambda: plan.stage_ends(req), stats))
         assert sent == [0, 0, 4]  # stage 1, stage 2 refused, then whole
         assert (stats.stages, stats.refused) == (1, 1)
         assert chunks[-1].finish is FinishKind.LENGTH
@@ -131,7 +131,42 @@ async def test_a_refused_stage_sends_the_rest_whole_and_a_failed_worker_fails_it
         assert engine.core.flush_cache()
         sent.clear()
         with pytest.raises(EngineError):
-            await _collect(staged(refusing(True), req, plan.stage_ends(req), stats))
+            await _collect(staged(refusing(True), req, lambda: plan.stage_ends(req), stats))
         assert sent == [0, 0]
+    finally:
+        await engine.aclose()
+
+
+async def test_the_stages_are_planned_when_the_lane_is_held() -> None:
+    """A request placed where its prefix was held waits for the worker's lane
+    behind a staged one; evicted meanwhile (its `held_now` says so), it is staged
+    from what is held then, not sent whole into a long prefill."""
+    engine = SimulatedEngine(
+        SimConfig(cost=preset()),
+        time_scale=0.01,
+        staged_prefill=StagedPrefill(1000, 512, cold_only=True),
+    )
+    await engine.start()
+    held = [2000]
+    try:
+        first = EngineRequest("first", list(range(300, 2300)), 4, IGNORE_EOS, held_tokens=0)
+        second = EngineRequest(
+            "second",
+            list(range(5000, 7000)),
+            4,
+            IGNORE_EOS,
+            held_tokens=2000,
+            held_now=lambda: held[0],
+        )
+        assert engine.staged_prefill.stage_ends(second) == []  # as placed: whole
+        one = asyncio.create_task(_collect(engine.generate(first)))
+        await eventually(lambda: engine.staging.stages >= 1, what="the first one's stages")
+        two = asyncio.create_task(_collect(engine.generate(second)))
+        held[0] = 0  # evicted while it waits for the lane
+        await one
+        chunks = await two
+        assert chunks[-1].finish is FinishKind.LENGTH
+        assert engine.staging.staged_requests == 2 and engine.staging.stages == 6
+        assert chunks[-1].staged_tokens == 1536
     finally:
         await engine.aclose()
