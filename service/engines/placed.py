@@ -37,7 +37,8 @@ class Placed:
     worker: int
     # The priority it goes to that worker with (`Placement.priority_on`).
     priority: int
-    # Prompt tokens the worker is thought to hold, and its KV claim there.
+    # Prompt tokens the worker is thought to hold, and the KV it added there
+    # (`Placement.adds_kv`: less what other requests in flight pin).
     matched: int
     kv_tokens: int
     # Its uncached prompt tokens not streamed yet (0 after the first token).
@@ -48,6 +49,8 @@ class Placed:
     computing: bool = False
     # Its prefill as announced to the other replicas (`Placement.on_prefill`); "": not.
     prefill_id: str = ""
+    # Its KV beyond its keys' blocks (which count while any request pins them).
+    own_kv: int = 0
 
 
 @dataclass(slots=True)

@@ -73,6 +73,9 @@ class Placement:
         # prefix of it (a shared document, not only the whole prompt) shares the
         # computation.
         self._computing: list[dict[int, int]] = [{} for _ in range(n)]
+        # Per worker, every key of the prompts in flight there (how many carry it):
+        # their blocks take KV once, whoever brought them (`adds_kv`).
+        self._pinned: list[dict[int, int]] = [{} for _ in range(n)]
         # First tokens that found less cached than the placement counted on; and
         # prompts found colder before their prefill started (`recheck`).
         self.overestimated = 0
@@ -158,7 +161,7 @@ class Placement:
         if not candidates:
             return None
         views = self._views(candidates, req.prompt_tokens, req.max_tokens, keys)
-        views = self._staggered(req, views)
+        views = self._staggered(req, keys, views)
         candidates = [i for i, _ in views]
         # Prefix affinity: within `affinity_slack` requests (in its slots) of the least full.
         preferred = affinity(req.prompt_token_ids, len(candidates), self.prefix_affinity_tokens)
@@ -177,14 +180,14 @@ class Placement:
         if req.cached_on is not None:
             i, view = self._follow(req.cached_on, views, keys, i, view)
         priority = self.priority_on(i, req.priority, req.preempt_priority)
-        kv = rules.kv_tokens(req.prompt_tokens - view.matched, req.max_tokens)
         pending = req.prompt_tokens - view.matched
         self.in_flight[i] += 1
-        self.kv_in_flight[i] += kv
+        kv = self.adds_kv(i, keys, req.prompt_tokens, req.max_tokens)
         self.pending_prefill[i] += pending
+        placed = Placed(i, priority, view.matched, kv, pending, keys)
+        self._pin(placed, req.prompt_tokens, req.max_tokens)
         self._loaded(i)
         self._routed(i, keys)
-        placed = Placed(i, priority, view.matched, kv, pending, keys)
         self._announce(placed)
         if keys:
             computing = self._computing[i]
@@ -192,6 +195,37 @@ class Placement:
                 computing[k] = computing.get(k, 0) + 1
             placed.computing = True
         return placed
+
+    # -- KV in flight ------------------------------------------------------------------
+    def adds_kv(self, i: int, keys: Sequence[int], prompt_tokens: int, max_tokens: int) -> int:
+        """KV a request would add on worker `i`: its prompt and output, less the
+        prefix that requests in flight there pin (the engine shares it). A prefix
+        only cached there is not less: evictable, it takes KV once a request pins it
+        (counting it free left the engine full where the placement saw room)."""
+        pinned, n = self._pinned[i], 0
+        while n < len(keys) and keys[n] in pinned:
+            n += 1
+        return rules.kv_tokens(prompt_tokens - n * self.index.block, max_tokens)
+
+    def _pin(self, p: Placed, prompt_tokens: int, max_tokens: int) -> None:
+        """Count `p`'s claim (`p.kv_tokens`) on its worker and pin its keys: their
+        blocks stay counted until the last request carrying them leaves, the rest
+        (`p.own_kv`) until `p` does."""
+        pinned = self._pinned[p.worker]
+        for k in p.keys:
+            pinned[k] = pinned.get(k, 0) + 1
+        self.kv_in_flight[p.worker] += p.kv_tokens
+        p.own_kv = rules.kv_tokens(prompt_tokens - len(p.keys) * self.index.block, max_tokens)
+
+    def _unpin(self, p: Placed) -> None:
+        pinned, freed = self._pinned[p.worker], 0
+        for k in p.keys:
+            if pinned[k] > 1:
+                pinned[k] -= 1
+            else:
+                del pinned[k]
+                freed += self.index.block
+        self.kv_in_flight[p.worker] -= p.own_kv + freed
 
     def held(self, i: int, keys: Sequence[int]) -> int:
         """Tokens of the prefix `keys` worker `i` holds: from its KV events while
@@ -210,7 +244,8 @@ class Placement:
         as its prefill is about to start (its turn in the worker's staged-prefill
         lane), the prefix it was placed for may have been evicted while it waited.
         Only an exact view (KV events) can say so: without one, `p.matched`. What
-        is no longer held counts as its pending prefill and KV claim there."""
+        is no longer held counts as its pending prefill there (its KV counted
+        whole already: `adds_kv`)."""
         i, keys = p.worker, p.keys
         view = self.exact[i]
         if p.released or view is None or view.stale:
@@ -225,9 +260,6 @@ class Placement:
             self.evicted_before_prefill += 1
             p.pending += gone
             self.pending_prefill[i] += gone
-            p.kv_tokens += gone
-            self.kv_in_flight[i] += gone
-            self._loaded(i)
             self._announce(p)
         return now
 
@@ -284,7 +316,7 @@ class Placement:
         p.released = True
         i = p.worker
         self.in_flight[i] -= 1
-        self.kv_in_flight[i] -= p.kv_tokens
+        self._unpin(p)
         self._loaded(i)
         self._prefilled(p)
 
@@ -319,8 +351,7 @@ class Placement:
         views = []
         for i in candidates:
             matched = self.held(i, keys) if local else 0
-            # A held prefix is shared: the request adds only the rest to its KV.
-            load = self.load(i, now_s, rules.kv_tokens(prompt_tokens - matched, max_tokens), 1)
+            load = self.load(i, now_s, self.adds_kv(i, keys, prompt_tokens, max_tokens), 1)
             views.append((i, WorkerView(load, self.prefill_pending(i), matched)))
         return views
 
@@ -353,7 +384,7 @@ class Placement:
         return i, view
 
     def _staggered(
-        self, req: EngineRequest, views: list[tuple[int, WorkerView]]
+        self, req: EngineRequest, keys: Sequence[int], views: list[tuple[int, WorkerView]]
     ) -> list[tuple[int, WorkerView]]:
         """Staggered prefill (`stagger.py`, lever 1): while a light tenant is active a
         long prompt never takes the last worker on short steps, so a light request
@@ -363,13 +394,15 @@ class Placement:
             self.on_light()
         healthy = [t.healthy for t in self.targets]
         pending = self._all_pending()
-        fits = self._fits(req, now_s)
+        fits = self._fits(req, keys, now_s)
         return self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits)
 
-    def _fits(self, req: EngineRequest, now_s: float) -> Callable[[int, WorkerView], bool]:
+    def _fits(
+        self, req: EngineRequest, keys: Sequence[int], now_s: float
+    ) -> Callable[[int, WorkerView], bool]:
         def fits(i: int, v: WorkerView) -> bool:
             """Worker i's KV holds the prompt beside what is in flight there."""
-            kv = rules.kv_tokens(req.prompt_tokens - v.matched, req.max_tokens)
+            kv = self.adds_kv(i, keys, req.prompt_tokens, req.max_tokens)
             kv_busy = self.kv_in_flight[i] + self.remote_load.of(i, now_s)[1]
             return kv_busy + kv <= self.targets[i].kv_capacity()
 
@@ -401,7 +434,7 @@ class Placement:
         if until_s is not None:
             return until_s
         # Or the last free worker would be let go for want of KV elsewhere (`kept`).
-        fits = self._fits(req, now_s)
+        fits = self._fits(req, keys, now_s)
         return st.room_hold_until_s(
             req.prompt_tokens, views, pending, healthy, now_s, fits, since_s, first
         )

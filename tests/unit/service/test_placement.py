@@ -117,7 +117,8 @@ def test_the_claim_is_counted_where_it_is_placed_and_freed_once() -> None:
     assert placed is not None and placed.worker == 0 and placed.matched == 160
     uncached = len(PROMPT) - 160
     assert p.in_flight == [1, 0]
-    assert p.kv_in_flight == [rules.kv_tokens(uncached, 16), 0]
+    # Only cached (evictable) there, the held half takes KV once the request pins it.
+    assert p.kv_in_flight == [rules.kv_tokens(len(PROMPT), 16), 0]
     assert p.pending_prefill == [uncached, 0]
     assert p.index.size(0) == len(PROMPT)  # its prompt is there once prefilled
     p.first_token(placed, len(PROMPT), cached=96)  # it held less than the index thought
@@ -461,7 +462,8 @@ def test_a_prefix_evicted_before_its_prefill_counts_as_pending_prefill_again() -
     assert (p.pending_prefill[0], p.kv_in_flight[0]) == (pending, kv)
     view.removed(list(range(11, 21)))  # its last 10 blocks evicted while it waited
     assert p.recheck(placed) == 160 and placed.matched == 160
-    assert (p.pending_prefill[0], p.kv_in_flight[0]) == (pending + 160, kv + 160)
+    # Its KV was counted whole (the cached prefix pinned by it); its prefill grows.
+    assert (p.pending_prefill[0], p.kv_in_flight[0]) == (pending + 160, kv)
     assert p.evicted_before_prefill == 1
     p.first_token(placed, req.prompt_tokens, 160)
     assert p.overestimated == 0  # the placement knew by then
@@ -479,3 +481,24 @@ def test_without_an_exact_view_recheck_keeps_what_placement_counted() -> None:
     placed = p.place(again, list(again.prefix_keys), set())
     assert placed is not None and placed.matched > 0
     assert p.recheck(placed) == placed.matched and p.evicted_before_prefill == 0
+
+
+def test_a_prefix_in_flight_takes_kv_once_until_the_last_request_on_it_leaves() -> None:
+    """Two requests on one document: the second adds only its own part, and the
+    document's blocks stay counted while either is in flight, whichever leaves
+    first (the engine keeps a shared prefix while any request uses it)."""
+    p, _ = _placement(1)
+    doc = PROMPT[:160]
+    a = _admitted(p, [*doc, *range(1000, 1160)])
+    b = _admitted(p, [*doc, *range(2000, 2160)])
+    pa = p.place(a, list(a.prefix_keys), set())
+    assert pa is not None and pa.kv_tokens == rules.kv_tokens(320, 16)
+    assert p.adds_kv(0, list(b.prefix_keys), 320, 16) == rules.kv_tokens(160, 16)
+    pb = p.place(b, list(b.prefix_keys), set())
+    assert pb is not None and pb.kv_tokens == rules.kv_tokens(160, 16)
+    both = p.kv_in_flight[0]
+    assert both == 160 + 2 * rules.kv_tokens(160, 16)
+    p.released(pa)  # the one that brought the document leaves first
+    assert p.kv_in_flight[0] == 160 + rules.kv_tokens(160, 16)
+    p.released(pb)
+    assert p.kv_in_flight == [0]
