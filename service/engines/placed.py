@@ -51,6 +51,8 @@ class Placed:
     prefill_id: str = ""
     # Its KV beyond its keys' blocks (which count while any request pins them).
     own_kv: int = 0
+    # Its place in the order the placement placed requests in.
+    seq: int = 0
 
 
 @dataclass(slots=True)

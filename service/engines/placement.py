@@ -76,6 +76,9 @@ class Placement:
         # Per worker, every key of the prompts in flight there (how many carry it):
         # their blocks take KV once, whoever brought them (`adds_kv`).
         self._pinned: list[dict[int, int]] = [{} for _ in range(n)]
+        # Per worker, the requests in flight there, in placement order (`seq`).
+        self._placed: list[set[Placed]] = [set() for _ in range(n)]
+        self._seq = itertools.count()
         # First tokens that found less cached than the placement counted on; and
         # prompts found colder before their prefill started (`recheck`).
         self.overestimated = 0
@@ -184,7 +187,8 @@ class Placement:
         self.in_flight[i] += 1
         kv = self.adds_kv(i, keys, req.prompt_tokens, req.max_tokens)
         self.pending_prefill[i] += pending
-        placed = Placed(i, priority, view.matched, kv, pending, keys)
+        placed = Placed(i, priority, view.matched, kv, pending, keys, seq=next(self._seq))
+        self._placed[i].add(placed)
         self._pin(placed, req.prompt_tokens, req.max_tokens)
         self._loaded(i)
         self._routed(i, keys)
@@ -250,11 +254,14 @@ class Placement:
         view = self.exact[i]
         if p.released or view is None or view.stale:
             return p.matched
-        computing, own = self._computing[i], int(p.computing)
-        n = 0  # as `held`: a key in flight (another's) carries all before it
-        while n < len(keys) and computing.get(keys[n], 0) > own:
-            n += 1
-        now = min(p.matched, max(view.match(keys), n * self.index.block))
+        # As `held`, a prompt still being computed there counts, but only one placed
+        # before it (ahead in the lane, or prefilling): one placed after it on the
+        # same document computes nothing before it does.
+        ahead = max(
+            (_shared(q.keys, keys) for q in self._placed[i] if q.computing and q.seq < p.seq),
+            default=0,
+        )
+        now = min(p.matched, max(view.match(keys), ahead * self.index.block))
         if now < p.matched:
             gone, p.matched = p.matched - now, now
             self.evicted_before_prefill += 1
@@ -316,6 +323,7 @@ class Placement:
         p.released = True
         i = p.worker
         self.in_flight[i] -= 1
+        self._placed[i].discard(p)
         self._unpin(p)
         self._loaded(i)
         self._prefilled(p)
@@ -485,3 +493,13 @@ class Placement:
     def readmitted(self, i: int) -> None:
         """Back after an ejection: it may have restarted with an empty cache."""
         self.index.clear(i)
+
+
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading prefix keys two prompts share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

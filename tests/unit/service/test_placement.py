@@ -502,3 +502,25 @@ def test_a_prefix_in_flight_takes_kv_once_until_the_last_request_on_it_leaves() 
     assert p.kv_in_flight[0] == 160 + rules.kv_tokens(160, 16)
     p.released(pb)
     assert p.kv_in_flight == [0]
+
+
+def test_recheck_counts_a_prompt_computed_ahead_of_it_not_one_placed_after() -> None:
+    """Two requests on one document, placed where it was held; it is evicted while
+    they wait. The first one's turn: nothing ahead of it computes the document (the
+    second, placed after it, waits behind it), so it is cold. The second one's: the
+    first, still being computed ahead of it, carries the document."""
+    p, _ = _placement(1)
+    view = p.exact[0] = CacheView()
+    doc = PROMPT
+    view.stored(list(range(1, 21)), None, doc, view.block)
+    a = _admitted(p, [*doc, *range(1000, 1160)])
+    b = _admitted(p, [*doc, *range(2000, 2160)])
+    pa = p.place(a, list(a.prefix_keys), set())
+    pb = p.place(b, list(b.prefix_keys), set())
+    assert pa is not None and pb is not None and pa.matched == pb.matched == len(doc)
+    view.removed(list(range(1, 21)))
+    assert p.recheck(pa) == 0
+    assert p.recheck(pb) == len(doc)
+    p.first_token(pa, a.prompt_tokens, 0)  # its prefill is done: no longer computing
+    view.stored(list(range(1, 21)), None, doc, view.block)  # its KV events say so
+    assert p.recheck(pb) == len(doc)
