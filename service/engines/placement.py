@@ -244,9 +244,10 @@ class Placement:
         return max(held, n * self.index.block)
 
     def recheck(self, p: Placed) -> int:
-        """What `p`'s worker holds of its prompt now, its own claim left out: asked
-        as its prefill is about to start (its turn in the worker's staged-prefill
-        lane), the prefix it was placed for may have been evicted while it waited.
+        """What `p`'s worker holds of its prompt now (its cache, and prompts placed
+        before it still being computed there): asked as its prefill is about to
+        start (its turn in the worker's staged-prefill lane), the prefix it was
+        placed for may have been evicted while it waited.
         Only an exact view (KV events) can say so: without one, `p.matched`. What
         is no longer held counts as its pending prefill there (its KV counted
         whole already: `adds_kv`)."""

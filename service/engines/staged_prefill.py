@@ -64,7 +64,8 @@ class StagedPrefill:
     # pool's placement chose (`EngineRequest.held_tokens`) reaches `min_tokens`, and
     # its stages start above the held part. A long prompt cached there goes whole,
     # in its turn in the lane (`laned`): what the placement counts as held may be
-    # the prompt ahead of it in the lane, still being computed.
+    # the prompt ahead of it in the lane, still being computed. Asked again when its
+    # turn comes (`EngineRequest.held_now`): a prefix evicted meanwhile is staged.
     cold_only: bool = True
 
     def __post_init__(self) -> None:
