@@ -307,7 +307,8 @@ def bench_stagger(
         str,
         typer.Option(
             help="comma-separated among none, stagger, staged, hold, all, staged-cold, "
-            "all-cold, kv, staged-cold+kv, all-cold+kv (kv: the exact cache view from KV events)"
+            "all-cold, kv, staged-cold+kv, all-cold+kv, all-cold+kv+slot (kv: the exact cache "
+            "view from KV events; slot: the light slot)"
         ),
     ] = "none,stagger,staged,hold,all,staged-cold,all-cold",
     min_tokens: Annotated[
