@@ -109,12 +109,6 @@ class EngineSettings(BaseModel):
         ge=0,
         le=60,
     )
-    sglang_stagger_light_slot: bool = _s(
-        False,
-        "Pool, staggered prefill: while a light tenant is active, no other request takes "
-        "the last free slot of the worker a light request would go to (the least prefill "
-        "pending), while another worker has room; measured: docs/benchmarks.md.",
-    )
     sglang_stagger_min_workers: int = _s(
         STAGGER_MIN_WORKERS,
         "Pool, staggered prefill: keeps a worker free of long prefill only while at least "

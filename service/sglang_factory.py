@@ -84,7 +84,6 @@ def build_sglang_http(settings: Settings, staged: StagedPrefill) -> WorkerPool:
             light_window_s=settings.sglang_stagger_light_window_s,
             hold_max_s=settings.sglang_cold_start_hold_s,
             min_workers=settings.sglang_stagger_min_workers,
-            light_slot=settings.sglang_stagger_light_slot,
         ),
         breaker=BreakerPolicy(
             consecutive_failures=settings.sglang_eject_after_failures,

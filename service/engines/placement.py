@@ -397,20 +397,14 @@ class Placement:
     ) -> list[tuple[int, WorkerView]]:
         """Staggered prefill (`stagger.py`, lever 1): while a light tenant is active a
         long prompt never takes the last worker on short steps, so a light request
-        always has one whose next step ends soon (`route(soonest)` finds it); with
-        the light slot, no other request takes that worker's last free slot."""
+        always has one whose next step ends soon (`route(soonest)` finds it)."""
         now_s = self.clock()
         if self.stagger.saw(req.prompt_tokens, req.light, now_s) and self.on_light is not None:
             self.on_light()
         healthy = [t.healthy for t in self.targets]
         pending = self._all_pending()
         fits = self._fits(req, keys, now_s)
-        views = self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits)
-
-        def room(i: int, requests: int) -> bool:
-            return healthy[i] and self.load(i, now_s, 0, requests) <= 1.0
-
-        return self.stagger.slot_kept(req.light, views, pending, room, now_s)
+        return self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits)
 
     def _fits(
         self, req: EngineRequest, keys: Sequence[int], now_s: float

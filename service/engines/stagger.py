@@ -22,14 +22,6 @@ rules keep a worker on short steps for the light tenant:
   is already admitted (its slot and KV counted), so the hold delays only the
   prompts themselves, never the fair queue behind them.
 
-- **a light slot** (`slot_kept`): a request not the light tenant's never takes
-  the last free slot of the worker a light request would go to now (the one
-  with a slot free and the least prefill pending: `route(soonest)`'s choice)
-  while another worker has room. Traced live (prefix mix, four workers): with
-  every slot of the workers on short steps taken, a light request went to a
-  worker with short prompts queued, and SGLang prefilled them in its step
-  (84 ms where it takes 25 alone; docs/benchmarks.md, session 23).
-
 Keeping one free applies only while at least `min_workers` workers are healthy
 (default 3): keeping one of two off long prefill takes half the pool's prefill
 from the long prompts, and on two workers staged prefill alone meets the bar
@@ -73,7 +65,6 @@ class Stagger:
     keep_free: bool = True
     hold_max_s: float = 0.0
     min_workers: int = MIN_WORKERS
-    light_slot: bool = False
     light_seen_s: float = float("-inf")
     # Long prompts kept off the last worker on short steps, and those let onto it
     # because no other worker's KV held them (`kept`'s `fits`).
@@ -82,8 +73,6 @@ class Stagger:
     # Cold long prompts held (once each), and those the bound released.
     held: int = 0
     held_to_bound: int = 0
-    # Requests kept off the light request's worker's last free slot.
-    slots_kept: int = 0
 
     def saw(self, prompt_tokens: int, light: bool, now_s: float) -> bool:
         """A request is being placed: a light tenant's short one marks it active (its
@@ -163,34 +152,6 @@ class Stagger:
         if fits is not None and not any(fits(i, v) for i, v in left if i != last):
             return views, len(left) < len(views)
         return (left or views), False
-
-    def slot_kept(
-        self,
-        light: bool,
-        views: list[tuple[int, WorkerView]],
-        pending: Sequence[int],
-        room: Callable[[int, int], bool],
-        now_s: float,
-    ) -> list[tuple[int, WorkerView]]:
-        """The views a request may take under the light slot: while the light tenant
-        is active, one not its own (`light`) leaves out the worker a light request
-        would go to now (`room(i, 1)`: worker i has a free slot; the least `pending`
-        among those) where it would take its last slot (`not room(i, 2)`), unless
-        no other view has room."""
-        if light or not (self.min_tokens and self.light_slot) or not self.light_active(now_s):
-            return views
-        open_ = [i for i in range(len(pending)) if room(i, 1)]
-        if not open_:
-            return views
-        soon = min(open_, key=lambda i: pending[i])
-        if room(soon, 2):
-            return views
-        left = [(i, v) for i, v in views if i != soon]
-        if not any(v.load <= 1.0 for _, v in left):
-            return views
-        if len(left) < len(views):
-            self.slots_kept += 1
-        return left
 
     def room_hold_until_s(
         self,

@@ -307,8 +307,7 @@ def bench_stagger(
         str,
         typer.Option(
             help="comma-separated among none, stagger, staged, hold, all, staged-cold, "
-            "all-cold, kv, staged-cold+kv, all-cold+kv, all-cold+kv+slot (kv: the exact cache "
-            "view from KV events; slot: the light slot)"
+            "all-cold, kv, staged-cold+kv, all-cold+kv (kv: the exact cache view from KV events)"
         ),
     ] = "none,stagger,staged,hold,all,staged-cold,all-cold",
     min_tokens: Annotated[

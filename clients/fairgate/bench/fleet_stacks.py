@@ -94,15 +94,6 @@ VARIANTS = {
             extra=STAGGER,
         ),
         FleetVariant("fg-levers", "fairgate", "vtc", "locality", extra=LEVERS, kv_events=True),
-        # The levers with the light slot (session 23).
-        FleetVariant(
-            "fg-slot",
-            "fairgate",
-            "vtc",
-            "locality",
-            extra=(*LEVERS, ("sglang_stagger_light_slot", True)),
-            kv_events=True,
-        ),
         # The stages alone (no stagger, no hold): every step short wherever a
         # prompt lands, no worker kept off the long prefill (session 17).
         FleetVariant("fg-staged", "fairgate", "vtc", "locality", extra=STAGED, kv_events=True),

@@ -78,8 +78,6 @@ class Levers:
     keep_tokens: int = 0
     # Staged prefill from this many prompt tokens (default: past one chunk).
     stage_min_tokens: int = CHUNK_TOKENS + 1
-    # No other request takes the last free slot of the light request's worker.
-    light_slot: bool = False
 
     def stagger(self) -> Stagger | None:
         if not (self.keep_free or self.hold_max_s):
@@ -89,7 +87,6 @@ class Levers:
             keep_tokens=self.keep_tokens,
             keep_free=self.keep_free,
             hold_max_s=self.hold_max_s,
-            light_slot=self.light_slot,
         )
 
     def staged(self) -> StagedPrefill | None:
@@ -132,15 +129,6 @@ def _levers(min_tokens: int, hold_max_s: float, stage_tokens: int) -> dict[str, 
         ),
         "all-cold+kv": Levers(
             True, hold_max_s, stage_tokens, min_tokens, cold_only=True, kv_events=True
-        ),
-        "all-cold+kv+slot": Levers(
-            True,
-            hold_max_s,
-            stage_tokens,
-            min_tokens,
-            cold_only=True,
-            kv_events=True,
-            light_slot=True,
         ),
     }
 
