@@ -100,6 +100,12 @@ class Settings(EngineSettings, ServingSettings, BaseSettings):
         "reserve: keep the share idle; auto: preempt where the engine can, reserve beside "
         "staggered prefill (sglang_stagger_prefill_tokens).",
     )
+    fair_light_takes_slot: bool = _s(
+        False,
+        "Beside fair_isolation reserve, on a pool of engines that preempt by priority: a "
+        "light request goes where it starts soonest even if that worker's slots are full, "
+        "and the engine retracts one running request for it (admission lends no room).",
+    )
     fair_light_credit: float = _s(
         4096.0,
         "How far ahead (weighted tokens per unit weight) a light tenant is ordered; adds "

@@ -16,12 +16,15 @@ def engine_request(
     threshold: int | None,
     preempts: bool,
     prompt_text: str | None = None,
+    takes_slot: bool = False,
 ) -> EngineRequest:
     """What goes to the engine for an admitted request: its priority there
     (`threshold`: the engine's preemption threshold, None: it does not preempt;
     `preempts`: Isolation.PREEMPT), the one a pool lends a full worker's slot
     with, and admission's locality choice. Light (and lent) for the engine only
-    while its uncached prompt is short (`rules.light_request`)."""
+    while its uncached prompt is short (`rules.light_request`). `takes_slot`: a
+    light request may take a full worker's slot (the lent priority) without
+    `preempts` too (fair_light_takes_slot: room kept, not lent)."""
     batch = queued.priority is Priority.BATCH
     tiers_of = queued.prompt_tokens if preempts else None
     light = rules.light_request(queued.light, queued.prompt_tokens - queued.cached_estimate)
@@ -35,7 +38,7 @@ def engine_request(
         prefix_keys=queued.prefix_keys,
         light=light,
         preempt_priority=rules.lent_slot_priority(
-            batch, light, threshold if preempts else None, tiers_of
+            batch, light, threshold if preempts or takes_slot else None, tiers_of
         ),
         cached_on=queued.cached_on if queued.cached_estimate > 0 else None,
     )

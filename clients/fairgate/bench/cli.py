@@ -352,8 +352,9 @@ def bench_stagger(
         typer.Option(
             help="engines that schedule by priority and preempt (as `bench fleet`'s workers, "
             "SGLang --enable-priority-scheduling) with fair_isolation auto (lends room beyond "
-            "them, keeps a reserve beside staggered prefill), preempt or reserve; fcfs: FCFS "
-            "engines and the reserve (every table before session 21)"
+            "them, keeps a reserve beside staggered prefill), preempt or reserve; auto+slot: "
+            "auto with fair_light_takes_slot; fcfs: FCFS engines and the reserve (every table "
+            "before session 21)"
         ),
     ] = "auto",
     json_out: Annotated[str, typer.Option("--json", help="also write every run here")] = "",

@@ -94,6 +94,15 @@ VARIANTS = {
             extra=STAGGER,
         ),
         FleetVariant("fg-levers", "fairgate", "vtc", "locality", extra=LEVERS, kv_events=True),
+        # The levers, and a light request takes a full worker's slot by preemption.
+        FleetVariant(
+            "fg-slot",
+            "fairgate",
+            "vtc",
+            "locality",
+            extra=(*LEVERS, ("fair_light_takes_slot", True)),
+            kv_events=True,
+        ),
         # The stages alone (no stagger, no hold): every step short wherever a
         # prompt lands, no worker kept off the long prefill (session 17).
         FleetVariant("fg-staged", "fairgate", "vtc", "locality", extra=STAGED, kv_events=True),

@@ -143,6 +143,7 @@ class SimFleet:
                     for p in self.placements:
                         p.exact[i] = w.kv.view
         self._threshold, self._tiered = threshold, tiered
+        self.takes_slot = False  # fair_light_takes_slot
         self.staged_prefill = staged_prefill or StagedPrefill()
         self._replica: dict[str, int] = {}  # request id -> its replica (more than one)
         self.running: dict[str, Call] = {}  # request id -> sent to its engine
@@ -174,6 +175,7 @@ class SimFleet:
             SamplingOptions(ignore_eos=False),
             self._threshold,
             self._tiered,
+            takes_slot=self.takes_slot,
         )
         if self.placement is not None:
             now_s = self.clock.now_s()

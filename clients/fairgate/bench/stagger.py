@@ -201,6 +201,9 @@ class EngineMode:
 
     priority: bool = False
     isolation: str = "auto"
+    # fair_light_takes_slot: beside the reserve, a light request takes a full
+    # worker's slot by preemption.
+    takes_slot: bool = False
 
     def resolve(self, stagger: Stagger | None, sim: SimConfig) -> Isolation:
         """Admission's isolation beside engines of `sim` (`sim_config`) and `stagger`."""
@@ -219,6 +222,7 @@ ENGINE_MODES = {
     "auto": EngineMode(True),
     "preempt": EngineMode(True, "preempt"),
     "reserve": EngineMode(True, "reserve"),
+    "auto+slot": EngineMode(True, "auto", takes_slot=True),
     "fcfs": FCFS,
 }
 
@@ -283,6 +287,7 @@ def fleet(
         share=share,
         kv_events=kv_events,
     )
+    drv.fleet.takes_slot = mode.takes_slot and isolation is Isolation.RESERVE
     drv.run(arrivals, max_steps=10_000_000)
     return drv
 
