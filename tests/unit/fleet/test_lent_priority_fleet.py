@@ -12,6 +12,7 @@ from fairgate.bench.stagger import (
     levers,
     light_ttft_s,
     long_prompt_mix,
+    prefix_heavy_mix,
     quantile,
 )
 
@@ -42,3 +43,33 @@ def test_only_short_light_requests_are_sent_to_retract_a_running_one() -> None:
     assert all(c.arrival.prompt_tokens <= rules.LIGHT_PREFILL_TOKENS for c in lent)
     assert LIGHT in {c.arrival.tenant_id for c in lent}
     assert quantile(light_ttft_s(drv), 1.0) < 0.2
+
+
+def test_beside_the_reserve_only_fair_light_takes_slot_sends_the_lent_priority() -> None:
+    """`auto` keeps the reserve beside the levers: no request goes out to retract a
+    running one. With fair_light_takes_slot (`auto+slot`) light requests do where
+    their soonest worker is full: the light tenant's, and a short-prefill request of
+    a tenant below its share, which admission calls light too (the prefix mix: there
+    the workers' slots bind)."""
+    lv = levers(1024, 2.0, 128, 256, 256)["all-cold+kv"]
+
+    def lent(mode: str) -> list[str]:
+        drv = fleet(
+            prefix_heavy_mix(1, 30.0, 4),
+            4,
+            lv.stagger(),
+            lv.staged(),
+            kv_events=True,
+            kv_tokens=KV,
+            mode=ENGINE_MODES[mode],
+        )
+        return [
+            c.arrival.tenant_id
+            for c in drv.calls
+            if c.engine_priority > SGLANG_PREEMPTION_THRESHOLD
+        ]
+
+    assert lent("auto") == []
+    taken = lent("auto+slot")
+    assert taken, "no light request found its soonest worker full: the test shows nothing"
+    assert LIGHT in taken
