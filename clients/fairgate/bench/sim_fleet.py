@@ -98,7 +98,7 @@ class SimFleet:
     engines, each request placed by the one of its replica (arrival i: replica
     i mod N); `share`: they hear each other at once (see `share`).
 
-    `threshold` / `tiered`: the engine priorities fairgate sends
+    `threshold` / `tiered` / `takes_slot`: the engine priorities fairgate sends
     (`engine_request.py`, as generation.py)."""
 
     def __init__(
@@ -115,6 +115,7 @@ class SimFleet:
         kv_events: bool,
         threshold: int | None,
         tiered: bool,
+        takes_slot: bool = False,
     ) -> None:
         self.clock = clock
         self.workers = [SimWorker(SimCore(sim), f"sim://{i}") for i in range(engines)]
@@ -142,8 +143,7 @@ class SimFleet:
                     w.kv = KvFeed(w.core, w.url)
                     for p in self.placements:
                         p.exact[i] = w.kv.view
-        self._threshold, self._tiered = threshold, tiered
-        self.takes_slot = False  # fair_light_takes_slot
+        self._threshold, self._tiered, self._takes_slot = threshold, tiered, takes_slot
         self.staged_prefill = staged_prefill or StagedPrefill()
         self._replica: dict[str, int] = {}  # request id -> its replica (more than one)
         self.running: dict[str, Call] = {}  # request id -> sent to its engine
@@ -175,7 +175,7 @@ class SimFleet:
             SamplingOptions(ignore_eos=False),
             self._threshold,
             self._tiered,
-            takes_slot=self.takes_slot,
+            takes_slot=self._takes_slot,
         )
         if self.placement is not None:
             now_s = self.clock.now_s()

@@ -286,8 +286,8 @@ def fleet(
         replicas=replicas,
         share=share,
         kv_events=kv_events,
+        takes_slot=mode.takes_slot,
     )
-    drv.fleet.takes_slot = mode.takes_slot and isolation is Isolation.RESERVE
     drv.run(arrivals, max_steps=10_000_000)
     return drv
 
