@@ -109,6 +109,16 @@ class EngineSettings(BaseModel):
         ge=0,
         le=60,
     )
+    sglang_stagger_pace_tokens: int = _s(
+        0,
+        "Pool, with the cold-start hold: while a light tenant is active, a short prompt "
+        "(uncached below sglang_stagger_keep_tokens where it goes) goes only to a worker "
+        "whose short prefill queued, not streamed, stays within this many tokens with it "
+        "(or has none), else waits unsent within sglang_cold_start_hold_s: the light "
+        "request's step is not packed with other tenants' short prompts (0: off; 128 "
+        "measured: docs/benchmarks.md).",
+        ge=0,
+    )
     sglang_stagger_min_workers: int = _s(
         STAGGER_MIN_WORKERS,
         "Pool, staggered prefill: keeps a worker free of long prefill only while at least "

@@ -39,6 +39,12 @@ def build_sglang_http(settings: Settings, staged: StagedPrefill) -> WorkerPool:
             "FAIRGATE_SGLANG_STAGGER_PREFILL_TOKENS, the uncached length from which a prompt "
             "is long"
         )
+    if settings.sglang_stagger_pace_tokens and not settings.sglang_cold_start_hold_s:
+        raise SystemExit(
+            "FAIRGATE_SGLANG_STAGGER_PACE_TOKENS holds short prompts within the cold-start "
+            "hold's bound: set FAIRGATE_SGLANG_COLD_START_HOLD_S (and "
+            "FAIRGATE_SGLANG_STAGGER_PREFILL_TOKENS)"
+        )
     if settings.sglang_stagger_keep_tokens > settings.sglang_stagger_prefill_tokens:
         raise SystemExit(
             "FAIRGATE_SGLANG_STAGGER_KEEP_TOKENS keeps the short-step worker below a prompt "
@@ -84,6 +90,7 @@ def build_sglang_http(settings: Settings, staged: StagedPrefill) -> WorkerPool:
             light_window_s=settings.sglang_stagger_light_window_s,
             hold_max_s=settings.sglang_cold_start_hold_s,
             min_workers=settings.sglang_stagger_min_workers,
+            pace_tokens=settings.sglang_stagger_pace_tokens,
         ),
         breaker=BreakerPolicy(
             consecutive_failures=settings.sglang_eject_after_failures,

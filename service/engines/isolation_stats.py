@@ -14,6 +14,8 @@ EVENTS = (
     "kept_given_up",  # ... let onto it: no other worker's KV held it
     "held",  # a cold long prompt held while every worker was mid-prefill
     "held_to_bound",  # ... released by the hold's bound, not by a worker's prefill ending
+    "paced",  # a short prompt held: every worker's short prefill queued at the pace
+    "paced_to_bound",  # ... released by the hold's bound
     "staged_requests",  # prompts sent as prefix stages
     "stages",  # prefill-only stages sent
     "stages_evicted",  # stagings ended early: a stage found its predecessors evicted
@@ -30,6 +32,7 @@ def isolation_counts(engine: object) -> dict[str, int]:
         st = engine.placement.stagger
         counts["kept_free"], counts["kept_given_up"] = st.kept_free, st.kept_given_up
         counts["held"], counts["held_to_bound"] = st.held, st.held_to_bound
+        counts["paced"], counts["paced_to_bound"] = st.paced, st.paced_to_bound
         stagings = [w.engine.staging for w in engine.workers]
     elif isinstance(staging := getattr(engine, "staging", None), StagingStats):
         stagings = [staging]

@@ -397,14 +397,26 @@ class Placement:
     ) -> list[tuple[int, WorkerView]]:
         """Staggered prefill (`stagger.py`, lever 1): while a light tenant is active a
         long prompt never takes the last worker on short steps, so a light request
-        always has one whose next step ends soon (`route(soonest)` finds it)."""
+        always has one whose next step ends soon (`route(soonest)` finds it); and a
+        paced short prompt goes where the short prefill queued stays within the pace."""
         now_s = self.clock()
         if self.stagger.saw(req.prompt_tokens, req.light, now_s) and self.on_light is not None:
             self.on_light()
         healthy = [t.healthy for t in self.targets]
         pending = self._all_pending()
         fits = self._fits(req, keys, now_s)
-        return self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits)
+        views = self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits)
+        paced = self.stagger.paced_views(
+            req.prompt_tokens, req.light, views, self.queued_short, now_s
+        )
+        return paced or views  # none with room: the hold's bound let it go
+
+    def queued_short(self, i: int) -> int:
+        """Short prefill queued on worker `i` (pacing, `stagger.py`): the uncached
+        prompt tokens not streamed of this replica's requests there that leave less
+        than the stagger's `keep()`."""
+        keep = self.stagger.keep()
+        return sum(q.pending for q in self._placed[i] if q.pending < keep)
 
     def _fits(
         self, req: EngineRequest, keys: Sequence[int], now_s: float
@@ -423,10 +435,11 @@ class Placement:
         """Cold-start hold (`stagger.py`, lever 4), asked before `place`: the clock
         time until which `req` waits unsent (every worker mid-prefill, the light
         tenant active, the prompt cold and long; or the prompt would take the last
-        worker free of long prefill for want of KV on the others), or None: place
-        it now. `since_s`: when it was first asked (`first`: this is that time).
-        Ask again once a worker's prefill ends (`first_token`, `released`) or at
-        the time returned."""
+        worker free of long prefill for want of KV on the others; or, paced, a
+        short prompt finds no worker with room), or None: place it now.
+        `since_s`: when it was first asked (`first`: this is that time). Ask again
+        once a worker's prefill ends (`first_token`, `released`) or at the time
+        returned."""
         st, now_s = self.stagger, self.clock()
         if not (st.min_tokens and st.hold_max_s):
             return None
@@ -434,6 +447,9 @@ class Placement:
         views = self._views(self._candidates(set()), req.prompt_tokens, req.max_tokens, keys)
         if not views:
             return None
+        paced = st.paced_views(req.prompt_tokens, req.light, views, self.queued_short, now_s)
+        if paced is not None:  # a short prompt: paced, never held as a long one
+            return None if paced else st.pace_until_s(now_s, since_s, first)
         # Cold where it would go: the worker its first token comes soonest on (what
         # `route` weighs first): the least prefill ahead of it plus its own there.
         _, soonest = min(views, key=lambda iv: iv[1].pending_prefill - iv[1].matched)

@@ -1,8 +1,9 @@
 """Isolation across engines while a light tenant is active (issue #33, levers 1
-and 4), without I/O: the rules `Placement` applies to a long uncached prompt.
+and 4), without I/O: the rules `Placement` applies to a long uncached prompt,
+and the pace it keeps short prompts to.
 
 SGLang never preempts a chunked prefill under way, so a light request that lands
-on an engine in the middle of a long prompt waits for its remaining chunks. Both
+on an engine in the middle of a long prompt waits for its remaining chunks. The
 rules keep a worker on short steps for the light tenant:
 
 - **keep one free** (`kept`, lever 1): a long prompt never takes the last
@@ -21,6 +22,18 @@ rules keep a worker on short steps for the light tenant:
   came when no worker was free (docs/benchmarks.md, session 20). A held prompt
   is already admitted (its slot and KV counted), so the hold delays only the
   prompts themselves, never the fair queue behind them.
+- **paced short prompts** (`pace_tokens`, with the hold on): SGLang packs
+  every waiting request into a prefill step, so the light request's first step
+  carries whatever short prompts other tenants queued at its engine. While the
+  light tenant is active, a short prompt (uncached below `keep()` where it goes,
+  not light) goes only to a worker whose short prefill queued there (placed by
+  this replica, not streamed) stays within `pace_tokens` with it, or has none;
+  where no worker has room it waits unsent, as the hold does (until a worker's
+  prefill ends, the light tenant goes quiet, or `hold_max_s`). Never to a worker
+  where it would be cold: a prompt short only where its prefix is cached waits
+  for that worker. Traced on the virtual fleet (docs/benchmarks.md, session 24):
+  the light request's slowest first tokens came in steps packed with 130 tokens
+  of other tenants' short prompts (336 traced live, session 23).
 
 Keeping one free applies only while at least `min_workers` workers are healthy
 (default 3): keeping one of two off long prefill takes half the pool's prefill
@@ -57,7 +70,8 @@ class Stagger:
     off); `keep_tokens`: the worker kept on short steps takes only prompts that
     leave its prefill below this (0: `min_tokens`); `keep_free`: lever 1 on;
     `hold_max_s`: lever 4's bound (0: no hold); `min_workers`: the fewest healthy
-    workers lever 1 applies on."""
+    workers lever 1 applies on; `pace_tokens`: the most short prefill queued on a
+    worker while the light tenant is active (0: not paced; needs the hold)."""
 
     min_tokens: int = 0
     keep_tokens: int = 0
@@ -65,6 +79,7 @@ class Stagger:
     keep_free: bool = True
     hold_max_s: float = 0.0
     min_workers: int = MIN_WORKERS
+    pace_tokens: int = 0
     light_seen_s: float = float("-inf")
     # Long prompts kept off the last worker on short steps, and those let onto it
     # because no other worker's KV held them (`kept`'s `fits`).
@@ -73,6 +88,9 @@ class Stagger:
     # Cold long prompts held (once each), and those the bound released.
     held: int = 0
     held_to_bound: int = 0
+    # Short prompts paced (held once each), and those the bound released.
+    paced: int = 0
+    paced_to_bound: int = 0
 
     def saw(self, prompt_tokens: int, light: bool, now_s: float) -> bool:
         """A request is being placed: a light tenant's short one marks it active (its
@@ -198,13 +216,67 @@ class Stagger:
             return None
         return self._held_until_s(now_s, since_s, first)
 
+    def paced_views(
+        self,
+        prompt_tokens: int,
+        light: bool,
+        views: list[tuple[int, WorkerView]],
+        queued_short: Callable[[int], int],
+        now_s: float,
+    ) -> list[tuple[int, WorkerView]] | None:
+        """Pacing (see above): None, the prompt is not paced; else the views it may go
+        to ([]: none has room now). `queued_short(i)`: worker i's short prefill
+        queued (`Placement.queued_short`)."""
+        if not views:
+            return None
+        uncached = prompt_tokens - max(v.matched for _, v in views)
+        if not self.pacing(uncached, light, now_s):
+            return None
+        return [
+            (i, v) for i, v in views if self.pace_room(queued_short(i), prompt_tokens - v.matched)
+        ]
+
+    def pacing(self, uncached_tokens: int, light: bool, now_s: float) -> bool:
+        """Is a prompt leaving `uncached_tokens` where it goes best paced: short, not
+        light, the light tenant active, the hold on (its bound)?"""
+        return bool(
+            self.pace_tokens
+            and self.hold_max_s
+            and not light
+            and uncached_tokens < self.keep()
+            and self.light_active(now_s)
+        )
+
+    def pace_room(self, queued_short_tokens: int, uncached_tokens: int) -> bool:
+        """May a paced prompt leaving `uncached_tokens` on a worker go there, beside
+        `queued_short_tokens` of short prefill queued there? Not where it is cold."""
+        if uncached_tokens >= self.keep():
+            return False
+        return queued_short_tokens == 0 or queued_short_tokens + uncached_tokens <= self.pace_tokens
+
+    def pace_until_s(self, now_s: float, since_s: float, first: bool) -> float | None:
+        """Until when a paced prompt with no worker to go to waits (as the hold:
+        `_until_s`); counted in `paced` / `paced_to_bound`."""
+        until_s = self._until_s(now_s, since_s)
+        if until_s is None:
+            self.paced_to_bound += 1
+        elif first:
+            self.paced += 1
+        return until_s
+
     def _held_until_s(self, now_s: float, since_s: float, first: bool) -> float | None:
+        """`_until_s`, counted in `held` / `held_to_bound`."""
+        until_s = self._until_s(now_s, since_s)
+        if until_s is None:
+            self.held_to_bound += 1
+        elif first:
+            self.held += 1
+        return until_s
+
+    def _until_s(self, now_s: float, since_s: float) -> float | None:
         """Held until the bound (`hold_max_s` from `since_s`) or the light tenant's
-        window end, whichever is first; None: the bound is past (counted)."""
+        window end, whichever is first; None: the bound is past."""
         until_s = since_s + self.hold_max_s
         if now_s >= until_s:
-            self.held_to_bound += 1
             return None
-        if first:
-            self.held += 1
         return min(until_s, self.light_seen_s + self.light_window_s)

@@ -326,6 +326,14 @@ def bench_stagger(
     stage_min_tokens: Annotated[
         int, typer.Option(min=2, help="staged: prompts of at least this many tokens")
     ] = 2049,
+    pace_tokens: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="hold: short prompts paced to this much queued prefill a worker while the "
+            "light tenant is active (FAIRGATE_SGLANG_STAGGER_PACE_TOKENS; 0: off)",
+        ),
+    ] = 0,
     seconds: Annotated[float, typer.Option(min=1, help="simulated seconds per trace")] = 30.0,
     load: Annotated[
         float,
@@ -369,7 +377,9 @@ def bench_stagger(
 
     if keep_tokens > min_tokens:
         raise typer.BadParameter("at most --min-tokens", param_hint="--keep-tokens")
-    table = lever_table(min_tokens, hold_max_s, stage_tokens, keep_tokens, stage_min_tokens)
+    table = lever_table(
+        min_tokens, hold_max_s, stage_tokens, keep_tokens, stage_min_tokens, pace_tokens
+    )
     names = [x.strip() for x in levers.split(",") if x.strip()]
     if not names or any(n not in table for n in names):
         raise typer.BadParameter(f"use names among {','.join(table)}", param_hint="--levers")

@@ -76,6 +76,12 @@ LEVERS: tuple[tuple[str, object], ...] = (
     *STAGED,
 )
 
+# A light request takes a full worker's slot by preemption (session 23); short
+# prompts paced to 128 queued tokens a worker while the light tenant is active
+# (session 24).
+SLOT: tuple[tuple[str, object], ...] = (("fair_light_takes_slot", True),)
+PACE: tuple[tuple[str, object], ...] = (("sglang_stagger_pace_tokens", 128),)
+
 
 VARIANTS = {
     v.key: v
@@ -100,14 +106,27 @@ VARIANTS = {
             "fairgate",
             "vtc",
             "locality",
-            extra=(*LEVERS, ("fair_light_takes_slot", True)),
+            extra=(*LEVERS, *SLOT),
             kv_events=True,
+        ),
+        # ... and short prompts paced while the light tenant is active.
+        FleetVariant(
+            "fg-pace", "fairgate", "vtc", "locality", extra=(*LEVERS, *SLOT, *PACE), kv_events=True
         ),
         # The stages alone (no stagger, no hold): every step short wherever a
         # prompt lands, no worker kept off the long prefill (session 17).
         FleetVariant("fg-staged", "fairgate", "vtc", "locality", extra=STAGED, kv_events=True),
         FleetVariant(
             "fg-levers-2r", "fairgate", "vtc", "locality", 2, extra=LEVERS, kv_events=True
+        ),
+        FleetVariant(
+            "fg-pace-2r",
+            "fairgate",
+            "vtc",
+            "locality",
+            2,
+            extra=(*LEVERS, *SLOT, *PACE),
+            kv_events=True,
         ),
         # The levers with room lent beyond the engines instead of the reserve that
         # fair_isolation auto keeps beside them (session 21: the lent room ran the

@@ -78,6 +78,8 @@ class Levers:
     keep_tokens: int = 0
     # Staged prefill from this many prompt tokens (default: past one chunk).
     stage_min_tokens: int = CHUNK_TOKENS + 1
+    # Short prompts paced to this much queued prefill a worker (with the hold; 0: off).
+    pace_tokens: int = 0
 
     def stagger(self) -> Stagger | None:
         if not (self.keep_free or self.hold_max_s):
@@ -87,6 +89,7 @@ class Levers:
             keep_tokens=self.keep_tokens,
             keep_free=self.keep_free,
             hold_max_s=self.hold_max_s,
+            pace_tokens=self.pace_tokens,
         )
 
     def staged(self) -> StagedPrefill | None:
@@ -105,11 +108,17 @@ def levers(
     stage_tokens: int,
     keep_tokens: int = 0,
     stage_min_tokens: int = CHUNK_TOKENS + 1,
+    pace_tokens: int = 0,
 ) -> dict[str, Levers]:
     """The combinations the table compares, in its order (`keep_tokens`,
-    `stage_min_tokens`: every combination's, see `Levers`)."""
+    `stage_min_tokens`, `pace_tokens`: every combination's, see `Levers`)."""
     return {
-        name: dataclasses.replace(lev, keep_tokens=keep_tokens, stage_min_tokens=stage_min_tokens)
+        name: dataclasses.replace(
+            lev,
+            keep_tokens=keep_tokens,
+            stage_min_tokens=stage_min_tokens,
+            pace_tokens=pace_tokens,
+        )
         for name, lev in _levers(min_tokens, hold_max_s, stage_tokens).items()
     }
 

@@ -179,6 +179,7 @@ def run_matrix(
                             "kept_free": sum(st.kept_free for st in sts),
                             "held": sum(st.held for st in sts),
                             "held_to_bound": sum(st.held_to_bound for st in sts),
+                            "paced": sum(st.paced for st in sts),
                         }
                     )
     return rows
@@ -195,6 +196,7 @@ SUMMARIZED = (
     "jain_wait",
     "gap_over_bound",
     "held",
+    "paced",
 )
 
 
@@ -235,7 +237,7 @@ def print_table(summary: list[dict[str, Any]], seeds: Sequence[int]) -> None:
         f"{'mix':<6} {'eng':>3} {'levers':<11} | {'p50/solo':<17} | {'p99/solo':<19} | "
         f"{'p99-solo ms':<19} | {'p99/bar':<17} | bar | {'tok/s x none':<21} | "
         f"{'Jain svc':<21} | {'2+ backlogged s':<17} | {'Jain wait':<21} | {'gap/B':<17} | "
-        "held"
+        f"{'held':<15} | paced"
     )
     for s in summary:
         ms = s["p99_minus_solo_s"]
@@ -247,7 +249,8 @@ def print_table(summary: list[dict[str, Any]], seeds: Sequence[int]) -> None:
             f"{'yes' if s['bar_met'] else 'no':<3} | {_fmt(s['tokens_vs_none'], '.3f'):<21} | "
             f"{_fmt(s['jain_service'], '.3f'):<21} | {_fmt(s['backlogged_s'], '.1f'):<17} | "
             f"{_fmt(s['jain_wait'], '.3f'):<21} | "
-            f"{_fmt(s['gap_over_bound'], '.2f'):<17} | {_fmt(s['held'], '.0f')}"
+            f"{_fmt(s['gap_over_bound'], '.2f'):<17} | {_fmt(s['held'], '.0f'):<15} | "
+            f"{_fmt(s['paced'], '.0f')}"
         )
 
 

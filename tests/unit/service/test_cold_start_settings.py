@@ -59,3 +59,16 @@ def test_the_keep_threshold_reaches_the_stagger_and_is_at_most_a_long_prompt() -
     assert default.placement.stagger.keep() == 1024
     with pytest.raises(SystemExit, match="at most FAIRGATE_SGLANG_STAGGER_PREFILL_TOKENS"):
         build_sglang_http(settings.replace(sglang_stagger_keep_tokens=2048), StagedPrefill())
+
+
+def test_pacing_reaches_the_stagger_and_needs_the_holds_bound() -> None:
+    settings = Settings(
+        sglang_urls=URLS,
+        sglang_stagger_prefill_tokens=1024,
+        sglang_cold_start_hold_s=2.0,
+        sglang_stagger_pace_tokens=128,
+    )
+    pool = build_sglang_http(settings, StagedPrefill())
+    assert pool.placement.stagger.pace_tokens == 128
+    with pytest.raises(SystemExit, match="set FAIRGATE_SGLANG_COLD_START_HOLD_S"):
+        build_sglang_http(settings.replace(sglang_cold_start_hold_s=0.0), StagedPrefill())
