@@ -59,9 +59,14 @@ def isolation_for(settings: Settings, cap: EngineCapacity) -> rules.Isolation:
     requests for, and their prompts are prefilled whole in 2 048-token chunks on
     workers the placement counted nearly free (prefix mix, four workers, 60 s:
     the light tenant's TTFT p99 14.4x solo lent, 2.1x kept; docs/benchmarks.md,
-    session 21)."""
+    session 21). Beside the reserve, `fair_light_takes_slot` on such engines
+    makes it RESERVE_SLOTS."""
     setting = settings.fair_isolation
     if setting == "reserve" or (setting == "auto" and settings.sglang_stagger_prefill_tokens):
+        # fair_light_takes_slot: the engine retracts a running request for a light
+        # one, so admission may lend it a slot beyond the room (never KV).
+        if settings.fair_light_takes_slot and cap.preempt_threshold is not None:
+            return rules.Isolation.RESERVE_SLOTS
         return rules.Isolation.RESERVE
     if cap.preempt_threshold is None:
         if setting == "preempt":

@@ -104,7 +104,8 @@ class Settings(EngineSettings, ServingSettings, BaseSettings):
         False,
         "Beside fair_isolation reserve, on a pool of engines that preempt by priority: a "
         "light request goes where it starts soonest even if that worker's slots are full, "
-        "and the engine retracts one running request for it (admission lends no room).",
+        "and the engine retracts one running request for it; admission lends it a request "
+        "slot beyond the room (up to fair_reserve_fraction of them), never KV.",
     )
     fair_light_credit: float = _s(
         4096.0,

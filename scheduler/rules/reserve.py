@@ -22,6 +22,12 @@ class Isolation(enum.Enum):
     # room (SGLang's priority preemption: the lent request's `engine_priority`).
     # Nothing idles; the retracted request's prefix and output are recomputed.
     PREEMPT = "preempt"
+    # RESERVE, and a light tenant below its share may also take up to `fraction`
+    # of the request slots beyond the room, never KV beyond it: its engine retracts
+    # a running request for the slot (fair_light_takes_slot). Traced live, the
+    # light tenant's slowest first tokens waited in admission with every slot
+    # counted and the KV a third used (docs/benchmarks.md, session 24).
+    RESERVE_SLOTS = "reserve+slots"
 
 
 def fits_lent(
@@ -32,6 +38,17 @@ def fits_lent(
     return (
         in_flight + 1 <= limits.max_requests + lent_requests
         and in_flight_kv + kv_tokens <= limits.max_kv_tokens + lent_kv
+    )
+
+
+def fits_slot_lent(
+    fraction: float, limits: AdmissionLimits, in_flight: int, in_flight_kv: int, kv_tokens: int
+) -> bool:
+    """Does `kv_tokens` more fit the room's KV, and one more request its slots plus
+    the `fraction` lent beyond them (RESERVE_SLOTS)?"""
+    lent_requests, _ = fraction_of_room(fraction, limits)
+    return in_flight + 1 <= limits.max_requests + lent_requests and (
+        in_flight == 0 or in_flight_kv + kv_tokens <= limits.max_kv_tokens
     )
 
 

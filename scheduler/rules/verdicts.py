@@ -7,7 +7,14 @@ from __future__ import annotations
 import enum
 
 from scheduler.rules.buckets import EPSILON
-from scheduler.rules.reserve import Isolation, TenantLoad, below_share, fits_lent, in_reserve
+from scheduler.rules.reserve import (
+    Isolation,
+    TenantLoad,
+    below_share,
+    fits_lent,
+    fits_slot_lent,
+    in_reserve,
+)
 from scheduler.rules.room import AdmissionLimits, fits
 
 
@@ -40,8 +47,8 @@ def verdict(
 ) -> Verdict:
     """The one order of the checks on the head of the next tenant in line.
 
-    `load` is needed only when the reserve (or the lent room) applies; callers
-    that compute it lazily pass None and ask `needs_load` first.
+    `load` is needed only when the reserve (or the lent room, or a lent slot)
+    applies; callers that compute it lazily pass None and ask `needs_load` first.
     `behind_elsewhere`: `behind` says another replica's tenant comes first.
     """
     if own_wait_s > 0:
@@ -49,25 +56,15 @@ def verdict(
     if behind_elsewhere:
         return Verdict.TURN
     room = fits(limits, in_flight, in_flight_kv, kv_tokens)
-    if isolation is Isolation.PREEMPT:
-        if room:
-            return Verdict.ADMIT
+    if not room:
+        # Beyond the room: the lent room (PREEMPT) or a lent slot (RESERVE_SLOTS).
         if not needs_load(reserve_fraction, limits, in_flight, in_flight_kv, kv_tokens, isolation):
             return Verdict.FULL
         if load is None:
             raise ValueError("the lent room applies: pass the tenant's load")
-        # Lent only to take room from others (a tenant alone would only queue in
-        # the engine behind itself) and only while below its share.
-        shared = load.share < 1.0 - EPSILON
-        if (
-            load.light
-            and shared
-            and below_share(load.share, limits, load.in_flight, load.kv_tokens, kv_tokens)
-        ):
-            return Verdict.ADMIT
-        return Verdict.FULL
-    if not room:
-        return Verdict.FULL
+        return Verdict.ADMIT if _lent_to(load, limits, kv_tokens) else Verdict.FULL
+    if isolation is Isolation.PREEMPT:
+        return Verdict.ADMIT
     if needs_load(reserve_fraction, limits, in_flight, in_flight_kv, kv_tokens, isolation):
         if load is None:
             raise ValueError("the reserve applies: pass the tenant's load")
@@ -75,6 +72,18 @@ def verdict(
         if not below and load.protects:
             return Verdict.HOLD
     return Verdict.ADMIT
+
+
+def _lent_to(load: TenantLoad, limits: AdmissionLimits, kv_tokens: int) -> bool:
+    """Lent room (PREEMPT) or a lent slot (RESERVE_SLOTS) goes only to a light tenant
+    that takes it from others (a tenant alone would only queue in the engine
+    behind itself) and only while below its share."""
+    shared = load.share < 1.0 - EPSILON
+    return (
+        load.light
+        and shared
+        and below_share(load.share, limits, load.in_flight, load.kv_tokens, kv_tokens)
+    )
 
 
 def needs_load(
@@ -85,12 +94,16 @@ def needs_load(
     kv: int,
     isolation: Isolation = Isolation.RESERVE,
 ) -> bool:
-    """Does the reserve (RESERVE) or the lent room (PREEMPT) apply to this
-    admission, so that `verdict` needs the tenant's load?"""
+    """Does the reserve (RESERVE), the lent room (PREEMPT) or a lent slot
+    (RESERVE_SLOTS, beyond the room) apply to this admission, so that `verdict`
+    needs the tenant's load?"""
     if reserve_fraction <= 0:
         return False
+    room = fits(limits, in_flight, in_flight_kv, kv)
     if isolation is Isolation.PREEMPT:
-        return not fits(limits, in_flight, in_flight_kv, kv) and fits_lent(
+        return not room and fits_lent(reserve_fraction, limits, in_flight, in_flight_kv, kv)
+    if not room:
+        return isolation is Isolation.RESERVE_SLOTS and fits_slot_lent(
             reserve_fraction, limits, in_flight, in_flight_kv, kv
         )
     return in_reserve(reserve_fraction, limits, in_flight, in_flight_kv, kv)

@@ -54,6 +54,11 @@ local function fits_lent(n_now, kv_now, c)
   local lent_kv = max_kv * reserve_fraction
   return n_now + 1 <= max_req + lent_req and kv_now + c.kv <= max_kv + lent_kv
 end
+-- rules.fits_slot_lent: the room's KV, its slots plus the fraction lent (RESERVE_SLOTS)
+local function fits_slot_lent(n_now, kv_now, c)
+  local lent_req = math.ceil(max_req * reserve_fraction)
+  return n_now + 1 <= max_req + lent_req and (n_now == 0 or kv_now + c.kv <= max_kv)
+end
 -- each backlogged tenant's queue length summed over the replicas it is backlogged
 -- on (held ones count theirs; unknown: heavy) (store_round.py: _fleet_queued)
 local function fleet_queued(members)
@@ -193,13 +198,15 @@ local function decide(c, trial)
     end
   end
   local room = not (n >= max_req or (n > 0 and kv + c.kv > max_kv))
-  if preempt then
-    -- rules.verdict, PREEMPT: beyond the room only a light candidate that is not
-    -- alone and is below its share (fleet-wide queue sums, as the reserve judges
-    -- them), within the lent room
+  if preempt or (lend_slots and not room) then
+    -- rules.verdict, PREEMPT (RESERVE_SLOTS: a slot): beyond the room only a light
+    -- candidate that is not alone and is below its share (fleet-wide queue sums, as
+    -- the reserve judges them), within the lent room (slots)
     if not room then
       local lend = false
-      if reserve_fraction > 0 and fits_lent(n, kv, c) then
+      local fits = fits_lent
+      if lend_slots then fits = fits_slot_lent end
+      if reserve_fraction > 0 and fits(n, kv, c) then
         local a = get_active()
         local share = share_of(c.tenant, a)
         local light = (a.queued[c.tenant] or 0) <= LIGHT_QUEUE

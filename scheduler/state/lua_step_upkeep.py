@@ -22,6 +22,7 @@ local max_req, max_kv, w_in = num(ARGV[6]), num(ARGV[7]), num(ARGV[8])
 local reserve_fraction, reserve_window = num(ARGV[9]), num(ARGV[10]) * 1000
 local light_credit = num(ARGV[11])
 local preempt = ARGV[12] == '1'  -- rules.Isolation.PREEMPT
+local lend_slots = ARGV[12] == '2'  -- rules.Isolation.RESERVE_SLOTS
 local allowance = num(ARGV[13])  -- rules.behind, rules.locality_pick; < 0: off
 local w_cached = num(ARGV[14])
 local i = 15

@@ -78,6 +78,12 @@ from scheduler.state.store import (
 from scheduler.tenancy.tenants import TenantConfig
 
 _STEP, _RESERVE, _SNAPSHOT = Script.of(STEP), Script.of(RESERVE), Script.of(SNAPSHOT)
+# STEP's isolation argument (lua_step_upkeep.py: `preempt`, `lend_slots`).
+_ISOLATION_ARG = {
+    rules.Isolation.RESERVE: "0",
+    rules.Isolation.PREEMPT: "1",
+    rules.Isolation.RESERVE_SLOTS: "2",
+}
 
 
 def seen_levels(row: list[Any], now_ms: float) -> dict[str, SeenLevel]:
@@ -164,7 +170,7 @@ class RedisStore:
             repr(float(step.reserve_fraction)),
             repr(float(step.reserve_window_s)),
             repr(float(step.light_credit)),
-            "1" if step.isolation is rules.Isolation.PREEMPT else "0",
+            _ISOLATION_ARG[step.isolation],
             "-1" if math.isinf(step.allowance) else repr(float(step.allowance)),
             repr(float(step.w_cached)),
         ]

@@ -211,7 +211,7 @@ class EngineMode:
     priority: bool = False
     isolation: str = "auto"
     # fair_light_takes_slot: beside the reserve, a light request takes a full
-    # worker's slot by preemption.
+    # worker's slot by preemption, and admission lends it a slot (RESERVE_SLOTS).
     takes_slot: bool = False
 
     def resolve(self, stagger: Stagger | None, sim: SimConfig) -> Isolation:
@@ -219,6 +219,7 @@ class EngineMode:
         settings = SETTINGS.model_copy(
             update={
                 "fair_isolation": self.isolation,
+                "fair_light_takes_slot": self.takes_slot,
                 "sglang_stagger_prefill_tokens": stagger.min_tokens if stagger else 0,
             }
         )

@@ -40,7 +40,11 @@ SLOW = BucketLimits(requests_per_s=1e-4, requests_burst=3.0, tokens_per_s=1e-4, 
 @st.composite
 def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Step]]]:
     limits = AdmissionLimits(draw(st.integers(2, 6)), draw(st.sampled_from([400, 1000, 3000])))
-    isolation = draw(st.sampled_from([Isolation.RESERVE, Isolation.PREEMPT, Isolation.PREEMPT]))
+    isolation = draw(
+        st.sampled_from(
+            [Isolation.RESERVE, Isolation.PREEMPT, Isolation.PREEMPT, Isolation.RESERVE_SLOTS]
+        )
+    )
     fraction = draw(st.sampled_from([0.0, 0.25, 0.5, 0.5]))
     credit = draw(st.sampled_from([0.0, 150.0, 4096.0]))
     # The fleet order across replicas (rules.behind): off, strict, or with slack.
