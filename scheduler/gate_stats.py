@@ -120,8 +120,8 @@ class GateStats:
     # Candidates held out of the fair-share reserve (reserve.py).
     reserve_holds_total: int
     tenants: tuple[TenantStats, ...]
-    # Admissions beyond the engine's room (Isolation.PREEMPT): each one has the
-    # engine retract a running request if it is full.
+    # Admissions beyond the engine's room (Isolation.PREEMPT, or a slot under
+    # RESERVE_SLOTS): each one has the engine retract a running request if it is full.
     lent_total: int = 0
     # Replicas whose per-tenant usage the tenants' numbers sum (1: this one only).
     replicas: int = 1
