@@ -184,7 +184,6 @@ class App:
             ),
             preempt_threshold=cap.preempt_threshold,
             isolation=isolation,
-            light_takes_slot=settings.fair_light_takes_slot,
             prefix_keys=None if placement is None else placement.prefix_keys,
         )
         models = ModelRegistry([model], default=model_name)

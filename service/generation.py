@@ -194,7 +194,7 @@ class Generation:
                     params.model.preempt_threshold,
                     params.model.isolation is Isolation.PREEMPT,
                     params.prompt_text,
-                    takes_slot=params.model.light_takes_slot,
+                    takes_slot=params.model.isolation is Isolation.RESERVE_SLOTS,
                 )
                 lifecycle.admitted(engine_req, dispatcher.budget)
                 drain, key = self.drain, id(queued)

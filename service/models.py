@@ -29,9 +29,6 @@ class ServedModel:
     # whether light tenants are lent room beyond it, for rules.engine_priority.
     preempt_threshold: int | None = None
     isolation: rules.Isolation = rules.Isolation.RESERVE
-    # Under RESERVE, a light request may still take a full worker's slot by
-    # preemption (fair_light_takes_slot, with a threshold).
-    light_takes_slot: bool = False
     # A pool routing by locality: a prompt's prefix keys, for locality-aware
     # admission and routing (None: the engine has no locality).
     prefix_keys: Callable[[Sequence[int]], Sequence[int]] | None = None

@@ -24,7 +24,7 @@ def engine_request(
     with, and admission's locality choice. Light (and lent) for the engine only
     while its uncached prompt is short (`rules.light_request`). `takes_slot`: a
     light request may take a full worker's slot (the lent priority) without
-    `preempts` too (fair_light_takes_slot: room kept, not lent)."""
+    `preempts` too (Isolation.RESERVE_SLOTS: a slot lent, no KV)."""
     batch = queued.priority is Priority.BATCH
     tiers_of = queued.prompt_tokens if preempts else None
     light = rules.light_request(queued.light, queued.prompt_tokens - queued.cached_estimate)

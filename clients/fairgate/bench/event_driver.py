@@ -75,7 +75,6 @@ class Driver:
         replicas: int = 1,
         share: bool = True,
         kv_events: bool = False,
-        takes_slot: bool = False,
     ) -> None:
         self.clock = clock or FakeClock()
         self.timers = ManualTimers(self.clock)
@@ -92,7 +91,7 @@ class Driver:
             # The priorities fairgate sends the engine (generation.py does the same).
             threshold=sim.priority_preemption_threshold if sim.priority_scheduling else None,
             tiered=isolation is Isolation.PREEMPT,
-            takes_slot=takes_slot,
+            takes_slot=isolation is Isolation.RESERVE_SLOTS,
         )
         self.workers = self.fleet.workers
         self.placement, self.placements = self.fleet.placement, self.fleet.placements

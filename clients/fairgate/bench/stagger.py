@@ -296,7 +296,6 @@ def fleet(
         replicas=replicas,
         share=share,
         kv_events=kv_events,
-        takes_slot=mode.takes_slot,
     )
     drv.run(arrivals, max_steps=10_000_000)
     return drv

@@ -8,6 +8,7 @@ from scheduler.budget import AdmissionBudget
 from scheduler.errors import SchedulingError
 from scheduler.request import Priority, QueuedRequest
 from scheduler.reserve import FairShareReserve
+from scheduler.rules import Isolation, Verdict, needs_load, verdict
 
 _ids = itertools.count(1)
 
@@ -49,6 +50,24 @@ class Waiter:
 
     def rejected(self, error: SchedulingError) -> None:
         self.errors.append(error)
+
+
+def judged(
+    reserve: FairShareReserve,
+    budget: AdmissionBudget,
+    req: QueuedRequest,
+    isolation: Isolation,
+    queued: int = 1,
+) -> Verdict:
+    """`rules.verdict` on `req` under `isolation`, its tenant with `queued` requests
+    queued (it one of them), the load asked only where `needs_load` says."""
+    for _ in range(queued):
+        reserve.on_queued(kv_req(req.tenant_id))
+    room = (budget.limits, budget.engine.requests, budget.engine.kv_tokens, req.kv_tokens)
+    load = None
+    if needs_load(reserve.fraction, *room, isolation):
+        load = reserve.load(req.tenant_id, budget.limits)
+    return verdict(0.0, *room, reserve.fraction, load, isolation)
 
 
 def kv_req(tenant: str, kv: int = 100) -> QueuedRequest:

@@ -12,8 +12,8 @@ from scheduler import rules
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.request import QueuedRequest
 from scheduler.reserve import FairShareReserve
-from scheduler.rules import Isolation, Verdict, needs_load, verdict
-from tests.unit.scheduler.helpers import fill, kv_req
+from scheduler.rules import Isolation, Verdict
+from tests.unit.scheduler.helpers import fill, judged, kv_req
 
 PREEMPT = Isolation.PREEMPT
 _FIRST_IDS = itertools.count(1000)
@@ -22,13 +22,7 @@ _FIRST_IDS = itertools.count(1000)
 def _verdict(
     reserve: FairShareReserve, budget: AdmissionBudget, req: QueuedRequest, queued: int = 1
 ) -> Verdict:
-    for _ in range(queued):  # the candidate's own queue (it is one of them)
-        reserve.on_queued(kv_req(req.tenant_id))
-    room = (budget.limits, budget.engine.requests, budget.engine.kv_tokens, req.kv_tokens)
-    load = None
-    if needs_load(reserve.fraction, *room, PREEMPT):
-        load = reserve.load(req.tenant_id, budget.limits)
-    return verdict(0.0, *room, reserve.fraction, load, PREEMPT)
+    return judged(reserve, budget, req, PREEMPT, queued)
 
 
 def test_nothing_is_kept_idle_the_engine_fills() -> None:

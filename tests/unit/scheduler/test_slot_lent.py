@@ -9,8 +9,8 @@ from scheduler import rules
 from scheduler.budget import AdmissionBudget, AdmissionLimits
 from scheduler.request import QueuedRequest
 from scheduler.reserve import FairShareReserve
-from scheduler.rules import Isolation, Verdict, needs_load, verdict
-from tests.unit.scheduler.helpers import fill, kv_req
+from scheduler.rules import Isolation, Verdict
+from tests.unit.scheduler.helpers import fill, judged, kv_req
 
 SLOTS = Isolation.RESERVE_SLOTS
 
@@ -22,13 +22,7 @@ def _verdict(
     queued: int = 1,
     isolation: Isolation = SLOTS,
 ) -> Verdict:
-    for _ in range(queued):  # the candidate's own queue (it is one of them)
-        reserve.on_queued(kv_req(req.tenant_id))
-    room = (budget.limits, budget.engine.requests, budget.engine.kv_tokens, req.kv_tokens)
-    load = None
-    if needs_load(reserve.fraction, *room, isolation):
-        load = reserve.load(req.tenant_id, budget.limits)
-    return verdict(0.0, *room, reserve.fraction, load, isolation)
+    return judged(reserve, budget, req, isolation, queued)
 
 
 def _full(slots: int = 16, kv: int = 100_000) -> tuple[FairShareReserve, AdmissionBudget]:

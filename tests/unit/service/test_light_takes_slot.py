@@ -1,5 +1,6 @@
-"""fair_light_takes_slot: beside the reserve (no room lent), a light request may
-still take a full worker's slot by priority preemption, where its engine preempts."""
+"""fair_light_takes_slot: beside the reserve (RESERVE_SLOTS: a slot lent, no KV), a
+light request may still take a full worker's slot by priority preemption, where its
+engine preempts."""
 
 from __future__ import annotations
 
