@@ -115,8 +115,9 @@ class EngineSettings(BaseModel):
         "(uncached below sglang_stagger_keep_tokens where it goes) goes only to a worker "
         "whose short prefill queued, not streamed, stays within this many tokens with it "
         "(or has none), else waits unsent within sglang_cold_start_hold_s: the light "
-        "request's step is not packed with other tenants' short prompts (0: off; 128 "
-        "measured: docs/benchmarks.md).",
+        "request's step is not packed with other tenants' short prompts; only where a "
+        "prompt has two workers or more to go to (0: off; 128 measured: "
+        "docs/benchmarks.md).",
         ge=0,
     )
     sglang_stagger_min_workers: int = _s(

@@ -33,7 +33,13 @@ rules keep a worker on short steps for the light tenant:
   where it would be cold: a prompt short only where its prefix is cached waits
   for that worker. Traced on the virtual fleet (docs/benchmarks.md, session 24):
   the light request's slowest first tokens came in steps packed with 130 tokens
-  of other tenants' short prompts (336 traced live, session 23).
+  of other tenants' short prompts (336 traced live, session 23). Only with two
+  workers or more to choose from: with one, a paced prompt has nowhere else to
+  go, and waiting unsent it holds its admission slot while the engine orders the
+  light request first anyway (virtual fleet, one engine, prefix mix, six seeds:
+  0.48 of the bar paced, 0.26 not; the slowest light requests waited in
+  admission with every slot counted, 7-10 of them prompts waiting unsent;
+  docs/benchmarks.md, session 25).
 
 Keeping one free applies only while at least `min_workers` workers are healthy
 (default 3): keeping one of two off long prefill takes half the pool's prefill
@@ -227,7 +233,7 @@ class Stagger:
         """Pacing (see above): None, the prompt is not paced; else the views it may go
         to ([]: none has room now). `queued_short(i)`: worker i's short prefill
         queued (`Placement.queued_short`)."""
-        if not views:
+        if len(views) < 2:  # nowhere else to go: waiting would only hold its slot
             return None
         uncached = prompt_tokens - max(v.matched for _, v in views)
         if not self.pacing(uncached, light, now_s):

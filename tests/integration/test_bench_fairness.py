@@ -38,6 +38,7 @@ TENANT_KEYS = {
     "ttft_p50_s",
     "ttft_p99_s",
     "queue_wait_p99_s",
+    "queue_wait_mean_s",
 }
 
 
@@ -147,13 +148,13 @@ async def test_virtual_replay_repeats_exactly_and_runs_the_same_rules() -> None:
 
 
 def test_many_traces_are_summarized_by_median_and_range() -> None:
-    from fairgate.bench.cli import _seed_list
     from fairgate.bench.fairness_report import summarize
+    from fairgate.bench.seeds import seed_list
 
-    assert _seed_list("1-3,7") == [1, 2, 3, 7]
+    assert seed_list("1-3,7") == [1, 2, 3, 7]
     for bad in ("", "a", "3-", "1-x"):
         with pytest.raises(ValueError):
-            _seed_list(bad)
+            seed_list(bad)
 
     def rep(gap: float, jain: float) -> dict[str, object]:
         return {"f": {"runs": {"vtc": {"gap_over_bound": gap, "jain": jain}}}}

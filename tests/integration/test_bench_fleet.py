@@ -95,6 +95,9 @@ def test_unknown_variant_is_refused_before_anything_starts() -> None:
     result = CliRunner().invoke(typer_app, ["bench", "fleet", "--variants", "fg-locality,nope"])
     assert result.exit_code == 2
     assert "fg-leastfull" in result.output  # the valid keys are named
+    result = CliRunner().invoke(typer_app, ["bench", "fleet", "--seeds", "1-x"])
+    assert result.exit_code == 2
+    assert "1,4,7" in result.output
 
 
 @pytest.mark.skipif(find_redis_server() is None, reason="needs a redis-server")

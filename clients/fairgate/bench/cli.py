@@ -10,6 +10,7 @@ import typer
 
 from fairgate.bench.fleet_cli import fleet_command
 from fairgate.bench.load_cli import load_command
+from fairgate.bench.seeds import seed_list
 
 bench_app = typer.Typer(
     add_completion=False,
@@ -110,34 +111,21 @@ def bench_fairness(
     if virtual and replicas > 1:
         raise typer.BadParameter("--virtual replays one replica", param_hint="--replicas")
     try:
-        seed_list = _seed_list(seeds) if seeds else [seed]
+        chosen_seeds = seed_list(seeds) if seeds else [seed]
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--seeds") from None
     reports = {
         s: asyncio.run(fairness_main(scenarios, seconds, time_scale, s, chosen, replicas, virtual))
-        for s in seed_list
+        for s in chosen_seeds
     }
-    if len(seed_list) == 1:
-        report = reports[seed_list[0]]
+    if len(chosen_seeds) == 1:
+        report = reports[chosen_seeds[0]]
     else:
         summary = summarize(reports)
-        print_summary(summary, seed_list)
+        print_summary(summary, chosen_seeds)
         report = {"seeds": {str(s): r for s, r in reports.items()}, "summary": summary}
     if json_out:
         write_json(json_out, report)
-
-
-def _seed_list(spec: str) -> list[int]:
-    """`1-10` or `1,4,7` -> the seeds, in order."""
-    out: list[int] = []
-    for part in spec.split(","):
-        lo, dash, hi = part.strip().partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
-            raise ValueError(f"{spec!r}: use ranges and lists of seeds such as 1-10 or 1,4,7")
-        out += list(range(int(lo), int(hi) + 1)) if dash else [int(lo)]
-    if not out:
-        raise ValueError(f"{spec!r}: no seeds")
-    return out
 
 
 @bench_app.command("decision")
@@ -390,7 +378,7 @@ def bench_stagger(
         raise typer.BadParameter(f"use mixes among {','.join(MIXES)}", param_hint="--mixes")
     try:
         counts = [int(x) for x in engines.split(",") if x.strip()]
-        seed_list = _seed_list(seeds)
+        chosen_seeds = seed_list(seeds)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if not counts or min(counts) < 1:
@@ -400,7 +388,7 @@ def bench_stagger(
     stagger_main(
         mix_list,
         counts,
-        seed_list,
+        chosen_seeds,
         combos,
         seconds,
         json_out,

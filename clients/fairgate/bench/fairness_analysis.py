@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -149,6 +150,7 @@ def analyse(
             "ttft_p50_s": percentile(ttfts, 50),
             "ttft_p99_s": percentile(ttfts, 99),
             "queue_wait_p99_s": percentile(waits, 99),
+            "queue_wait_mean_s": statistics.fmean(waits) if waits else math.nan,
         }
     others = [r for r in records if r.tenant != sc.victim and not (r.rejected or r.failed)]
     if others:

@@ -12,8 +12,11 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+# Re-exported: one Jain index for every bench.
+from fairgate.bench.stats import jain_index as jain_index
 from scheduler.rules import admission_charge
 
 
@@ -191,7 +194,10 @@ def jain_backlogged(
     return acc / total if total else math.nan
 
 
-def jain_index(values: list[float]) -> float:
-    if not values or all(v == 0 for v in values):
-        return math.nan
-    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
+def jain_of_waits(mean_waits: Iterable[float]) -> float:
+    """Jain over the tenants' mean queue waits: every tenant waiting as long as the
+    others is 1, however long; none of them waiting at all is equal too (1)."""
+    xs = list(mean_waits)
+    if xs and not any(xs):
+        return 1.0
+    return jain_index(xs)

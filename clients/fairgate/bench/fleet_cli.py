@@ -9,6 +9,7 @@ import typer
 
 from fairgate.bench.fleet_scenarios import MIXES
 from fairgate.bench.fleet_stacks import DEFAULT_VARIANTS, VARIANTS
+from fairgate.bench.seeds import seed_list
 
 
 def fleet_command(
@@ -20,6 +21,13 @@ def fleet_command(
         float, typer.Option(help="wall seconds per simulated second (the workers' time scale)")
     ] = 2.0,
     seed: Annotated[int, typer.Option(help="plan seed (prompts and arrivals)")] = 1,
+    seeds: Annotated[
+        str,
+        typer.Option(
+            help="several plans, e.g. 1-3 or 1,4,7 (instead of --seed): each run, then "
+            "per variant the median (min-max) over them (fleet_summary's table)"
+        ),
+    ] = "",
     load: Annotated[
         float, typer.Option(min=0.01, help="offered load of the heavy tenants (1: the default mix)")
     ] = 1.0,
@@ -51,6 +59,7 @@ def fleet_command(
     vs smg (cache_aware, round_robin), in one run."""
     from fairgate.bench.fairness_report import write_json
     from fairgate.bench.fleet import main as fleet_main
+    from fairgate.bench.fleet_summary import print_summary
 
     if mix not in MIXES:
         raise typer.BadParameter(f"use one of {','.join(MIXES)}", param_hint="--mix")
@@ -58,19 +67,32 @@ def fleet_command(
     unknown = [v for v in chosen if v not in VARIANTS]
     if not chosen or unknown:
         raise typer.BadParameter(f"use keys among {','.join(VARIANTS)}", param_hint="--variants")
-    out = asyncio.run(
-        fleet_main(
-            workers=workers,
-            seconds=seconds,
-            time_scale=time_scale,
-            seed=seed,
-            load=load,
-            variants=chosen,
-            repetitions=repetitions,
-            smg_binary=None if no_smg else (smg or ""),
-            mix=mix,
-            one_solo=one_solo,
+    try:
+        chosen_seeds = seed_list(seeds) if seeds else [seed]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--seeds") from None
+    reports = {
+        s: asyncio.run(
+            fleet_main(
+                workers=workers,
+                seconds=seconds,
+                time_scale=time_scale,
+                seed=s,
+                load=load,
+                variants=chosen,
+                repetitions=repetitions,
+                smg_binary=None if no_smg else (smg or ""),
+                mix=mix,
+                one_solo=one_solo,
+            )
         )
-    )
+        for s in chosen_seeds
+    }
+    if len(chosen_seeds) == 1:
+        out = reports[chosen_seeds[0]]
+    else:
+        print(f"\nseeds {','.join(map(str, chosen_seeds))}:")
+        summary = print_summary(list(reports.values()))
+        out = {"seeds": {str(s): r for s, r in reports.items()}, "summary": summary}
     if json_out:
         write_json(json_out, out)

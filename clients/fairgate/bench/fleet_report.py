@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fairgate.bench.fairness_metrics import jain_of_waits
 from fairgate.bench.fleet_stacks import BASELINE, NO_LEVERS, PEER, FleetVariant
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ FIGURES = (
     "cached_fraction",
     "cached_tokens_per_s",
     "jain",
+    "jain_wait",
     "gap_over_bound",
     "light_ttft_p50_s",
     "light_ttft_p99_s",
@@ -82,11 +84,20 @@ def _figures(run: FleetRun, victim: str) -> dict[str, float]:
         "output_tokens_per_s": r.output_tokens_per_s,
         **{k: float(v) for k, v in run.cache().items() if k in FIGURES},
         "jain": r.jain,
+        "jain_wait": jain_wait(r.per_tenant, victim),
         "gap_over_bound": r.gap_over_bound,
         "light_ttft_p50_s": light.get("ttft_p50_s", math.nan),
         "light_ttft_p99_s": light.get("ttft_p99_s", math.nan),
         "light_queue_wait_p99_s": light.get("queue_wait_p99_s", math.nan),
     }
+
+
+def jain_wait(per_tenant: dict[str, dict[str, float]], victim: str) -> float:
+    """Jain over the other tenants' mean queue wait (smg: none to read, its wait is
+    its TTFT): does one of them wait longer in line than the others?"""
+    return jain_of_waits(
+        v.get("queue_wait_mean_s", math.nan) for t, v in per_tenant.items() if t != victim
+    )
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -174,11 +185,13 @@ def print_report(rep: dict[str, Any]) -> None:
         )
     print(
         "tok/s: prompt (cached included) + output tokens per simulated s; cache: the\n"
-        "cached share of completed prompts; base: fg least_full; smg: smg cache_aware"
+        "cached share of completed prompts; base: fg least_full; smg: smg cache_aware;\n"
+        "Jain: over service, the tenants backlogged together; Jwait: over the other\n"
+        "tenants' mean queue wait (smg: their mean TTFT)"
     )
     print(
         f"{'variant':<12} {'sent':>6} {'done':>6} {'unfin':>6} {'rej':>5} {'fail':>5} "
-        f"{'light p99 s':>11} {'solo p99 s':>10} {'cached Mtok':>11}"
+        f"{'light p99 s':>11} {'solo p99 s':>10} {'cached Mtok':>11} {'Jwait':>5}"
     )
     for key, r in rep["variants"].items():
         acc = r["repetitions"][-1]["accounting"]
@@ -186,5 +199,5 @@ def print_report(rep: dict[str, Any]) -> None:
             f"{key:<12} {acc['sent']:>6} {acc['completed']:>6} {acc['unfinished']:>6} "
             f"{acc['rejected']:>5} {acc['failed']:>5} {_f(r['light_ttft_p99_s'], '.3f'):>11} "
             f"{_f(r['light_solo_ttft_p99_s'], '.3f'):>10} "
-            f"{_f(r['cached_tokens'] / 1e6, '.3f'):>11}"
+            f"{_f(r['cached_tokens'] / 1e6, '.3f'):>11} {_f(r['jain_wait'], '.3f'):>5}"
         )

@@ -5,10 +5,12 @@ median (min-max) over the seeds of the light tenant's TTFT p50 and p99, its
 queue wait's p99 (the part of the TTFT spent in fairgate's queue), p99 ÷
 its solo run, p99 ÷ the bar, tokens/s ÷ fairgate without the levers and ÷ smg
 cache_aware (each ratio taken within one report, then the median), and the load
-averages the runs started and ended at.
+averages the runs started and ended at; Jain over service and over queue wait.
+A report may hold one run per seed (`bench fleet --seeds`).
 
-The bar on two workers or more is #33's: max(2 x solo p99, solo p99 + one decode
-step of a full batch), the step from the workers' cost model at their size.
+The bar is #33's: on two workers or more max(2 x solo p99, solo p99 + one decode
+step of a full batch), on one solo p99 + one prefill chunk, the steps from the
+workers' cost model at their size.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ SPREAD = (
     "tokens_per_s",
     "tokens_over_nolevers",
     "tokens_over_peer",
+    "jain",
+    "jain_wait",
 )
 
 
@@ -66,6 +70,9 @@ def rows(reports: Sequence[dict[str, Any]], bars: Bars) -> list[dict[str, Any]]:
                     "tokens_per_s": v["tokens_per_s"],
                     "tokens_over_nolevers": v["tokens_per_s_over_nolevers"],
                     "tokens_over_peer": v["tokens_per_s_over_peer"],
+                    "jain": v.get("jain", math.nan),
+                    # Older reports: none recorded.
+                    "jain_wait": v.get("jain_wait", math.nan),
                     "load": (rep.get("machine_before", ""), rep.get("machine_after", "")),
                 }
             )
@@ -104,9 +111,9 @@ def print_markdown(summary: Sequence[dict[str, Any]]) -> None:
     print(
         "| mix | workers | time scale | variant | light p50 ms | light p99 ms "
         "| queue wait p99 ms | p99 ÷ solo | p99 ÷ bar | tokens/s | ÷ fg-locality "
-        "| ÷ smg cache_aware |"
+        "| ÷ smg cache_aware | Jain | Jain wait |"
     )
-    print("|---|---:|---:|---|---|---|---|---|---|---|---|---|")
+    print("|---|---:|---:|---|---|---|---|---|---|---|---|---|---|---|")
     for s in summary:
         print(
             f"| {s['mix']} | {s['workers']} | {s['time_scale']:g} | {s['variant']} "
@@ -114,12 +121,17 @@ def print_markdown(summary: Sequence[dict[str, Any]]) -> None:
             f"| {_fmt(s['light_wait_p99_s'], '.0f', 1e3)} "
             f"| {_fmt(s['p99_over_solo'], '.1f')} | {_fmt(s['p99_over_bar'], '.2f')} "
             f"| {_fmt(s['tokens_per_s'], '.0f')} | {_fmt(s['tokens_over_nolevers'], '.3f')} "
-            f"| {_fmt(s['tokens_over_peer'], '.3f')} |"
+            f"| {_fmt(s['tokens_over_peer'], '.3f')} | {_fmt(s['jain'], '.3f')} "
+            f"| {_fmt(s['jain_wait'], '.3f')} |"
         )
 
 
-def main(paths: Sequence[str]) -> list[dict[str, Any]]:
-    reports = [json.loads(Path(p).read_text()) for p in paths]
+def reports_in(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A `bench fleet --json` file: one report, or one per seed (`--seeds`)."""
+    return list(doc["seeds"].values()) if "seeds" in doc else [doc]
+
+
+def print_summary(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     b = live_bars()
     summary = summarize(rows(reports, b))
     print(
@@ -128,6 +140,10 @@ def main(paths: Sequence[str]) -> list[dict[str, Any]]:
     )
     print_markdown(summary)
     return summary
+
+
+def main(paths: Sequence[str]) -> list[dict[str, Any]]:
+    return print_summary([r for p in paths for r in reports_in(json.loads(Path(p).read_text()))])
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from fairgate.bench.fairness_metrics import (
     backlog_intervals,
     backlogged_sets,
     jain_backlogged,
-    jain_index,
+    jain_of_waits,
     service_events,
 )
 from fairgate.bench.fairness_virtual import records as virtual_records
@@ -98,10 +98,7 @@ def jain_wait(drv: Driver) -> float:
     for c in drv.calls:
         if c.arrival.tenant_id != LIGHT and c.sent_s is not None:
             waits.setdefault(c.arrival.tenant_id, []).append(c.sent_s - c.arrival.at_s)
-    means = [statistics.fmean(w) for w in waits.values()]
-    if means and all(m == 0 for m in means):
-        return 1.0
-    return jain_index(means)
+    return jain_of_waits(statistics.fmean(w) for w in waits.values())
 
 
 def gap_over_bound(drv: Driver) -> float:

@@ -108,9 +108,10 @@ def test_short_prompts_spread_within_the_pace_then_wait_for_a_prefill_to_end() -
 
 def test_the_holds_bound_lets_a_paced_prompt_go() -> None:
     now = [0.0]
-    p = _placement(now, n=1)
+    p = _placement(now)
     _light_seen(p)
     assert p.place(_request(p, _prompt(100, 1000)), [], set()) is not None
+    assert p.place(_request(p, _prompt(100, 1500)), [], set()) is not None
     waiting = _request(p, _prompt(100, 2000))
     assert p.hold_until(waiting, [], 0.0, True) == 2.0
     now[0] = 2.0
@@ -142,4 +143,17 @@ def test_nothing_is_paced_without_an_active_light_tenant() -> None:
     p = _placement(now, n=1)
     assert p.place(_request(p, _prompt(100, 1000)), [], set()) is not None
     assert p.hold_until(_request(p, _prompt(100, 2000)), [], 0.0, True) is None
+    assert p.stagger.paced == 0
+
+
+def test_a_pool_of_one_paces_nothing() -> None:
+    """Nowhere else to go: a paced prompt would only hold its admission slot while
+    the engine orders the light request first anyway (session 25)."""
+    now = [0.0]
+    p = _placement(now, n=1)
+    _light_seen(p)
+    assert p.place(_request(p, _prompt(100, 1000)), [], set()) is not None
+    assert p.queued_short(0) == 100
+    assert p.hold_until(_request(p, _prompt(100, 2000)), [], 0.0, True) is None
+    assert p.place(_request(p, _prompt(100, 2000)), [], set()) is not None
     assert p.stagger.paced == 0
