@@ -206,11 +206,13 @@ class Generation:
                             if new_tokens > 0:
                                 ticket.charge(new_tokens)
                             prompt_tokens = chunk.prompt_tokens or prompt_tokens
+                            # What the engine held before this request: its own stages'
+                            # prefill is its work (staged_prefill.py), charged in full and
+                            # reported uncached, so the usage says what was charged.
+                            cached_tokens = chunk.cached_tokens - chunk.staged_tokens
                             if first_token_s is None and (chunk.text or chunk.token_ids):
-                                # What the engine had cached: admission charged an estimate.
-                                # Its own stages' prefill is charged in full (staged_prefill.py).
-                                ticket.cached(chunk.cached_tokens - chunk.staged_tokens)
-                            cached_tokens = chunk.cached_tokens
+                                # Admission charged an estimate: the engine's count corrects it.
+                                ticket.cached(cached_tokens)
                             retractions = max(retractions, chunk.retractions)
                             if chunk.text or chunk.token_ids:
                                 if first_token_s is None:

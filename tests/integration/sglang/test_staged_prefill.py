@@ -49,9 +49,10 @@ async def test_a_long_prompt_goes_in_stages_to_one_worker_and_is_charged_in_full
         short = await c.complete([5, 6, 7], max_tokens=2, ignore_eos=True)
     assert done.result.finish_reason == "length"
     assert done.result.usage.completion_tokens == 4
-    # The client sees what the final request reported: the three stages cached.
+    # The final request found its three stages cached, but they were its own work:
+    # the client's usage says none of it was cached, as it was charged.
     assert done.result.usage.prompt_tokens == 2000
-    assert done.result.usage.cached_tokens == 1536
+    assert done.result.usage.cached_tokens == 0
     # Those were the tenant's own prefill: charged as prompt tokens, not at 0.1.
     assert charged == pytest.approx(2000)
     # Stages 512, 1024, 1536 (prefill only), then the request, all on one worker.
@@ -111,7 +112,7 @@ async def test_one_staged_prompt_at_a_time_per_engine(
             c.complete(a, max_tokens=4, ignore_eos=True),
             c.complete(b, max_tokens=4, ignore_eos=True),
         )
-    assert [d.result.usage.cached_tokens for d in done] == [1536, 1536]
+    assert [d.result.usage.cached_tokens for d in done] == [0, 0]  # their own stages
     firsts = [body["input_ids"][0] for body in stand_in.record.requests]
     assert sorted(firsts) == [5] * 4 + [6] * 4
     grouped = firsts in ([5] * 4 + [6] * 4, [6] * 4 + [5] * 4)
@@ -134,7 +135,7 @@ async def test_cold_only_stages_a_document_once_then_sends_it_whole_where_it_is_
         second = await c.complete([*doc, *range(3000, 3300)], max_tokens=4, ignore_eos=True)
         # Cold: 1500 tokens past the document's 2000 (staged from above them).
         third = await c.complete([*doc, *range(4000, 5500)], max_tokens=4, ignore_eos=True)
-    assert first.result.usage.cached_tokens == 1536  # its own stages
+    assert first.result.usage.cached_tokens == 0  # its own stages: reported uncached
     on = next(w for w in workers if any(n == 2000 for n, _ in sent_lengths(w)))
     long_sent = [s for s in sent_lengths(on) if s[0] >= 512]
     assert long_sent[:4] == [(512, 0), (1024, 0), (1536, 0), (2000, 4)]
@@ -143,7 +144,7 @@ async def test_cold_only_stages_a_document_once_then_sends_it_whole_where_it_is_
     assert second.result.usage.cached_tokens >= 1536
     # The third's stages start above what the worker holds.
     assert long_sent[5:] == [(2048, 0), (2560, 0), (3072, 0), (3500, 4)]
-    assert third.result.usage.cached_tokens == 3072
+    assert third.result.usage.cached_tokens == 2000  # the document, held before its stages
     other = next(w for w in workers if w is not on)
     assert all(n < 512 for n, _ in sent_lengths(other))
     await assert_no_sglang_leaks(app, *workers)
