@@ -128,11 +128,6 @@ VARIANTS = {
             extra=(*LEVERS, *SLOT, *PACE),
             kv_events=True,
         ),
-        # No lever, only the reserve fair_isolation auto keeps beside them: what the
-        # reserve alone does to the heavy tenants' Jain (session 25).
-        FleetVariant(
-            "fg-reserve", "fairgate", "vtc", "locality", extra=(("fair_isolation", "reserve"),)
-        ),
         # The levers with room lent beyond the engines instead of the reserve that
         # fair_isolation auto keeps beside them (session 21: the lent room ran the
         # workers' KV full and evicted the shared prefixes; prefix mix 14x solo).
