@@ -190,14 +190,14 @@ def print_report(rep: dict[str, Any]) -> None:
         "tenants' mean queue wait (smg: their mean TTFT)"
     )
     print(
-        f"{'variant':<12} {'sent':>6} {'done':>6} {'unfin':>6} {'rej':>5} {'fail':>5} "
-        f"{'light p99 s':>11} {'solo p99 s':>10} {'cached Mtok':>11} {'Jwait':>5}"
+        f"{'variant':<12} {'sent':>5} {'done':>5} {'unfin':>5} {'rej':>4} {'fail':>4} "
+        f"{'light p99 s':>11} {'solo p99 s':>10} {'cch Mtok':>8} {'Jwait':>5}"
     )
     for key, r in rep["variants"].items():
         acc = r["repetitions"][-1]["accounting"]
         print(
-            f"{key:<12} {acc['sent']:>6} {acc['completed']:>6} {acc['unfinished']:>6} "
-            f"{acc['rejected']:>5} {acc['failed']:>5} {_f(r['light_ttft_p99_s'], '.3f'):>11} "
+            f"{key:<12} {acc['sent']:>5} {acc['completed']:>5} {acc['unfinished']:>5} "
+            f"{acc['rejected']:>4} {acc['failed']:>4} {_f(r['light_ttft_p99_s'], '.3f'):>11} "
             f"{_f(r['light_solo_ttft_p99_s'], '.3f'):>10} "
-            f"{_f(r['cached_tokens'] / 1e6, '.3f'):>11} {_f(r['jain_wait'], '.3f'):>5}"
+            f"{_f(r['cached_tokens'] / 1e6, '.3f'):>8} {_f(r['jain_wait'], '.3f'):>5}"
         )
