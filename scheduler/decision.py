@@ -65,6 +65,13 @@ class Round(Protocol[C]):
     @property
     def in_flight_kv(self) -> int: ...
 
+    @property
+    def unsent(self) -> int:
+        """Requests in flight that this replica holds unsent (paced, held cold,
+        waiting for a staged-prefill lane): a lent slot may be theirs
+        (Isolation.RESERVE_SLOTS; 0 where they are not lent)."""
+        ...
+
     def head(self) -> C | None:
         """The next request in fair order among the tenants not held (None: none)."""
         ...
@@ -226,9 +233,9 @@ def judge(
         return Verdict.OWN_LIMIT, own_wait_s
     room = (r.limits, r.in_flight, r.in_flight_kv, c.kv_tokens)
     load = None
-    if rules.needs_load(reserve_fraction, *room, isolation):
+    if rules.needs_load(reserve_fraction, *room, isolation, r.unsent):
         load = r.load(c)
-    v = rules.verdict(own_wait_s, *room, reserve_fraction, load, isolation, behind(r, c))
+    v = rules.verdict(own_wait_s, *room, reserve_fraction, load, isolation, behind(r, c), r.unsent)
     return v, own_wait_s
 
 

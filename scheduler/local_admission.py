@@ -39,7 +39,7 @@ from scheduler.gate_stats import (
 from scheduler.local_round import QueueRound
 from scheduler.ordering.policy import QueuePolicy
 from scheduler.quotas import QuotaLedger, Reservation
-from scheduler.request import Locality, QueuedRequest
+from scheduler.request import Locality, QueuedRequest, Unsent
 from scheduler.reserve import FairShareReserve
 from scheduler.tenancy.tenants import TenantRegistry
 from scheduler.timers import Timers
@@ -65,6 +65,7 @@ class LocalAdmission:
         isolation: rules.Isolation = rules.Isolation.RESERVE,
         locality: Locality | None = None,
         allowance: float = 0.0,
+        unsent: Unsent | None = None,
     ) -> None:
         """`reserve_fraction`: share of the engine kept for tenants below their
         fair share (see `FairShareReserve`; 0 turns it off; never applied under a
@@ -75,7 +76,8 @@ class LocalAdmission:
         `locality`: how many of a request's prompt tokens a worker with room
         holds (an engine pool's prefix index); with it, the head of a tenant
         within `allowance` weighted tokens of the first in fair order may go first
-        (`rules.locality_pick`)."""
+        (`rules.locality_pick`). `unsent`: how many admitted requests the engine
+        pool holds unsent (RESERVE_SLOTS lends their slots to light tenants)."""
         self.policy = policy
         self.budget = budget
         self.clock = clock
@@ -90,6 +92,7 @@ class LocalAdmission:
         self.isolation = isolation
         self.locality = locality
         self.allowance = allowance
+        self.unsent = unsent
         self.locality_picks_total = 0
         # Paused tenant -> resume time (inf: at the next finish of one of its requests).
         self._paused_until: dict[str, float] = {}
@@ -278,6 +281,7 @@ def local_dispatcher(
     idle_ttl_s: float = 600.0,
     locality: Locality | None = None,
     allowance: float = 0.0,
+    unsent: Unsent | None = None,
 ) -> LocalDispatcher:
     """The dispatcher of one process (arguments: `Dispatcher`, `LocalAdmission`)."""
     state = LocalAdmission(
@@ -290,6 +294,7 @@ def local_dispatcher(
         isolation=isolation,
         locality=locality,
         allowance=allowance,
+        unsent=unsent,
     )
     return Dispatcher(
         state, clock, timers=timers, expire_deadlines=expire_deadlines, idle_ttl_s=idle_ttl_s

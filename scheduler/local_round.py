@@ -38,6 +38,10 @@ class QueueRound:
     def in_flight_kv(self) -> int:
         return self.s.budget.engine.kv_tokens
 
+    @property
+    def unsent(self) -> int:
+        return 0 if self.s.unsent is None else self.s.unsent()
+
     def head(self) -> QueuedRequest | None:
         s = self.s
         while (head := s.policy.peek_next()) is not None:

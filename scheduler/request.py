@@ -62,3 +62,6 @@ class QueuedRequest:
 # How many of a queued request's prompt tokens a worker with room for it holds
 # (an engine pool's prefix index): what locality-aware admission prefers.
 Locality = Callable[[QueuedRequest], int]
+# How many requests admitted here an engine does not have yet (an engine pool's
+# paced, held and laned prompts): RESERVE_SLOTS lends their slots.
+Unsent = Callable[[], int]

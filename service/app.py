@@ -9,6 +9,7 @@ import logging
 import grpc
 from grpc_health.v1._async import HealthServicer
 
+from scheduler import rules
 from scheduler.clock import MonotonicClock
 from scheduler.errors import StoreUnavailable
 from scheduler.key_gate import KeyGate
@@ -143,9 +144,12 @@ class App:
         tenants = directory.registry
         options = policy_options(settings, clock, tenants, directory.weight_of)
         isolation = isolation_for(settings, cap)
-        placement = engine.placement if isinstance(engine, WorkerPool) else None
+        pool = engine if isinstance(engine, WorkerPool) else None
+        placement = None if pool is None else pool.placement
         if placement is not None and placement.routing != "locality":
             placement = None
+        lends_unsent = settings.fair_light_takes_unsent_slots
+        lends_unsent = lends_unsent and isolation is rules.Isolation.RESERVE_SLOTS
         dispatcher = await build_dispatcher(
             settings,
             options,
@@ -155,6 +159,7 @@ class App:
             model_name,
             isolation,
             None if placement is None else placement.cached_prefix,
+            pool.unsent if pool is not None and lends_unsent else None,
         )
         undo.push_async_callback(dispatcher.aclose)
         if placement is not None and settings.store == "redis":

@@ -107,6 +107,13 @@ class Settings(EngineSettings, ServingSettings, BaseSettings):
         "and the engine retracts one running request for it; admission lends it a request "
         "slot beyond the room (up to fair_reserve_fraction of them), never KV.",
     )
+    fair_light_takes_unsent_slots: bool = _s(
+        False,
+        "With fair_light_takes_slot: admission also lends a light tenant the slots of "
+        "requests it admitted that no worker has yet (held by sglang_cold_start_hold_s, "
+        "paced by sglang_stagger_pace_tokens, or waiting for a worker's staged-prefill "
+        "lane), never KV.",
+    )
     fair_light_credit: float = _s(
         4096.0,
         "How far ahead (weighted tokens per unit weight) a light tenant is ordered; adds "

@@ -84,6 +84,11 @@ def rule_problems(s: Settings) -> list[tuple[tuple[str, ...], str]]:
         "staged prefill runs with engine simulator or sglang-http (not in-process yet)",
     )
     need(
+        not s.fair_light_takes_unsent_slots or s.fair_light_takes_slot,
+        ("fair_light_takes_unsent_slots", "fair_light_takes_slot"),
+        "fair_light_takes_unsent_slots lends slots beside fair_light_takes_slot: set both",
+    )
+    need(
         s.engine != "sglang" or bool(s.sglang_model_path),
         ("engine", "sglang_model_path"),
         "engine sglang needs sglang_model_path",

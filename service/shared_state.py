@@ -17,7 +17,7 @@ from scheduler.key_gate import KeyState, MemoryKeyState
 from scheduler.local_admission import local_dispatcher
 from scheduler.ordering.policies import PolicyOptions, make_policy
 from scheduler.redis_io import connect
-from scheduler.request import Locality
+from scheduler.request import Locality, Unsent
 from scheduler.shared.admission import SharedOptions, shared_dispatcher
 from scheduler.state.redis_key_state import RedisKeyState
 from scheduler.state.redis_store import RedisStore
@@ -77,8 +77,10 @@ async def build_dispatcher(
     model_name: str,
     isolation: rules.Isolation = rules.Isolation.RESERVE,
     locality: Locality | None = None,
+    unsent: Unsent | None = None,
 ) -> AdmissionGate:
-    """`locality`: the engine pool's prefix index, for locality-aware admission."""
+    """`locality`: the engine pool's prefix index, for locality-aware admission;
+    `unsent`: its admitted requests held unsent (RESERVE_SLOTS lends their slots)."""
     if settings.store == "memory":
         return local_dispatcher(
             make_policy(settings.policy, options),
@@ -91,6 +93,7 @@ async def build_dispatcher(
             idle_ttl_s=settings.idle_tenant_ttl_s,
             locality=locality,
             allowance=settings.fair_allowance_tokens,
+            unsent=unsent,
         )
     if settings.policy != "vtc":
         raise ValueError("store=redis shares the vtc policy's state; set policy=vtc")
@@ -122,6 +125,7 @@ async def build_dispatcher(
             w_out=settings.vtc_w_out,
             w_cached=settings.vtc_w_cached,
             locality=locality,
+            unsent=unsent,
             flush_s=settings.redis_flush_ms / 1000,
             poll_s=settings.redis_poll_ms / 1000,
             heartbeat_s=settings.redis_heartbeat_s,

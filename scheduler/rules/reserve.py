@@ -26,7 +26,9 @@ class Isolation(enum.Enum):
     # of the request slots beyond the room, never KV beyond it: its engine retracts
     # a running request for the slot (fair_light_takes_slot). Traced live, the
     # light tenant's slowest first tokens waited in admission with every slot
-    # counted and the KV a third used (docs/benchmarks.md, session 24).
+    # counted and the KV a third used (docs/benchmarks.md, session 24). The slots of
+    # requests admitted but not yet at an engine (`unsent`: paced, held cold, waiting
+    # for a worker's staged-prefill lane) may be lent as well: no engine runs them.
     RESERVE_SLOTS = "reserve+slots"
 
 
@@ -42,12 +44,20 @@ def fits_lent(
 
 
 def fits_slot_lent(
-    fraction: float, limits: AdmissionLimits, in_flight: int, in_flight_kv: int, kv_tokens: int
+    fraction: float,
+    limits: AdmissionLimits,
+    in_flight: int,
+    in_flight_kv: int,
+    kv_tokens: int,
+    unsent: int = 0,
 ) -> bool:
     """Does `kv_tokens` more fit the room's KV, and one more request its slots plus
-    the `fraction` lent beyond them (RESERVE_SLOTS)?"""
+    the `fraction` lent beyond them and the `unsent` (RESERVE_SLOTS)? `unsent`:
+    requests counted in flight that no engine has yet (their KV still counts: it
+    will be at an engine soon)."""
     lent_requests, _ = fraction_of_room(fraction, limits)
-    return in_flight + 1 <= limits.max_requests + lent_requests and (
+    at_engines = in_flight - min(max(0, unsent), in_flight)
+    return at_engines + 1 <= limits.max_requests + lent_requests and (
         in_flight == 0 or in_flight_kv + kv_tokens <= limits.max_kv_tokens
     )
 

@@ -44,12 +44,14 @@ def verdict(
     load: TenantLoad | None,
     isolation: Isolation = Isolation.RESERVE,
     behind_elsewhere: bool = False,
+    unsent: int = 0,
 ) -> Verdict:
     """The one order of the checks on the head of the next tenant in line.
 
     `load` is needed only when the reserve (or the lent room, or a lent slot)
     applies; callers that compute it lazily pass None and ask `needs_load` first.
     `behind_elsewhere`: `behind` says another replica's tenant comes first.
+    `unsent`: requests in flight that no engine has yet (a lent slot may be theirs).
     """
     if own_wait_s > 0:
         return Verdict.OWN_LIMIT
@@ -58,7 +60,9 @@ def verdict(
     room = fits(limits, in_flight, in_flight_kv, kv_tokens)
     if not room:
         # Beyond the room: the lent room (PREEMPT) or a lent slot (RESERVE_SLOTS).
-        if not needs_load(reserve_fraction, limits, in_flight, in_flight_kv, kv_tokens, isolation):
+        if not needs_load(
+            reserve_fraction, limits, in_flight, in_flight_kv, kv_tokens, isolation, unsent
+        ):
             return Verdict.FULL
         if load is None:
             raise ValueError("the lent room applies: pass the tenant's load")
@@ -93,10 +97,11 @@ def needs_load(
     in_flight_kv: int,
     kv: int,
     isolation: Isolation = Isolation.RESERVE,
+    unsent: int = 0,
 ) -> bool:
     """Does the reserve (RESERVE), the lent room (PREEMPT) or a lent slot
-    (RESERVE_SLOTS, beyond the room) apply to this admission, so that `verdict`
-    needs the tenant's load?"""
+    (RESERVE_SLOTS, beyond the room, `unsent` slots included) apply to this
+    admission, so that `verdict` needs the tenant's load?"""
     if reserve_fraction <= 0:
         return False
     room = fits(limits, in_flight, in_flight_kv, kv)
@@ -104,6 +109,6 @@ def needs_load(
         return not room and fits_lent(reserve_fraction, limits, in_flight, in_flight_kv, kv)
     if not room:
         return isolation is Isolation.RESERVE_SLOTS and fits_slot_lent(
-            reserve_fraction, limits, in_flight, in_flight_kv, kv
+            reserve_fraction, limits, in_flight, in_flight_kv, kv, unsent
         )
     return in_reserve(reserve_fraction, limits, in_flight, in_flight_kv, kv)

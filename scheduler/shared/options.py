@@ -8,7 +8,7 @@ from typing import Literal
 from scheduler import rules
 from scheduler.budget import AdmissionLimits
 from scheduler.ordering.vtc import DEFAULT_BATCH_EVERY_N
-from scheduler.request import Locality
+from scheduler.request import Locality, Unsent
 from scheduler.state.store import Step
 from scheduler.tenancy.tenants import TenantRegistry
 
@@ -39,6 +39,9 @@ class SharedOptions:
     # The engine pool's prefix index: how much of a request's prompt a worker
     # with room holds, offered with each candidate (locality; None: none).
     locality: Locality | None = None
+    # The engine pool's admitted requests held unsent, sent with every step
+    # (RESERVE_SLOTS lends their slots; None: none).
+    unsent: Unsent | None = None
     flush_s: float = 0.005
     poll_s: float = 0.02
     heartbeat_s: float = 1.0
@@ -68,6 +71,7 @@ class SharedOptions:
             reserve_window_s=self.reserve_window_s,
             isolation=self.isolation,
             light_credit=self.light_credit,
+            unsent=0 if self.unsent is None else self.unsent(),
             allowance=self.allowance,
         )
 

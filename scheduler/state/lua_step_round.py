@@ -54,10 +54,12 @@ local function fits_lent(n_now, kv_now, c)
   local lent_kv = max_kv * reserve_fraction
   return n_now + 1 <= max_req + lent_req and kv_now + c.kv <= max_kv + lent_kv
 end
--- rules.fits_slot_lent: the room's KV, its slots plus the fraction lent (RESERVE_SLOTS)
+-- rules.fits_slot_lent: the room's KV, its slots plus the fraction lent and the
+-- requests in flight no engine has yet (RESERVE_SLOTS)
 local function fits_slot_lent(n_now, kv_now, c)
   local lent_req = math.ceil(max_req * reserve_fraction)
-  return n_now + 1 <= max_req + lent_req and (n_now == 0 or kv_now + c.kv <= max_kv)
+  local at_engines = n_now - math.min(math.max(0, unsent), n_now)
+  return at_engines + 1 <= max_req + lent_req and (n_now == 0 or kv_now + c.kv <= max_kv)
 end
 -- each backlogged tenant's queue length summed over the replicas it is backlogged
 -- on (held ones count theirs; unknown: heavy) (store_round.py: _fleet_queued)

@@ -25,7 +25,8 @@ local preempt = ARGV[12] == '1'  -- rules.Isolation.PREEMPT
 local lend_slots = ARGV[12] == '2'  -- rules.Isolation.RESERVE_SLOTS
 local allowance = num(ARGV[13])  -- rules.behind, rules.locality_pick; < 0: off
 local w_cached = num(ARGV[14])
-local i = 15
+local unsent = num(ARGV[15])  -- rules.fits_slot_lent: this replica's requests held unsent
+local i = 16
 -- still active for the reserve a while after its last request left (memory_store.py)
 local function seen(tenant)
   if reserve_window > 0 then redis.call('ZADD', RC, now + reserve_window, tenant) end

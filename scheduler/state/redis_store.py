@@ -173,6 +173,7 @@ class RedisStore:
             _ISOLATION_ARG[step.isolation],
             "-1" if math.isinf(step.allowance) else repr(float(step.allowance)),
             repr(float(step.w_cached)),
+            str(step.unsent),
         ]
         tenants: set[str] = set()
         args.append(str(len(step.settlements)))

@@ -109,6 +109,9 @@ class Step:
     isolation: rules.Isolation = rules.Isolation.RESERVE
     # Counter order: a light candidate goes this far ahead (rules.order_key).
     light_credit: float = 0.0
+    # Requests this replica admitted and holds unsent (RESERVE_SLOTS lends their
+    # slots: rules.fits_slot_lent; 0: none lent).
+    unsent: int = 0
     # Fleet order (rules.behind): a candidate more than this many weighted tokens
     # behind a tenant backlogged on another replica waits for that replica
     # (inf: off, each replica's candidates are compared among themselves only).

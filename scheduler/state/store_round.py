@@ -65,6 +65,10 @@ class StoreRound:
     def in_flight_kv(self) -> int:
         return self.s.engine.kv_tokens
 
+    @property
+    def unsent(self) -> int:
+        return self.step.unsent
+
     def _rank(self, t: str) -> tuple[float, int, int, int]:
         """Tenant `t`'s place in fair order (`rules.vtc_rank`, then the offer's order)."""
         i = self.pending[t][0]

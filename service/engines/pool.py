@@ -139,6 +139,7 @@ class WorkerPool:
         self._where: dict[str, Worker] = {}
         # Set (and replaced) whenever a worker's prefill ends: held prompts look again.
         self._prefill_ended = asyncio.Event()
+        self._holding = 0  # requests in `_hold` now
         self._task: asyncio.Task[None] | None = None
         self._context_tokens = 0
         self._vocab_size = 0
@@ -282,12 +283,26 @@ class WorkerPool:
     async def _hold(self, req: EngineRequest, keys: list[int]) -> None:
         """Cold-start hold (`Placement.hold_until`): wait, unsent, while it says so,
         looking again each time a worker's prefill ends."""
-        since_s, first = self.clock(), True
-        while (until_s := self.placement.hold_until(req, keys, since_s, first)) is not None:
-            first = False
-            ended = self._prefill_ended
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ended.wait(), max(0.0, until_s - self.clock()))
+        since_s = self.clock()
+        until_s = self.placement.hold_until(req, keys, since_s, True)
+        if until_s is None:
+            return
+        self._holding += 1
+        try:
+            while until_s is not None:
+                ended = self._prefill_ended
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), max(0.0, until_s - self.clock()))
+                until_s = self.placement.hold_until(req, keys, since_s, False)
+        finally:
+            self._holding -= 1
+
+    def unsent(self) -> int:
+        """Admitted requests no worker has yet: held (`_hold`: cold, or paced) or
+        waiting for a worker's staged-prefill lane (admission may lend their slots
+        to a light tenant: fair_light_takes_unsent_slots)."""
+        lanes = sum(w.engine.stage_lane.waiting for w in self.workers)
+        return self._holding + lanes
 
     def _prefill_end(self) -> None:
         self._prefill_ended.set()

@@ -155,13 +155,19 @@ class StageLane:
     """An engine's lane for staged requests (`StagedPrefill.one_at_a_time`): held
     by one staged request from its first stage to its first token, FIFO."""
 
-    __slots__ = ("_lock",)
+    __slots__ = ("_lock", "waiting")
 
     def __init__(self) -> None:
         self._lock = asyncio.Lock()  # FIFO among waiters
+        # Requests waiting for their turn, unsent (admission may lend their slots).
+        self.waiting = 0
 
     async def acquire(self) -> None:
-        await self._lock.acquire()
+        self.waiting += 1
+        try:
+            await self._lock.acquire()
+        finally:
+            self.waiting -= 1
 
     def release(self) -> None:
         self._lock.release()

@@ -349,7 +349,8 @@ def bench_stagger(
             help="engines that schedule by priority and preempt (as `bench fleet`'s workers, "
             "SGLang --enable-priority-scheduling) with fair_isolation auto (lends room beyond "
             "them, keeps a reserve beside staggered prefill), preempt or reserve; auto+slot: "
-            "auto with fair_light_takes_slot; fcfs: FCFS engines and the reserve (every table "
+            "auto with fair_light_takes_slot; auto+unsent: auto+slot with "
+            "fair_light_takes_unsent_slots; fcfs: FCFS engines and the reserve (every table "
             "before session 21)"
         ),
     ] = "auto",

@@ -75,6 +75,7 @@ class Driver:
         replicas: int = 1,
         share: bool = True,
         kv_events: bool = False,
+        lend_unsent: bool = False,
     ) -> None:
         self.clock = clock or FakeClock()
         self.timers = ManualTimers(self.clock)
@@ -110,6 +111,8 @@ class Driver:
             isolation=isolation,
             locality=locality,
             allowance=allowance,
+            # fair_light_takes_unsent_slots: the slots of the fleet's unsent requests.
+            unsent=self.fleet.unsent if lend_unsent else None,
         )
         self.w_in, self.w_out = w_in, w_out
         # A cached prompt token's charge, as the policy makes it (the monitor's too).

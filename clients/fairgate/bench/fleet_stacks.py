@@ -78,9 +78,10 @@ LEVERS: tuple[tuple[str, object], ...] = (
 
 # A light request takes a full worker's slot by preemption (session 23); short
 # prompts paced to 128 queued tokens a worker while the light tenant is active
-# (session 24).
+# (session 24); admission lends it the slots of prompts held unsent (session 26).
 SLOT: tuple[tuple[str, object], ...] = (("fair_light_takes_slot", True),)
 PACE: tuple[tuple[str, object], ...] = (("sglang_stagger_pace_tokens", 128),)
+UNSENT: tuple[tuple[str, object], ...] = (("fair_light_takes_unsent_slots", True),)
 
 
 VARIANTS = {
@@ -113,6 +114,15 @@ VARIANTS = {
         FleetVariant(
             "fg-pace", "fairgate", "vtc", "locality", extra=(*LEVERS, *SLOT, *PACE), kv_events=True
         ),
+        # ... and the slots of prompts held unsent lent to the light tenant.
+        FleetVariant(
+            "fg-unsent",
+            "fairgate",
+            "vtc",
+            "locality",
+            extra=(*LEVERS, *SLOT, *PACE, *UNSENT),
+            kv_events=True,
+        ),
         # The stages alone (no stagger, no hold): every step short wherever a
         # prompt lands, no worker kept off the long prefill (session 17).
         FleetVariant("fg-staged", "fairgate", "vtc", "locality", extra=STAGED, kv_events=True),
@@ -126,6 +136,15 @@ VARIANTS = {
             "locality",
             2,
             extra=(*LEVERS, *SLOT, *PACE),
+            kv_events=True,
+        ),
+        FleetVariant(
+            "fg-unsent-2r",
+            "fairgate",
+            "vtc",
+            "locality",
+            2,
+            extra=(*LEVERS, *SLOT, *PACE, *UNSENT),
             kv_events=True,
         ),
         # The levers with room lent beyond the engines instead of the reserve that

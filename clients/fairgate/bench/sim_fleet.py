@@ -151,6 +151,11 @@ class SimFleet:
         # Admitted, held unsent by the cold-start hold, oldest first.
         self._held: list[Call] = []
 
+    def unsent(self) -> int:
+        """Admitted requests no engine has: held (as the pool's `_hold`) or waiting
+        for a worker's lane (as `WorkerPool.unsent`)."""
+        return len(self._held) + sum(len(w.lane_queue) for w in self.workers)
+
     def cached_prefix(self, req: QueuedRequest) -> int:
         """Admission's locality estimate, from the placement of the request's replica."""
         return self._placement_of(req).cached_prefix(req)

@@ -213,6 +213,8 @@ class EngineMode:
     # fair_light_takes_slot: beside the reserve, a light request takes a full
     # worker's slot by preemption, and admission lends it a slot (RESERVE_SLOTS).
     takes_slot: bool = False
+    # fair_light_takes_unsent_slots: ... and the slots of requests held unsent.
+    unsent: bool = False
 
     def resolve(self, stagger: Stagger | None, sim: SimConfig) -> Isolation:
         """Admission's isolation beside engines of `sim` (`sim_config`) and `stagger`."""
@@ -233,6 +235,7 @@ ENGINE_MODES = {
     "preempt": EngineMode(True, "preempt"),
     "reserve": EngineMode(True, "reserve"),
     "auto+slot": EngineMode(True, "auto", takes_slot=True),
+    "auto+unsent": EngineMode(True, "auto", takes_slot=True, unsent=True),
     "fcfs": FCFS,
 }
 
@@ -296,6 +299,7 @@ def fleet(
         replicas=replicas,
         share=share,
         kv_events=kv_events,
+        lend_unsent=mode.unsent and isolation is Isolation.RESERVE_SLOTS,
     )
     drv.run(arrivals, max_steps=10_000_000)
     return drv

@@ -75,6 +75,7 @@ async def _end(
     await asyncio.gather(*busy, return_exceptions=True)
     await eventually(lambda: pool.in_flight == 0, what="all ended")
     assert pool.placement.pending_prefill == [0, 0]
+    assert pool.unsent() == 0
     await assert_no_sglang_leaks(app, *workers)
 
 
@@ -87,6 +88,7 @@ async def test_a_cold_long_prompt_waits_until_a_workers_prefill_ends(
         cold = await _held(pool, c)
         await asyncio.sleep(0.2)
         assert not _sent(workers, 6)  # still held: both workers mid-prefill
+        assert pool.unsent() == 1  # admitted, no worker has it (a light tenant may have its slot)
         _release_first_chunks(workers)
         for t in busy[1:]:  # worker 1's prefills end (they leave)
             t.cancel()

@@ -107,11 +107,24 @@ async def test_one_staged_prompt_at_a_time_per_engine(
     settings = {**STAGED, "staged_prefill_one_at_a_time": one_at_a_time}
     app = await start_server(**sglang_settings(stand_in, **settings))
     a, b = [5, *range(200, 2199)], [6, *range(200, 2199)]  # 2000 tokens each, no shared prefix
+    pool = app.engine
+    assert isinstance(pool, WorkerPool)
+    unsent: list[int] = []  # the pool's unsent requests, watched (the second one in the lane)
+
+    async def watch() -> None:
+        while True:
+            unsent.append(pool.unsent())
+            await asyncio.sleep(0.002)
+
+    watcher = asyncio.create_task(watch())
     async with AsyncClient(app.address) as c:
         done = await asyncio.gather(
             c.complete(a, max_tokens=4, ignore_eos=True),
             c.complete(b, max_tokens=4, ignore_eos=True),
         )
+    watcher.cancel()
+    assert max(unsent) == (1 if one_at_a_time else 0)
+    assert pool.unsent() == 0
     assert [d.result.usage.cached_tokens for d in done] == [0, 0]  # their own stages
     firsts = [body["input_ids"][0] for body in stand_in.record.requests]
     assert sorted(firsts) == [5] * 4 + [6] * 4

@@ -58,16 +58,18 @@ def judged(
     req: QueuedRequest,
     isolation: Isolation,
     queued: int = 1,
+    unsent: int = 0,
 ) -> Verdict:
     """`rules.verdict` on `req` under `isolation`, its tenant with `queued` requests
-    queued (it one of them), the load asked only where `needs_load` says."""
+    queued (it one of them), `unsent` of those in flight held unsent, the load
+    asked only where `needs_load` says."""
     for _ in range(queued):
         reserve.on_queued(kv_req(req.tenant_id))
     room = (budget.limits, budget.engine.requests, budget.engine.kv_tokens, req.kv_tokens)
     load = None
-    if needs_load(reserve.fraction, *room, isolation):
+    if needs_load(reserve.fraction, *room, isolation, unsent):
         load = reserve.load(req.tenant_id, budget.limits)
-    return verdict(0.0, *room, reserve.fraction, load, isolation)
+    return verdict(0.0, *room, reserve.fraction, load, isolation, unsent=unsent)
 
 
 def kv_req(tenant: str, kv: int = 100) -> QueuedRequest:

@@ -1,7 +1,8 @@
 """A lent slot (rules.Isolation.RESERVE_SLOTS, fair_light_takes_slot beside the
 reserve): a light tenant below its share may take a request slot beyond the room,
-never KV beyond it (its engine retracts a running request for the slot); with
-room, the reserve as RESERVE keeps it."""
+never KV beyond it (its engine retracts a running request for the slot), and the
+slots of requests admitted but held unsent; with room, the reserve as RESERVE
+keeps it."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ def _verdict(
     req: QueuedRequest,
     queued: int = 1,
     isolation: Isolation = SLOTS,
+    unsent: int = 0,
 ) -> Verdict:
-    return judged(reserve, budget, req, isolation, queued)
+    return judged(reserve, budget, req, isolation, queued, unsent)
 
 
 def _full(slots: int = 16, kv: int = 100_000) -> tuple[FairShareReserve, AdmissionBudget]:
@@ -73,3 +75,28 @@ def test_with_room_it_is_the_reserve() -> None:
     flood = kv_req("flood")
     assert _verdict(reserve, budget, flood, queued=9) is Verdict.HOLD
     assert _verdict(reserve, budget, flood, isolation=Isolation.RESERVE) is Verdict.HOLD
+
+
+def test_the_slots_of_unsent_requests_are_lent_too() -> None:
+    reserve, budget = _full()  # 16 of 16 slots, 2 lent beyond them
+    fill(reserve, budget, "victim", 2)  # the two lent slots taken
+    assert _verdict(reserve, budget, kv_req("victim")) is Verdict.FULL
+    # Three of the flood's requests wait unsent (paced, held, in a lane): their
+    # slots are no engine's, so the light tenant may have them.
+    assert _verdict(reserve, budget, kv_req("victim"), unsent=3) is Verdict.ADMIT
+    fill(reserve, budget, "victim", 3)
+    assert _verdict(reserve, budget, kv_req("victim"), unsent=3) is Verdict.FULL
+    # Never to a heavy tenant, never KV beyond the room, never under RESERVE.
+    assert _verdict(reserve, budget, kv_req("flood"), rules.LIGHT_QUEUE + 1, unsent=9) is (
+        Verdict.FULL
+    )
+    assert _verdict(reserve, budget, kv_req("victim"), isolation=Isolation.RESERVE, unsent=9) is (
+        Verdict.FULL
+    )
+
+
+def test_unsent_never_lends_kv_and_counts_at_most_what_is_in_flight() -> None:
+    reserve, budget = _full(kv=16 * 100 + 150)
+    assert _verdict(reserve, budget, kv_req("victim", kv=151), unsent=16) is Verdict.FULL
+    assert rules.fits_slot_lent(0.0, AdmissionLimits(2, 1000), 2, 200, 100, unsent=5)
+    assert not rules.fits_slot_lent(0.0, AdmissionLimits(2, 1000), 3, 200, 100, unsent=1)

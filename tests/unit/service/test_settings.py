@@ -109,3 +109,10 @@ def test_direct_construction_and_replace_validate_too() -> None:
         base.replace(workers=4)
     with pytest.raises(SettingsError, match="unknown setting"):
         base.replace(wrokers=4)
+
+
+def test_unsent_slots_are_lent_only_beside_a_lent_slot() -> None:
+    with pytest.raises(SettingsError, match="set both"):
+        Settings().replace(fair_light_takes_unsent_slots=True)
+    both = Settings().replace(fair_light_takes_unsent_slots=True, fair_light_takes_slot=True)
+    assert both.fair_light_takes_unsent_slots
