@@ -123,6 +123,16 @@ VARIANTS = {
             extra=(*LEVERS, *SLOT, *PACE, *UNSENT),
             kv_events=True,
         ),
+        # ... with stages of 512 tokens: fewer stage requests, each a round trip
+        # that the lane waits for (the long mix's tokens/s, session 26).
+        FleetVariant(
+            "fg-pace-s512",
+            "fairgate",
+            "vtc",
+            "locality",
+            extra=(*LEVERS, *SLOT, *PACE, ("staged_prefill_stage_tokens", 512)),
+            kv_events=True,
+        ),
         # The stages alone (no stagger, no hold): every step short wherever a
         # prompt lands, no worker kept off the long prefill (session 17).
         FleetVariant("fg-staged", "fairgate", "vtc", "locality", extra=STAGED, kv_events=True),
