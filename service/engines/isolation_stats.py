@@ -42,3 +42,9 @@ def isolation_counts(engine: object) -> dict[str, int]:
         counts["stages_evicted"] += s.evicted
         counts["stages_refused"] += s.refused
     return counts
+
+
+def unsent_requests(engine: object) -> int | None:
+    """Requests admitted that no worker has yet (a pool's held, paced and laned
+    prompts: `WorkerPool.unsent`); None for an engine that holds none back."""
+    return engine.unsent() if isinstance(engine, WorkerPool) else None

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from service.engines.isolation_stats import isolation_counts
+from service.engines.isolation_stats import isolation_counts, unsent_requests
 from service.telemetry import names as n
 from service.telemetry.instruments import Instruments
 from service.telemetry.interceptor import TelemetryInterceptor
@@ -74,7 +74,8 @@ class Telemetry(Instruments):
             "fairgate.engine.in_flight",
             [self._engine_in_flight],
             "{request}",
-            "Requests admitted to the engine (and the admission limit)",
+            "Requests admitted to the engine (and the admission limit; a pool's admitted "
+            "requests no worker has yet: unsent)",
         )
         m.create_observable_counter(
             "fairgate.engine.lent_admissions",
@@ -215,9 +216,11 @@ class Telemetry(Instruments):
             yield model, model.dispatcher.stats(), _model_attrs(model)
 
     def _engine_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
-        for _model, stats, attrs in self._per_model():
+        for model, stats, attrs in self._per_model():
             yield Observation(stats.in_flight, {**attrs, "fairgate.kind": "used"})
             yield Observation(stats.limits.max_requests, {**attrs, "fairgate.kind": "limit"})
+            if (unsent := unsent_requests(model.engine)) is not None:
+                yield Observation(unsent, {**attrs, "fairgate.kind": "unsent"})
 
     def _lent_admissions(self, _: CallbackOptions) -> Iterable[Observation]:
         for _model, stats, attrs in self._per_model():

@@ -12,9 +12,11 @@ from fairgate import AsyncClient, Completion
 from service.app import App
 from service.engines.pool import WorkerPool
 from service.engines.simulator.sim_server import SimServer
+from service.telemetry.telemetry import Telemetry
 from tests.conftest import StartServer
 from tests.helpers import eventually
 from tests.sglang_helpers import StartSim, assert_no_sglang_leaks, sglang_settings
+from tests.telemetry_helpers import Captured
 
 
 def _sent(workers: list[SimServer], first_token: int) -> bool:
@@ -49,13 +51,16 @@ async def _both_mid_prefill(
 
 
 async def _pool_of_two(
-    start_server: StartServer, start_sim: StartSim, hold_s: float
+    start_server: StartServer,
+    start_sim: StartSim,
+    hold_s: float,
+    telemetry: Telemetry | None = None,
 ) -> tuple[App, WorkerPool, list[SimServer]]:
     workers = [await start_sim(time_scale=0.1, max_running_requests=8) for _ in range(2)]
     settings = sglang_settings(
         *workers, sglang_stagger_prefill_tokens=1024, sglang_cold_start_hold_s=hold_s
     )
-    app = await start_server(**settings)
+    app = await start_server(**settings, telemetry=telemetry)
     assert isinstance(app.engine, WorkerPool)
     return app, app.engine, workers
 
@@ -80,15 +85,16 @@ async def _end(
 
 
 async def test_a_cold_long_prompt_waits_until_a_workers_prefill_ends(
-    start_server: StartServer, start_sim: StartSim
+    start_server: StartServer, start_sim: StartSim, captured: Captured
 ) -> None:
-    app, pool, workers = await _pool_of_two(start_server, start_sim, 30.0)
+    app, pool, workers = await _pool_of_two(start_server, start_sim, 30.0, captured.telemetry)
     async with AsyncClient(app.address) as c:
         busy = await _both_mid_prefill(pool, workers, c)
         cold = await _held(pool, c)
         await asyncio.sleep(0.2)
         assert not _sent(workers, 6)  # still held: both workers mid-prefill
         assert pool.unsent() == 1  # admitted, no worker has it (a light tenant may have its slot)
+        assert captured.value("fairgate.engine.in_flight", {"fairgate.kind": "unsent"}) == 1
         _release_first_chunks(workers)
         for t in busy[1:]:  # worker 1's prefills end (they leave)
             t.cancel()
