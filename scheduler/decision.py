@@ -232,10 +232,11 @@ def judge(
     if own_wait_s > 0:
         return Verdict.OWN_LIMIT, own_wait_s
     room = (r.limits, r.in_flight, r.in_flight_kv, c.kv_tokens)
+    unsent = r.unsent  # a pool asked once: it sums its workers' lanes
     load = None
-    if rules.needs_load(reserve_fraction, *room, isolation, r.unsent):
+    if rules.needs_load(reserve_fraction, *room, isolation, unsent):
         load = r.load(c)
-    v = rules.verdict(own_wait_s, *room, reserve_fraction, load, isolation, behind(r, c), r.unsent)
+    v = rules.verdict(own_wait_s, *room, reserve_fraction, load, isolation, behind(r, c), unsent)
     return v, own_wait_s
 
 

@@ -84,6 +84,14 @@ PACE: tuple[tuple[str, object], ...] = (("sglang_stagger_pace_tokens", 128),)
 UNSENT: tuple[tuple[str, object], ...] = (("fair_light_takes_unsent_slots", True),)
 
 
+PACED = (*LEVERS, *SLOT, *PACE)
+
+
+def _levers(key: str, extra: tuple[tuple[str, object], ...], replicas: int = 1) -> FleetVariant:
+    """A variant with isolation levers: fairgate, vtc, locality, KV events."""
+    return FleetVariant(key, "fairgate", "vtc", "locality", replicas, extra=extra, kv_events=True)
+
+
 VARIANTS = {
     v.key: v
     for v in (
@@ -93,81 +101,27 @@ VARIANTS = {
         FleetVariant("smg-cache", "smg", "cache_aware"),
         FleetVariant("smg-rr", "smg", "round_robin"),
         FleetVariant("fg-loc-2r", "fairgate", "vtc", "locality", replicas=2),
-        FleetVariant(
-            "fg-stagger",
-            "fairgate",
-            "vtc",
-            "locality",
-            extra=STAGGER,
-        ),
-        FleetVariant("fg-levers", "fairgate", "vtc", "locality", extra=LEVERS, kv_events=True),
+        FleetVariant("fg-stagger", "fairgate", "vtc", "locality", extra=STAGGER),
+        _levers("fg-levers", LEVERS),
         # The levers, and a light request takes a full worker's slot by preemption.
-        FleetVariant(
-            "fg-slot",
-            "fairgate",
-            "vtc",
-            "locality",
-            extra=(*LEVERS, *SLOT),
-            kv_events=True,
-        ),
+        _levers("fg-slot", (*LEVERS, *SLOT)),
         # ... and short prompts paced while the light tenant is active.
-        FleetVariant(
-            "fg-pace", "fairgate", "vtc", "locality", extra=(*LEVERS, *SLOT, *PACE), kv_events=True
-        ),
+        _levers("fg-pace", PACED),
         # ... and the slots of prompts held unsent lent to the light tenant.
-        FleetVariant(
-            "fg-unsent",
-            "fairgate",
-            "vtc",
-            "locality",
-            extra=(*LEVERS, *SLOT, *PACE, *UNSENT),
-            kv_events=True,
-        ),
+        _levers("fg-unsent", (*PACED, *UNSENT)),
         # ... with stages of 512 tokens: fewer stage requests, each a round trip
         # that the lane waits for (the long mix's tokens/s, session 26).
-        FleetVariant(
-            "fg-pace-s512",
-            "fairgate",
-            "vtc",
-            "locality",
-            extra=(*LEVERS, *SLOT, *PACE, ("staged_prefill_stage_tokens", 512)),
-            kv_events=True,
-        ),
+        _levers("fg-pace-s512", (*PACED, ("staged_prefill_stage_tokens", 512))),
         # The stages alone (no stagger, no hold): every step short wherever a
         # prompt lands, no worker kept off the long prefill (session 17).
-        FleetVariant("fg-staged", "fairgate", "vtc", "locality", extra=STAGED, kv_events=True),
-        FleetVariant(
-            "fg-levers-2r", "fairgate", "vtc", "locality", 2, extra=LEVERS, kv_events=True
-        ),
-        FleetVariant(
-            "fg-pace-2r",
-            "fairgate",
-            "vtc",
-            "locality",
-            2,
-            extra=(*LEVERS, *SLOT, *PACE),
-            kv_events=True,
-        ),
-        FleetVariant(
-            "fg-unsent-2r",
-            "fairgate",
-            "vtc",
-            "locality",
-            2,
-            extra=(*LEVERS, *SLOT, *PACE, *UNSENT),
-            kv_events=True,
-        ),
+        _levers("fg-staged", STAGED),
+        _levers("fg-levers-2r", LEVERS, 2),
+        _levers("fg-pace-2r", PACED, 2),
+        _levers("fg-unsent-2r", (*PACED, *UNSENT), 2),
         # The levers with room lent beyond the engines instead of the reserve that
         # fair_isolation auto keeps beside them (session 21: the lent room ran the
         # workers' KV full and evicted the shared prefixes; prefix mix 14x solo).
-        FleetVariant(
-            "fg-lend",
-            "fairgate",
-            "vtc",
-            "locality",
-            extra=(*LEVERS, ("fair_isolation", "preempt")),
-            kv_events=True,
-        ),
+        _levers("fg-lend", (*LEVERS, ("fair_isolation", "preempt"))),
     )
 }
 # What a run compares unless told (the lever variants are asked for by name).
