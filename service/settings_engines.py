@@ -183,6 +183,14 @@ class EngineSettings(BaseModel):
         "Staged prefill: tokens added by each stage (the engine's prefill chunk or less).",
         ge=1,
     )
+    staged_prefill_sheltered_stage_tokens: int = _s(
+        0,
+        "Staged prefill: while staggered prefill keeps another worker on short steps for the "
+        "light tenant (or it is quiet), a stage may add up to this many tokens, and the rest "
+        "goes whole once it fits: fewer round trips for the long prompt where no light "
+        "request lands (0: every stage staged_prefill_stage_tokens).",
+        ge=0,
+    )
     staged_prefill_one_at_a_time: bool = _s(
         True,
         "Staged prefill: one staged prompt at a time per engine, from its first stage to its "

@@ -84,6 +84,17 @@ def rule_problems(s: Settings) -> list[tuple[tuple[str, ...], str]]:
         "staged prefill runs with engine simulator or sglang-http (not in-process yet)",
     )
     need(
+        not s.staged_prefill_sheltered_stage_tokens
+        or (s.staged_prefill_min_tokens > 0 and s.sglang_stagger_prefill_tokens > 0),
+        (
+            "staged_prefill_sheltered_stage_tokens",
+            "staged_prefill_min_tokens",
+            "sglang_stagger_prefill_tokens",
+        ),
+        "staged_prefill_sheltered_stage_tokens widens stages where staggered prefill shelters "
+        "the worker: set staged_prefill_min_tokens and sglang_stagger_prefill_tokens too",
+    )
+    need(
         not s.fair_light_takes_unsent_slots or s.fair_light_takes_slot,
         ("fair_light_takes_unsent_slots", "fair_light_takes_slot"),
         "fair_light_takes_unsent_slots lends slots beside fair_light_takes_slot: set both",

@@ -53,6 +53,8 @@ class Placed:
     own_kv: int = 0
     # Its place in the order the placement placed requests in.
     seq: int = 0
+    # A light tenant's request that has not streamed yet (`Placement.sheltered`).
+    light_waiting: bool = False
 
 
 @dataclass(slots=True)

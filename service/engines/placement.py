@@ -187,7 +187,16 @@ class Placement:
         self.in_flight[i] += 1
         kv = self.adds_kv(i, keys, req.prompt_tokens, req.max_tokens)
         self.pending_prefill[i] += pending
-        placed = Placed(i, priority, view.matched, kv, pending, keys, seq=next(self._seq))
+        placed = Placed(
+            i,
+            priority,
+            view.matched,
+            kv,
+            pending,
+            keys,
+            seq=next(self._seq),
+            light_waiting=req.light,
+        )
         self._placed[i].add(placed)
         self._pin(placed, req.prompt_tokens, req.max_tokens)
         self._loaded(i)
@@ -271,6 +280,15 @@ class Placement:
             self._announce(p)
         return now
 
+    def sheltered(self, p: Placed) -> bool:
+        """Is a light request kept off `p`'s worker now (`Stagger.shelters`), and
+        none of this replica's waiting there for its first token (a wide stage
+        would share its prefill step): `p`'s stages may be wide (staged_prefill.py)."""
+        if any(q.light_waiting for q in self._placed[p.worker]):
+            return False
+        healthy = [t.healthy for t in self.targets]
+        return self.stagger.shelters(p.worker, self._all_pending(), healthy, self.clock())
+
     def _announce(self, p: Placed) -> None:
         """Tell the other replicas of `p`'s prefill, long enough to weigh (again if
         it grew)."""
@@ -344,6 +362,7 @@ class Placement:
         """`p`'s prefill is over (its first token, or it left): it no longer counts."""
         self.pending_prefill[p.worker] -= p.pending
         p.pending = 0
+        p.light_waiting = False
         self._computed(p)
         if p.prefill_id and self.on_prefill is not None:
             self.on_prefill(self.targets[p.worker].url, p.prefill_id, 0)

@@ -245,6 +245,7 @@ class WorkerPool:
                 priority=placed.priority,
                 held_tokens=placed.matched,
                 held_now=functools.partial(placement.recheck, placed),
+                sheltered=functools.partial(placement.sheltered, placed),
             )
             tried.add(placed.worker)
             if last is not None:

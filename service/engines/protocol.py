@@ -59,6 +59,9 @@ class EngineRequest:
     # What that worker holds of it now (`Placement.recheck`), asked when a staged
     # request's turn in the worker's lane comes; None: `held_tokens` stands.
     held_now: Callable[[], int] | None = field(default=None, compare=False, repr=False)
+    # Is a light request kept off that worker now (`Placement.sheltered`): a staged
+    # request's next stage may then be wide (staged_prefill.py); None: never.
+    sheltered: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
 
     @property
     def prompt_tokens(self) -> int:

@@ -217,14 +217,7 @@ class SglangHttpEngine:
         plan = self.config.staged_prefill
         if plan.laned(req):
             lane = self.stage_lane if plan.one_at_a_time else None
-            return staged(
-                self._generate_one,
-                req,
-                lambda: plan.stage_ends(req),
-                self.staging,
-                self.page_tokens,
-                lane,
-            )
+            return staged(self._generate_one, req, plan, self.staging, self.page_tokens, lane)
         return self._generate_one(req)
 
     async def _generate_one(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:

@@ -18,6 +18,16 @@ goes in one request, as without staging. So does a stage the engine refuses;
 a worker that fails (retryable) fails the request as an unstaged one would, and
 an aborted stage ends the request with that abort.
 
+Wide stages (`sheltered_stage_tokens`): where the pool's staggered prefill keeps
+another worker on short steps for the light tenant (or the light tenant is
+quiet), a light request goes there, not behind this prompt: then the next stage
+may span up to that many tokens, and the rest goes whole once it fits. Small
+stages cost the long prompt a round trip and a step each (a 6 000-token prompt
+in 47 stages of 128); wide ones keep the bar where nothing shelters the worker,
+and give the long prompt its time back where something does. Asked before each
+stage (`EngineRequest.sheltered`), so a worker left unsheltered mid-prompt goes
+back to small stages after at most one wide one.
+
 What is charged: the final request's `cached_tokens` include the stages', which
 are the tenant's own prefill work; `EngineChunk.staged_tokens` says how many, so
 that the fair counter charges them as prompt tokens (generation.py), never at
@@ -67,10 +77,15 @@ class StagedPrefill:
     # the prompt ahead of it in the lane, still being computed. Asked again when its
     # turn comes (`EngineRequest.held_now`): a prefix evicted meanwhile is staged.
     cold_only: bool = True
+    # While the worker is sheltered (above): stages of up to this many tokens (0:
+    # always `stage_tokens`).
+    sheltered_stage_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if self.min_tokens < 0 or self.stage_tokens < 1:
-            raise ValueError("staged prefill: min_tokens >= 0 and stage_tokens >= 1")
+        if self.min_tokens < 0 or self.stage_tokens < 1 or self.sheltered_stage_tokens < 0:
+            raise ValueError(
+                "staged prefill: min_tokens >= 0, stage_tokens >= 1, sheltered_stage_tokens >= 0"
+            )
 
     @property
     def enabled(self) -> bool:
@@ -102,23 +117,48 @@ class StagedPrefill:
             return []
         return [e for e in range(self.stage_tokens, prompt_tokens, self.stage_tokens) if e > held]
 
+    def staging(self, req: EngineRequest, page_tokens: int = 1) -> Staging:
+        """`req`'s staging as it starts (`stage_ends`), widened while its worker is
+        sheltered (`wide`)."""
+        return Staging(self.stage_ends(req), page_tokens, req.prompt_tokens, self.stage_tokens)
+
+    def wide(self, sheltered: Callable[[], bool] | None) -> int:
+        """How far the next stage may reach (`Staging.next_end`): 0, small stages."""
+        if not self.sheltered_stage_tokens or sheltered is None or not sheltered():
+            return 0
+        return self.sheltered_stage_tokens
+
 
 class Staging:
     """One request's staging as it goes: the next stage, and what each stage found.
 
     `page_tokens`: the engine's cache granularity (SGLang's page size): a stage
-    of k tokens is found again as k rounded down to it."""
+    of k tokens is found again as k rounded down to it. `prompt_tokens` and
+    `stage_tokens` (the spacing of `ends`) place a wide stage (`next_end`)."""
 
-    __slots__ = ("computed", "ends", "held", "page_tokens")
+    __slots__ = ("computed", "ends", "held", "page_tokens", "prompt_tokens", "start")
 
-    def __init__(self, ends: list[int], page_tokens: int = 1) -> None:
+    def __init__(
+        self, ends: list[int], page_tokens: int = 1, prompt_tokens: int = 0, stage_tokens: int = 0
+    ) -> None:
         self.ends = list(reversed(ends))
         self.page_tokens = page_tokens
+        self.prompt_tokens = prompt_tokens
+        # Where the first stage starts: the end before it on the stages' grid.
+        self.start = max(0, ends[0] - stage_tokens) if ends and stage_tokens else 0
         self.held = 0  # prompt tokens the stages left in the engine's cache
         self.computed = 0  # prompt tokens the stages prefilled
 
-    def next_end(self) -> int | None:
-        """The next stage's length; None: send the request whole."""
+    def next_end(self, wide: int = 0) -> int | None:
+        """The next stage's length; None: send the request whole. `wide` > 0: the
+        stage may reach `wide` tokens past the last one's end, passing over the
+        ends within that; the rest goes whole when it fits in it."""
+        if wide and self.ends:
+            reach = max(self.held, self.start) + wide
+            if self.prompt_tokens and self.prompt_tokens <= reach:
+                self.ends.clear()
+            while len(self.ends) > 1 and self.ends[-2] <= reach:
+                self.ends.pop()
         return self.ends[-1] if self.ends else None
 
     def stage_done(self, cached_tokens: int) -> bool:
@@ -146,6 +186,8 @@ class StagingStats:
 
     staged_requests: int = 0
     stages: int = 0
+    # Stages sent widened (the worker sheltered: `StagedPrefill.sheltered_stage_tokens`).
+    wide_stages: int = 0
     # Stagings ended early: a stage found its predecessors evicted, or was refused.
     evicted: int = 0
     refused: int = 0
@@ -176,24 +218,25 @@ class StageLane:
 async def staged(
     send: Send,
     req: EngineRequest,
-    ends: Callable[[], list[int]],
+    plan: StagedPrefill,
     stats: StagingStats,
     page_tokens: int = 1,
     lane: StageLane | None = None,
 ) -> AsyncGenerator[EngineChunk, None]:
-    """`req` through `send` in prefix stages ending at `ends()` (none: it goes
+    """`req` through `send` in the prefix stages `plan` gives it (none: it goes
     whole), then whole; with a `lane`, only once it holds it, until its first
-    token. `ends` is asked once the lane is held: a prefix the placement counted
-    cached may have been evicted while the request waited for it
-    (`StagedPrefill.stage_ends`, `held_now`), and is then staged, not sent whole."""
+    token. The stages are planned once the lane is held: a prefix the placement
+    counted cached may have been evicted while the request waited for it
+    (`StagedPrefill.stage_ends`, `held_now`), and is then staged, not sent whole.
+    Each stage is widened while the worker is sheltered (`req.sheltered`)."""
     held = False
     try:
         if lane is not None:
             await lane.acquire()
             held = True
-        staging = Staging(ends(), page_tokens)
+        staging = plan.staging(req, page_tokens)
         stats.staged_requests += bool(staging.ends)
-        while (end := staging.next_end()) is not None:
+        while (end := staging.next_end(wide := plan.wide(req.sheltered))) is not None:
             stage = dataclasses.replace(
                 req,
                 prompt_token_ids=req.prompt_token_ids[:end],
@@ -212,6 +255,7 @@ async def staged(
                 log.info("staged prefill of %s: stage refused, sent whole: %s", req.request_id, exc)
                 break
             stats.stages += 1
+            stats.wide_stages += bool(wide)
             if last.finish is FinishKind.ABORT:
                 # Aborted (by fairgate's abort of the request, or by the engine): so is it.
                 last.prompt_tokens = req.prompt_tokens

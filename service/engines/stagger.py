@@ -126,6 +126,28 @@ class Stagger:
         """A worker with this much prefill routed and not streamed is on short steps."""
         return pending_prefill_tokens < self.min_tokens
 
+    def shelters(
+        self, worker: int, pending: Sequence[int], healthy: Sequence[bool], now_s: float
+    ) -> bool:
+        """Is a light request kept off `worker` now, so that a long prompt there may
+        go in wide stages (`StagedPrefill.sheltered_stage_tokens`)? While the light
+        tenant is active, another healthy worker is on short steps, and `kept` holds
+        one so (enough workers): a light request goes where it starts soonest
+        (`route`), which is there, not behind this worker's long prefill. Not on
+        fewer workers: nothing keeps the other one short, and a long prompt may
+        take it next (virtual fleet, two engines, stages of 256 and 512: the bar
+        lost; docs/benchmarks.md, session 26). Nor while the light tenant is quiet:
+        its next request would find every worker mid-stage, and wide stages there
+        cost the bar on the virtual fleet (session 27)."""
+        if not (self.min_tokens and self.keep_free and self.light_active(now_s)):
+            return False
+        if not self.enough(healthy):
+            return False
+        return any(
+            ok and i != worker and self.short(p)
+            for i, (p, ok) in enumerate(zip(pending, healthy, strict=True))
+        )
+
     def kept(
         self,
         prompt_tokens: int,

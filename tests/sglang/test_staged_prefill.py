@@ -141,8 +141,7 @@ async def staged_through_the_adapter(url: str) -> dict[str, Any]:
                     await _flood(s, url, rng)
 
             req = EngineRequest("evicted", prompt, 8, GREEDY)
-            ends = StagedPrefill(1000, 500).stage_ends(req)
-            chunks = await _collect(staged(flooding, req, lambda: ends, engine.staging))
+            chunks = await _collect(staged(flooding, req, StagedPrefill(1000, 500), engine.staging))
         last = chunks[-1]
         seen["evicted: same output"] = [t for c in chunks for t in c.token_ids] == want
         seen["evicted: finish"] = last.finish

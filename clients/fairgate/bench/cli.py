@@ -322,6 +322,14 @@ def bench_stagger(
             "light tenant is active (FAIRGATE_SGLANG_STAGGER_PACE_TOKENS; 0: off)",
         ),
     ] = 0,
+    sheltered_stage_tokens: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="staged: stages of up to this many tokens where the stagger shelters the "
+            "worker (FAIRGATE_STAGED_PREFILL_SHELTERED_STAGE_TOKENS; 0: off)",
+        ),
+    ] = 0,
     seconds: Annotated[float, typer.Option(min=1, help="simulated seconds per trace")] = 30.0,
     load: Annotated[
         float,
@@ -367,7 +375,13 @@ def bench_stagger(
     if keep_tokens > min_tokens:
         raise typer.BadParameter("at most --min-tokens", param_hint="--keep-tokens")
     table = lever_table(
-        min_tokens, hold_max_s, stage_tokens, keep_tokens, stage_min_tokens, pace_tokens
+        min_tokens,
+        hold_max_s,
+        stage_tokens,
+        keep_tokens,
+        stage_min_tokens,
+        pace_tokens,
+        sheltered_stage_tokens,
     )
     names = [x.strip() for x in levers.split(",") if x.strip()]
     if not names or any(n not in table for n in names):

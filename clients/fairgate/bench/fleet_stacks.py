@@ -82,6 +82,7 @@ LEVERS: tuple[tuple[str, object], ...] = (
 SLOT: tuple[tuple[str, object], ...] = (("fair_light_takes_slot", True),)
 PACE: tuple[tuple[str, object], ...] = (("sglang_stagger_pace_tokens", 128),)
 UNSENT: tuple[tuple[str, object], ...] = (("fair_light_takes_unsent_slots", True),)
+SHELTER: tuple[tuple[str, object], ...] = (("staged_prefill_sheltered_stage_tokens", 2048),)
 
 
 PACED = (*LEVERS, *SLOT, *PACE)
@@ -112,6 +113,10 @@ VARIANTS = {
         # ... with stages of 512 tokens: fewer stage requests, each a round trip
         # that the lane waits for (the long mix's tokens/s, session 26).
         _levers("fg-pace-s512", (*PACED, ("staged_prefill_stage_tokens", 512))),
+        # ... with stages of up to 2 048 (one SGLang chunk) where the stagger keeps
+        # another worker on short steps (the long mix's tokens/s, session 27).
+        _levers("fg-shelter", (*PACED, *SHELTER)),
+        _levers("fg-shelter-2r", (*PACED, *SHELTER), 2),
         # The stages alone (no stagger, no hold): every step short wherever a
         # prompt lands, no worker kept off the long prefill (session 17).
         _levers("fg-staged", STAGED),

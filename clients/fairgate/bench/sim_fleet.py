@@ -5,8 +5,10 @@ staged prefill's lanes, whole requests — as the worker pool does it live."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fairgate.bench.driver_call import Call
@@ -232,9 +234,16 @@ class SimFleet:
         held = 0
         if call.placed is not None:
             held = self._placement_of(call.req).recheck(call.placed)
-        ends = self.staged_prefill.ends(call.req.prompt_tokens, call.req.max_tokens, held)
-        call.staging = Staging(ends)
+        plan = self.staged_prefill
+        ends = plan.ends(call.req.prompt_tokens, call.req.max_tokens, held)
+        call.staging = Staging(ends, 1, call.req.prompt_tokens, plan.stage_tokens)
         self._send_stage(call, late)
+
+    def _sheltered(self, call: Call) -> Callable[[], bool] | None:
+        """As the pool's `EngineRequest.sheltered`: asked of its placement."""
+        if call.placed is None:
+            return None
+        return functools.partial(self._placement_of(call.req).sheltered, call.placed)
 
     def _send_whole(self, call: Call, late: bool = False) -> None:
         w = self.workers[call.worker]
@@ -254,7 +263,7 @@ class SimFleet:
         """The next prefill-only stage, or the request whole (staged_prefill.py);
         `late`: sent in answer to an emission (see `SimWorker.late`)."""
         assert call.staging is not None
-        end = call.staging.next_end()
+        end = call.staging.next_end(self.staged_prefill.wide(self._sheltered(call)))
         if end is None:
             call.stage_req = None
             self._send_whole(call, late)

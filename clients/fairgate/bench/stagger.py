@@ -80,6 +80,8 @@ class Levers:
     stage_min_tokens: int = CHUNK_TOKENS + 1
     # Short prompts paced to this much queued prefill a worker (with the hold; 0: off).
     pace_tokens: int = 0
+    # Stages of up to this many tokens where the stagger shelters the worker (0: off).
+    sheltered_tokens: int = 0
 
     def stagger(self) -> Stagger | None:
         if not (self.keep_free or self.hold_max_s):
@@ -99,6 +101,7 @@ class Levers:
             min_tokens=self.stage_min_tokens,
             stage_tokens=self.stage_tokens,
             cold_only=self.cold_only,
+            sheltered_stage_tokens=self.sheltered_tokens,
         )
 
 
@@ -109,15 +112,18 @@ def levers(
     keep_tokens: int = 0,
     stage_min_tokens: int = CHUNK_TOKENS + 1,
     pace_tokens: int = 0,
+    sheltered_tokens: int = 0,
 ) -> dict[str, Levers]:
     """The combinations the table compares, in its order (`keep_tokens`,
-    `stage_min_tokens`, `pace_tokens`: every combination's, see `Levers`)."""
+    `stage_min_tokens`, `pace_tokens`, `sheltered_tokens`: every combination's, see
+    `Levers`)."""
     return {
         name: dataclasses.replace(
             lev,
             keep_tokens=keep_tokens,
             stage_min_tokens=stage_min_tokens,
             pace_tokens=pace_tokens,
+            sheltered_tokens=sheltered_tokens,
         )
         for name, lev in _levers(min_tokens, hold_max_s, stage_tokens).items()
     }

@@ -158,9 +158,7 @@ class SimulatedEngine:
         plan = self.staged_prefill
         if plan.laned(req):
             lane = self.stage_lane if plan.one_at_a_time else None
-            return staged(
-                self._generate_one, req, lambda: plan.stage_ends(req), self.staging, lane=lane
-            )
+            return staged(self._generate_one, req, plan, self.staging, lane=lane)
         return self._generate_one(req)
 
     async def _generate_one(self, req: EngineRequest) -> AsyncGenerator[EngineChunk, None]:

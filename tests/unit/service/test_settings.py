@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from service.engine_factory import staged_prefill
 from service.settings import Settings, SettingsError
 
 
@@ -116,3 +117,15 @@ def test_unsent_slots_are_lent_only_beside_a_lent_slot() -> None:
         Settings().replace(fair_light_takes_unsent_slots=True)
     both = Settings().replace(fair_light_takes_unsent_slots=True, fair_light_takes_slot=True)
     assert both.fair_light_takes_unsent_slots
+
+
+def test_sheltered_stages_need_staged_prefill_and_the_stagger() -> None:
+    wide = {"staged_prefill_sheltered_stage_tokens": 2048}
+    with pytest.raises(SettingsError, match="set staged_prefill_min_tokens"):
+        Settings().replace(**wide)
+    with pytest.raises(SettingsError, match="sglang_stagger_prefill_tokens too"):
+        Settings().replace(staged_prefill_min_tokens=256, **wide)
+    on = Settings().replace(
+        staged_prefill_min_tokens=256, sglang_stagger_prefill_tokens=1024, **wide
+    )
+    assert staged_prefill(on).sheltered_stage_tokens == 2048

@@ -123,7 +123,7 @@ async def test_a_refused_stage_sends_the_rest_whole_and_a_failed_worker_fails_it
         req = _req(2000)
         plan = StagedPrefill(1000, 512)
         stats = StagingStats()
-        chunks = await _collect(staged(refusing(False), req, lambda: plan.stage_ends(req), stats))
+        chunks = await _collect(staged(refusing(False), req, plan, stats))
         assert sent == [0, 0, 4]  # stage 1, stage 2 refused, then whole
         assert (stats.stages, stats.refused) == (1, 1)
         assert chunks[-1].finish is FinishKind.LENGTH
@@ -131,7 +131,7 @@ async def test_a_refused_stage_sends_the_rest_whole_and_a_failed_worker_fails_it
         assert engine.core.flush_cache()
         sent.clear()
         with pytest.raises(EngineError):
-            await _collect(staged(refusing(True), req, lambda: plan.stage_ends(req), stats))
+            await _collect(staged(refusing(True), req, plan, stats))
         assert sent == [0, 0]
     finally:
         await engine.aclose()
