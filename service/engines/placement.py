@@ -181,7 +181,7 @@ class Placement:
         )
         i, view = views[j]
         if req.cached_on is not None:
-            i, view = self._follow(req.cached_on, views, keys, i, view)
+            i, view = self._follow(req.cached_on, views, keys, i, view, req.light)
         priority = self.priority_on(i, req.priority, req.preempt_priority)
         pending = req.prompt_tokens - view.matched
         self.in_flight[i] += 1
@@ -390,20 +390,25 @@ class Placement:
         keys: Sequence[int],
         i: int,
         view: WorkerView,
+        light: bool = False,
     ) -> tuple[int, WorkerView]:
         """Admission's worker `hint` if it can take the request now; else the rule's
-        (`i`), the mismatch counted."""
+        (`i`), the mismatch counted. A `light` request goes where the rule says it
+        starts soonest (its cached prefix weighed there): the hint may be a worker a
+        long prefill was routed to since admission looked."""
         s = self.locality
         s.hinted += 1
         if i == hint:
             s.followed += 1
             return i, view
         there = next((v for k, v in views if k == hint), None)
-        if there is not None and there.load <= 1.0:
+        if light and there is not None:
+            s.sooner += 1
+        elif there is not None and there.load <= 1.0:
             s.followed += 1
             s.overrode += 1
             return hint, there
-        if there is None:
+        elif there is None:
             s.unavailable += 1
         else:
             s.full += 1

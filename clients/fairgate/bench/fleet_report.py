@@ -73,6 +73,7 @@ FIGURES = (
     "light_ttft_p50_s",
     "light_ttft_p99_s",
     "light_queue_wait_p99_s",
+    "heavy_ttft_p50_s",
 )
 
 
@@ -89,6 +90,9 @@ def _figures(run: FleetRun, victim: str) -> dict[str, float]:
         "light_ttft_p50_s": light.get("ttft_p50_s", math.nan),
         "light_ttft_p99_s": light.get("ttft_p99_s", math.nan),
         "light_queue_wait_p99_s": light.get("queue_wait_p99_s", math.nan),
+        # What isolation costs the other tenants: their first token (staged
+        # prefill's round trips, the hold, a worker kept off their prompts).
+        "heavy_ttft_p50_s": r.heavy_ttft_p50_s,
     }
 
 

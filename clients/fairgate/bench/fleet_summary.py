@@ -32,6 +32,7 @@ SPREAD = (
     "light_p50_s",
     "light_p99_s",
     "light_wait_p99_s",
+    "heavy_ttft_p50_s",
     "p99_over_solo",
     "p99_over_bar",
     "tokens_per_s",
@@ -65,6 +66,8 @@ def rows(reports: Sequence[dict[str, Any]], bars: Bars) -> list[dict[str, Any]]:
                     "light_p99_s": v["light_ttft_p99_s"],
                     # fairgate's queue wait (older reports: none recorded).
                     "light_wait_p99_s": v.get("light_queue_wait_p99_s", math.nan),
+                    # The other tenants' TTFT p50 (older reports: none recorded).
+                    "heavy_ttft_p50_s": v.get("heavy_ttft_p50_s", math.nan),
                     "p99_over_solo": v["light_p99_over_solo"],
                     "p99_over_bar": v["light_ttft_p99_s"] / bar_s(solo, rep["workers"], bars),
                     "tokens_per_s": v["tokens_per_s"],
@@ -111,9 +114,9 @@ def print_markdown(summary: Sequence[dict[str, Any]]) -> None:
     print(
         "| mix | workers | time scale | variant | light p50 ms | light p99 ms "
         "| queue wait p99 ms | p99 ÷ solo | p99 ÷ bar | tokens/s | ÷ fg-locality "
-        "| ÷ smg cache_aware | Jain | Jain wait |"
+        "| ÷ smg cache_aware | Jain | Jain wait | others' TTFT p50 ms |"
     )
-    print("|---|---:|---:|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---:|---:|---|---|---|---|---|---|---|---|---|---|---|---|")
     for s in summary:
         print(
             f"| {s['mix']} | {s['workers']} | {s['time_scale']:g} | {s['variant']} "
@@ -122,7 +125,7 @@ def print_markdown(summary: Sequence[dict[str, Any]]) -> None:
             f"| {_fmt(s['p99_over_solo'], '.1f')} | {_fmt(s['p99_over_bar'], '.2f')} "
             f"| {_fmt(s['tokens_per_s'], '.0f')} | {_fmt(s['tokens_over_nolevers'], '.3f')} "
             f"| {_fmt(s['tokens_over_peer'], '.3f')} | {_fmt(s['jain'], '.3f')} "
-            f"| {_fmt(s['jain_wait'], '.3f')} |"
+            f"| {_fmt(s['jain_wait'], '.3f')} | {_fmt(s['heavy_ttft_p50_s'], '.0f', 1e3)} |"
         )
 
 

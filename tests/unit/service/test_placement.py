@@ -68,6 +68,28 @@ def test_admissions_worker_is_used_where_the_rule_alone_would_go_elsewhere() -> 
     assert other is not None and other.worker == 0
 
 
+def test_a_light_request_goes_where_it_starts_soonest_not_to_admissions_worker() -> None:
+    """Admission counted the light request's prefix cached on worker 1; a long
+    prefill went there since: the light request starts sooner on worker 0, where
+    it goes (its prefix charged back at its first token, as any mismatch)."""
+    p, _ = _placement()
+    p.index.insert(1, p.prefix_keys(PROMPT))
+    q = QueuedRequest("r", "t", len(PROMPT), 16, light=True, prefix_keys=p.prefix_keys(PROMPT))
+    q.cached_estimate = p.cached_prefix(q)
+    req = engine_request(q, "r", PROMPT, SamplingOptions(), None, False)
+    assert req.cached_on == 1 and req.light
+    p.pending_prefill[1] += 5_000
+    placed = p.place(req, list(req.prefix_keys), set())
+    assert placed is not None and placed.worker == 0
+    s = p.locality
+    assert (s.hinted, s.followed, s.sooner, s.mismatched) == (1, 0, 1, 1)
+    assert s.missed_tokens == len(PROMPT)
+    # Where the hint is also where it starts soonest, it goes there.
+    p.pending_prefill[1] -= 5_000
+    again = p.place(req, list(req.prefix_keys), set())
+    assert again is not None and again.worker == 1 and s.followed == 1
+
+
 @pytest.mark.parametrize("why", ["unhealthy", "full", "tried"])
 def test_a_mismatch_is_counted_with_the_cached_tokens_it_cost(why: str) -> None:
     p, targets = _placement()
