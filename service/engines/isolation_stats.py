@@ -18,6 +18,7 @@ EVENTS = (
     "paced_to_bound",  # ... released by the hold's bound
     "staged_requests",  # prompts sent as prefix stages
     "stages",  # prefill-only stages sent
+    "stages_wide",  # ... of them widened: the worker was sheltered
     "stages_evicted",  # stagings ended early: a stage found its predecessors evicted
     "stages_refused",  # ... or the engine refused a stage
 )
@@ -39,6 +40,7 @@ def isolation_counts(engine: object) -> dict[str, int]:
     for s in stagings:
         counts["staged_requests"] += s.staged_requests
         counts["stages"] += s.stages
+        counts["stages_wide"] += s.wide_stages
         counts["stages_evicted"] += s.evicted
         counts["stages_refused"] += s.refused
     return counts

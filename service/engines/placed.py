@@ -68,7 +68,8 @@ class LocalityStats:
     # Placed elsewhere: the worker was unhealthy (or already tried), or full.
     unavailable: int = 0
     full: int = 0
-    # A light request placed where it starts sooner than there (`Placement._follow`).
+    # Not followed by choice: a light request placed where it starts sooner (its
+    # prefix weighed there) than on admission's worker (`Placement._follow`).
     sooner: int = 0
     # Of the followed: the rule alone would have picked another worker.
     overrode: int = 0
@@ -79,4 +80,4 @@ class LocalityStats:
 
     @property
     def mismatched(self) -> int:
-        return self.unavailable + self.full + self.sooner
+        return self.unavailable + self.full

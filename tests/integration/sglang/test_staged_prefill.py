@@ -16,6 +16,7 @@ from fairgate import AsyncClient
 from scheduler.dispatcher import Dispatcher
 from scheduler.local_admission import LocalAdmission
 from scheduler.ordering.vtc import VtcPolicy
+from service.engines.isolation_stats import isolation_counts
 from service.engines.pool import WorkerPool
 from tests.conftest import StartServer
 from tests.helpers import eventually
@@ -160,4 +161,33 @@ async def test_cold_only_stages_a_document_once_then_sends_it_whole_where_it_is_
     assert third.result.usage.cached_tokens == 2000  # the document, held before its stages
     other = next(w for w in workers if w is not on)
     assert all(n < 512 for n, _ in sent_lengths(other))
+    await assert_no_sglang_leaks(app, *workers)
+
+
+async def test_a_sheltered_worker_takes_wide_stages_while_a_light_tenant_is_active(
+    start_server: StartServer, start_sim: StartSim
+) -> None:
+    """Three workers, staggered prefill on: once a light tenant is active and
+    another worker is on short steps, a long prompt's stages are wide
+    (`staged_prefill_sheltered_stage_tokens`): 1024, then the rest whole."""
+    workers = [await start_sim(time_scale=0.0) for _ in range(3)]
+    settings = {
+        **STAGED,
+        "staged_prefill_sheltered_stage_tokens": 1024,
+        "sglang_stagger_prefill_tokens": 1000,
+    }
+    app = await start_server(**sglang_settings(*workers, **settings))
+    pool = app.engine
+    assert isinstance(pool, WorkerPool)
+    long = [5, *range(200, 2199)]  # 2000 tokens
+    async with AsyncClient(app.address, tenant="batch") as batch:
+        await batch.complete(long, max_tokens=4, ignore_eos=True)  # no light tenant yet
+        async with AsyncClient(app.address, tenant="chat") as chat:
+            await chat.complete([7, 8, 9], max_tokens=2, ignore_eos=True)
+        assert pool.placement.stagger.light_active(pool.placement.clock())
+        await batch.complete([6, *long[1:]], max_tokens=4, ignore_eos=True)
+    sent = sorted(s for w in workers for s in sent_lengths(w) if s[0] >= 512)
+    assert sent == [(512, 0), (1024, 0), (1024, 0), (1536, 0), (2000, 4), (2000, 4)]
+    counts = isolation_counts(pool)
+    assert (counts["staged_requests"], counts["stages"], counts["stages_wide"]) == (2, 4, 1)
     await assert_no_sglang_leaks(app, *workers)

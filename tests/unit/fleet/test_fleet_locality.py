@@ -136,7 +136,8 @@ def test_locality_serves_more_prompt_from_cache_than_routing_by_load() -> None:
 def test_admissions_locality_choice_is_where_the_request_runs(burst: bool) -> None:
     """The worker admission counted a cached prefix on is the one the request is
     placed on, unless it became full or unavailable (counted, and bounded here:
-    the fleet's workers never fail and admission checked their room). The choice
+    the fleet's workers never fail and admission checked their room), or a light
+    request starts sooner elsewhere (its prefix weighed there). The choice
     matters: the rule alone, at placement, would have gone elsewhere for some."""
     arrivals = prefix_mix(3, 48, burst, conversations=12, documents=6)
     drv = run(arrivals, 4, "locality", 4096.0, 0.1)
@@ -144,9 +145,13 @@ def test_admissions_locality_choice_is_where_the_request_runs(burst: bool) -> No
     s = drv.placement.locality
     counted_on = [c for c in drv.calls if c.req.cached_estimate > 0]
     assert s.hinted == len(counted_on) > 0
-    assert s.followed + s.mismatched == s.hinted
+    assert s.followed + s.mismatched + s.sooner == s.hinted
     assert s.mismatched <= 0.05 * s.hinted, s
     assert s.missed_tokens <= sum(c.req.cached_estimate for c in counted_on)
-    assert 0 < s.overrode < s.hinted
+    # Where the rule moved between admission and placement: every one a light
+    # request here, placed where it starts sooner.
+    assert 0 < s.overrode + s.sooner < s.hinted
+    sooner = [c for c in counted_on if c.placed is not None and c.worker != c.req.cached_on]
+    assert len(sooner) == s.sooner + s.mismatched and all(c.req.light for c in sooner)
     followed = [c for c in counted_on if c.placed is not None and c.worker == c.req.cached_on]
     assert len(followed) == s.followed

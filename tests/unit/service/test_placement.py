@@ -82,7 +82,7 @@ def test_a_light_request_goes_where_it_starts_soonest_not_to_admissions_worker()
     placed = p.place(req, list(req.prefix_keys), set())
     assert placed is not None and placed.worker == 0
     s = p.locality
-    assert (s.hinted, s.followed, s.sooner, s.mismatched) == (1, 0, 1, 1)
+    assert (s.hinted, s.followed, s.sooner, s.mismatched) == (1, 0, 1, 0)
     assert s.missed_tokens == len(PROMPT)
     # Where the hint is also where it starts soonest, it goes there.
     p.pending_prefill[1] -= 5_000
