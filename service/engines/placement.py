@@ -147,8 +147,7 @@ class Placement:
         req.cached_on = None
         if not views:
             return 0
-        rule = route([v for _, v in views], req.prompt_tokens, self.routing, soonest=req.light)
-        i, view = views[rule]
+        i, view = views[route([v for _, v in views], req.prompt_tokens, self.routing)]
         if view.load > 1.0 or view.matched <= 0:
             return 0
         req.cached_on = i
