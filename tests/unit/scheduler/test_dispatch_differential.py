@@ -135,6 +135,10 @@ def timed_traces() -> st.SearchStrategy[Trace]:
     ).map(windowed)
 
 
+# 500 traces: ~9 s alone, past the default 120 s when run niced beside a live
+# bench; the timeout raised inside a trace was reported with a counter mismatch
+# beside it (twice, only on such runs; never alone or in CI).
+@pytest.mark.timeout(600)
 def test_the_one_dispatcher_decides_alike_over_both_states_as_time_moves() -> None:
     @settings(
         max_examples=500,
