@@ -19,9 +19,10 @@ a worker that fails (retryable) fails the request as an unstaged one would, and
 an aborted stage ends the request with that abort.
 
 Wide stages (`sheltered_stage_tokens`): where the pool's staggered prefill keeps
-another worker on short steps for the light tenant (or the light tenant is
-quiet), a light request goes there, not behind this prompt: then the next stage
-may span up to that many tokens, and the rest goes whole once it fits. Small
+another worker on short steps for an active light tenant and none of its
+requests waits on this worker (`Placement.sheltered`), a light request goes
+there, not behind this prompt: then the next stage may span up to that many
+tokens, and the rest goes whole once it fits. Small
 stages cost the long prompt a round trip and a step each (a 6 000-token prompt
 in 47 stages of 128); wide ones keep the bar where nothing shelters the worker,
 and give the long prompt its time back where something does. Asked before each
