@@ -41,6 +41,9 @@ REMOTE_PREFILL_TTL_S = 30.0
 # Shorter prefills are not announced to the other replicas: they take a few
 # milliseconds of a step, not worth two stream entries per request.
 SHARED_PREFILL_MIN_TOKENS = 512
+# A light request's prefill, announced whatever its length, is marked so
+# (`sheltered`: a wide stage must not share its prefill step).
+LIGHT_PREFILL = "light-"
 
 
 class Placement:
@@ -282,20 +285,29 @@ class Placement:
 
     def sheltered(self, p: Placed) -> bool:
         """Is a light request kept off `p`'s worker now (`Stagger.shelters`), and
-        none of this replica's waiting there for its first token (a wide stage
-        would share its prefill step): `p`'s stages may be wide (staged_prefill.py)."""
+        none waiting there for its first token, this replica's or another's as
+        announced (a wide stage would share its prefill step): `p`'s stages may
+        be wide (staged_prefill.py)."""
         if any(q.light_waiting for q in self._placed[p.worker]):
             return False
+        pending = self._all_pending()  # drops the other replicas' expired prefills
+        remote = self.remote_prefill[p.worker]
+        if any(pid.partition(":")[2].startswith(LIGHT_PREFILL) for pid in remote):
+            return False
         healthy = [t.healthy for t in self.targets]
-        return self.stagger.shelters(p.worker, self._all_pending(), healthy, self.clock())
+        return self.stagger.shelters(p.worker, pending, healthy, self.clock())
 
     def _announce(self, p: Placed) -> None:
         """Tell the other replicas of `p`'s prefill, long enough to weigh (again if
-        it grew)."""
-        if self.on_prefill is None or p.pending < self._shared_prefill_tokens():
+        it grew), or a light request's of any length (`sheltered`: a light request
+        waits there)."""
+        light = p.light_waiting
+        if self.on_prefill is None or (p.pending < self._shared_prefill_tokens() and not light):
             return
-        p.prefill_id = p.prefill_id or str(next(self._prefills))
-        self.on_prefill(self.targets[p.worker].url, p.prefill_id, p.pending)
+        mark = LIGHT_PREFILL if light else ""
+        p.prefill_id = p.prefill_id or mark + str(next(self._prefills))
+        tokens = max(p.pending, 1) if light else p.pending  # 0 would say it is over
+        self.on_prefill(self.targets[p.worker].url, p.prefill_id, tokens)
 
     def _computed(self, p: Placed) -> None:
         """`p`'s prompt is computed (or it left): it no longer counts as held there."""

@@ -280,6 +280,9 @@ def test_two_replicas_stagger_with_each_others_prefills() -> None:
     long_a = a.place(_request(3000, light=False), [], set())
     assert long_a is not None and long_a.worker == 0
     pid_a = long_a.prefill_id
+    # A's light request was announced as it was placed and as it ended (`sheltered`).
+    assert sent[:2] == [("w0", "light-1", 40), ("w0", "light-1", 0)]
+    del sent[:2]
     assert sent == [("w0", pid_a, 3000)]
     for url, pid, n in sent:
         b.learn_prefill(url, f"a:{pid}", n)

@@ -182,3 +182,27 @@ def test_the_placement_shelters_a_long_prompt_until_a_light_request_waits_beside
     assert not p.sheltered(long)
     p._prefilled(here)  # it streamed
     assert p.sheltered(long)
+
+
+def test_a_light_request_another_replica_placed_there_is_heard() -> None:
+    """Two replicas over the same four workers: one's light request (announced
+    whatever its length) ends the other's shelter on that worker until it streams."""
+    targets = {r: [_Target(f"w{i}") for i in range(4)] for r in "ab"}
+    a, b = (Placement(targets[r], clock=lambda: 5.0) for r in "ab")
+    for me, other in ((a, b), (b, a)):
+        me.stagger = _stagger()
+        me.on_prefill = lambda url, pid, n, other=other: other.learn_prefill(url, f"r:{pid}", n)
+    long = _place(a, 6000, 10_000)
+    assert a.sheltered(long)
+    elsewhere = _place(b, 40, 90_000, light=True)
+    assert elsewhere.worker != long.worker  # where it starts soonest: not behind 6000
+    assert a.sheltered(long)
+    b.first_token(elsewhere, 40, 0)
+    # As b sees it, only the long prompt's worker is healthy: its light request goes there.
+    for i, t in enumerate(targets["b"]):
+        t.healthy = i == long.worker
+    light = _place(b, 40, 91_000, light=True)
+    assert light.worker == long.worker
+    assert not a.sheltered(long)
+    b.first_token(light, 40, 0)  # it streams: its end is announced
+    assert a.sheltered(long)
