@@ -117,6 +117,7 @@ VARIANTS = {
         # another worker on short steps (the long mix's tokens/s, session 27).
         _levers("fg-shelter", (*PACED, *SHELTER)),
         _levers("fg-shelter-2r", (*PACED, *SHELTER), 2),
+        _levers("fg-shelter-512", (*PACED, ("staged_prefill_sheltered_stage_tokens", 512))),
         # The stages alone (no stagger, no hold): every step short wherever a
         # prompt lands, no worker kept off the long prefill (session 17).
         _levers("fg-staged", STAGED),
