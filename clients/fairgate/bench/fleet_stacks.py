@@ -114,7 +114,8 @@ VARIANTS = {
         # that the lane waits for (the long mix's tokens/s, session 26).
         _levers("fg-pace-s512", (*PACED, ("staged_prefill_stage_tokens", 512))),
         # ... with stages of up to 2 048 (one SGLang chunk) where the stagger keeps
-        # another worker on short steps (the long mix's tokens/s, session 27).
+        # another worker on short steps: the long mix's tokens/s back, the bar lost
+        # (session 27); up to 512: both met by the median on four workers.
         _levers("fg-shelter", (*PACED, *SHELTER)),
         _levers("fg-shelter-2r", (*PACED, *SHELTER), 2),
         _levers("fg-shelter-512", (*PACED, ("staged_prefill_sheltered_stage_tokens", 512))),
