@@ -131,8 +131,9 @@ class Stagger:
     ) -> bool:
         """Is a light request kept off `worker` now, so that a long prompt there may
         go in wide stages (`StagedPrefill.sheltered_stage_tokens`)? While the light
-        tenant is active, another healthy worker is on short steps, and `kept` holds
-        one so (enough workers): a light request goes where it starts soonest
+        tenant is active, this worker is not on short steps but another healthy one
+        is, and `kept` holds one so (enough workers): a light request goes where it
+        starts soonest
         (`route`), which is there, not behind this worker's long prefill. Not on
         fewer workers: nothing keeps the other one short, and a long prompt may
         take it next (virtual fleet, two engines, stages of 256 and 512: the bar
@@ -141,7 +142,9 @@ class Stagger:
         cost the bar on the virtual fleet (session 27)."""
         if not (self.min_tokens and self.keep_free and self.light_active(now_s)):
             return False
-        if not self.enough(healthy):
+        # On short steps itself (a prompt below the long mark staged there), it is
+        # where a light request may go next (traced live, session 27).
+        if not self.enough(healthy) or self.short(pending[worker]):
             return False
         return any(
             ok and i != worker and self.short(p)

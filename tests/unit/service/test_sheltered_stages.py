@@ -116,6 +116,7 @@ def _stagger(light_seen_s: float = 4.0, **kw: object) -> Stagger:
         ([6000, 900, 4000, 4000], [True] * 4, True),  # below the long mark
         ([6000, 1100, 4000, 4000], [True] * 4, False),  # every other mid-prefill
         ([0, 4000, 4000, 4000], [True] * 4, False),  # only itself short
+        ([900, 0, 4000, 4000], [True] * 4, False),  # itself short too: a light one may come
         ([6000, 0, 4000, 4000], [True, False, True, True], False),  # w1 unhealthy
         ([6000, 0, 4000], [True, True, True], True),  # three: the rule applies
         ([6000, 0], [True, True], False),  # two: nothing keeps w1 short
