@@ -133,8 +133,8 @@ class Stagger:
         go in wide stages (`StagedPrefill.sheltered_stage_tokens`)? While the light
         tenant is active, this worker is not on short steps but another healthy one
         is, and `kept` holds one so (enough workers): a light request goes where it
-        starts soonest
-        (`route`), which is there, not behind this worker's long prefill. Not on
+        starts soonest (`route`), which is there, not behind this worker's long
+        prefill. Not on
         fewer workers: nothing keeps the other one short, and a long prompt may
         take it next (virtual fleet, two engines, stages of 256 and 512: the bar
         lost; docs/benchmarks.md, session 26). Nor while the light tenant is quiet:
