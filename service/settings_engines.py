@@ -185,10 +185,11 @@ class EngineSettings(BaseModel):
     )
     staged_prefill_sheltered_stage_tokens: int = _s(
         0,
-        "Staged prefill: while staggered prefill keeps another worker on short steps for the "
-        "light tenant (or it is quiet), a stage may add up to this many tokens, and the rest "
-        "goes whole once it fits: fewer round trips for the long prompt where no light "
-        "request lands (0: every stage staged_prefill_stage_tokens).",
+        "Staged prefill: while the light tenant is active and staggered prefill keeps another "
+        "worker on short steps (three workers or more), on a worker neither on short steps "
+        "itself nor with a light request waiting, a stage may add up to this many tokens, and "
+        "the rest goes whole once it fits: fewer round trips for the long prompt where no "
+        "light request lands (0: every stage staged_prefill_stage_tokens).",
         ge=0,
     )
     staged_prefill_one_at_a_time: bool = _s(
