@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
 
 import pytest
 
@@ -24,6 +23,7 @@ from service.engines.simulator.engine import SimulatedEngine
 from service.engines.simulator.hardware import preset
 from service.engines.staged_prefill import StagedPrefill, Staging, StagingStats, staged
 from service.engines.stagger import Stagger
+from tests.unit.service.test_stagger_pace import _Target
 
 IGNORE_EOS = SamplingOptions(ignore_eos=True)
 PLAN = StagedPrefill(min_tokens=256, stage_tokens=128, sheltered_stage_tokens=2048)
@@ -134,21 +134,6 @@ def test_nothing_shelters_while_the_light_tenant_is_quiet_or_without_a_stagger()
     assert not Stagger().shelters(0, [6000, 0, 0, 0], [True] * 4, 5.0)
     kept_off = _stagger(keep_free=False)
     assert not kept_off.shelters(0, [6000, 0, 4000, 4000], [True] * 4, 5.0)
-
-
-@dataclass
-class _Target:
-    url: str
-    healthy: bool = True
-
-    def slots(self) -> int:
-        return 16
-
-    def kv_capacity(self) -> int:
-        return 100_000
-
-    def penalty(self, now_s: float) -> int:
-        return 0
 
 
 def _place(p: Placement, n: int, first: int, *, light: bool = False) -> Placed:
