@@ -83,6 +83,7 @@ SLOT: tuple[tuple[str, object], ...] = (("fair_light_takes_slot", True),)
 PACE: tuple[tuple[str, object], ...] = (("sglang_stagger_pace_tokens", 128),)
 UNSENT: tuple[tuple[str, object], ...] = (("fair_light_takes_unsent_slots", True),)
 SHELTER: tuple[tuple[str, object], ...] = (("staged_prefill_sheltered_stage_tokens", 2048),)
+SHELTER_512: tuple[tuple[str, object], ...] = (("staged_prefill_sheltered_stage_tokens", 512),)
 
 
 PACED = (*LEVERS, *SLOT, *PACE)
@@ -118,7 +119,8 @@ VARIANTS = {
         # (session 27); up to 512: both met by the median on four workers.
         _levers("fg-shelter", (*PACED, *SHELTER)),
         _levers("fg-shelter-2r", (*PACED, *SHELTER), 2),
-        _levers("fg-shelter-512", (*PACED, ("staged_prefill_sheltered_stage_tokens", 512))),
+        _levers("fg-shelter-512", (*PACED, *SHELTER_512)),
+        _levers("fg-shelter-512-2r", (*PACED, *SHELTER_512), 2),
         # The stages alone (no stagger, no hold): every step short wherever a
         # prompt lands, no worker kept off the long prefill (session 17).
         _levers("fg-staged", STAGED),
