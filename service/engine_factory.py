@@ -52,6 +52,7 @@ def staged_prefill(settings: Settings) -> StagedPrefill:
         min_tokens=settings.staged_prefill_min_tokens,
         stage_tokens=settings.staged_prefill_stage_tokens,
         sheltered_stage_tokens=settings.staged_prefill_sheltered_stage_tokens,
+        short_first=settings.staged_prefill_short_first,
         one_at_a_time=settings.staged_prefill_one_at_a_time,
         cold_only=settings.staged_prefill_cold_only,
         exact_ids=settings.engine == "simulator" or bool(settings.tokenizer_path),

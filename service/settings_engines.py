@@ -192,6 +192,12 @@ class EngineSettings(BaseModel):
         "light request lands (0: every stage staged_prefill_stage_tokens).",
         ge=0,
     )
+    staged_prefill_short_first: bool = _s(
+        False,
+        "Staged prefill: a prompt waiting for its worker's lane whose uncached part is below "
+        "sglang_stagger_prefill_tokens (and whose prefix no prompt ahead of it there is still "
+        "computing) goes between a longer prompt's stages instead of after all of them.",
+    )
     staged_prefill_one_at_a_time: bool = _s(
         True,
         "Staged prefill: one staged prompt at a time per engine, from its first stage to its "

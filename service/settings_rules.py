@@ -95,6 +95,23 @@ def rule_problems(s: Settings) -> list[tuple[tuple[str, ...], str]]:
         "the worker: set staged_prefill_min_tokens and sglang_stagger_prefill_tokens too",
     )
     need(
+        not s.staged_prefill_short_first
+        or (
+            s.staged_prefill_min_tokens > 0
+            and s.staged_prefill_one_at_a_time
+            and s.sglang_stagger_prefill_tokens > 0
+        ),
+        (
+            "staged_prefill_short_first",
+            "staged_prefill_min_tokens",
+            "staged_prefill_one_at_a_time",
+            "sglang_stagger_prefill_tokens",
+        ),
+        "staged_prefill_short_first orders a worker's staged-prefill lane by the stagger's long "
+        "mark: set staged_prefill_min_tokens and sglang_stagger_prefill_tokens, and keep "
+        "staged_prefill_one_at_a_time",
+    )
+    need(
         not s.fair_light_takes_unsent_slots or s.fair_light_takes_slot,
         ("fair_light_takes_unsent_slots", "fair_light_takes_slot"),
         "fair_light_takes_unsent_slots lends slots beside fair_light_takes_slot: set both",

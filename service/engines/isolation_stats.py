@@ -21,6 +21,7 @@ EVENTS = (
     "stages_wide",  # ... of them widened: the worker was sheltered
     "stages_evicted",  # stagings ended early: a stage found its predecessors evicted
     "stages_refused",  # ... or the engine refused a stage
+    "lane_yielded",  # a staged prompt let a short one take the lane between its stages
 )
 
 
@@ -43,6 +44,7 @@ def isolation_counts(engine: object) -> dict[str, int]:
         counts["stages_wide"] += s.wide_stages
         counts["stages_evicted"] += s.evicted
         counts["stages_refused"] += s.refused
+        counts["lane_yielded"] += s.yielded
     return counts
 
 

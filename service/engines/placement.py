@@ -297,6 +297,17 @@ class Placement:
         healthy = [t.healthy for t in self.targets]
         return self.stagger.shelters(p.worker, pending, healthy, self.clock())
 
+    def overtakes(self, p: Placed) -> bool:
+        """May `p` take its worker's staged-prefill lane between a long prompt's
+        stages (`StagedPrefill.short_first`)? Its uncached part is no long prefill
+        (`Stagger.short`), and no prompt placed before it there, still computing,
+        shares its prefix (which `recheck` would count as held before it is)."""
+        if not self.stagger.short(p.pending) or not self.stagger.min_tokens:
+            return False
+        return not any(
+            _shared(q.keys, p.keys) for q in self._placed[p.worker] if q.computing and q.seq < p.seq
+        )
+
     def _announce(self, p: Placed) -> None:
         """Tell the other replicas of `p`'s prefill, long enough to weigh (again if
         it grew), or a light request's of any length (`sheltered`: a light request

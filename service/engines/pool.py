@@ -246,6 +246,7 @@ class WorkerPool:
                 held_tokens=placed.matched,
                 held_now=functools.partial(placement.recheck, placed),
                 sheltered=functools.partial(placement.sheltered, placed),
+                overtakes=functools.partial(placement.overtakes, placed),
             )
             tried.add(placed.worker)
             if last is not None:

@@ -62,6 +62,9 @@ class EngineRequest:
     # Is a light request kept off that worker now (`Placement.sheltered`): a staged
     # request's next stage may then be wide (staged_prefill.py); None: never.
     sheltered: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
+    # May it take that worker's staged-prefill lane between a long prompt's stages
+    # (`Placement.overtakes`, asked as the lane turns); None: never.
+    overtakes: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
 
     @property
     def prompt_tokens(self) -> int:

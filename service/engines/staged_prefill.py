@@ -29,6 +29,13 @@ and give the long prompt its time back where something does. Asked before each
 stage (`EngineRequest.sheltered`), so a worker left unsheltered mid-prompt goes
 back to small stages after at most one wide one.
 
+Short prompts first (`short_first`): a prompt short enough to be no long
+prefill (`Placement.overtakes`: below the stagger's long mark, and no prompt
+placed before it there still computing its prefix) takes the lane between two
+stages of a long prompt ahead of it, instead of waiting for all of them (a
+900-token conversation turn behind a 6 000-token prompt's 47 stages waits
+seconds). Each step still carries one staged prompt's stage at most.
+
 What is charged: the final request's `cached_tokens` include the stages', which
 are the tenant's own prefill work; `EngineChunk.staged_tokens` says how many, so
 that the fair counter charges them as prompt tokens (generation.py), never at
@@ -81,6 +88,8 @@ class StagedPrefill:
     # While the worker is sheltered (above): stages of up to this many tokens (0:
     # always `stage_tokens`).
     sheltered_stage_tokens: int = 0
+    # A short prompt waiting in the lane goes between a long one's stages (above).
+    short_first: bool = False
 
     def __post_init__(self) -> None:
         if self.min_tokens < 0 or self.stage_tokens < 1 or self.sheltered_stage_tokens < 0:
@@ -122,6 +131,11 @@ class StagedPrefill:
         """`req`'s staging as it starts (`stage_ends`), widened while its worker is
         sheltered (`wide`)."""
         return Staging(self.stage_ends(req), page_tokens, req.prompt_tokens, self.stage_tokens)
+
+    def overtakes(self, req: EngineRequest) -> Callable[[], bool] | None:
+        """Whether `req` may take the lane between a long prompt's stages, asked as
+        the lane turns (`StageLane`); None: it waits its turn."""
+        return req.overtakes if self.short_first else None
 
     def wide(self, sheltered: Callable[[], bool] | None) -> int:
         """How far the next stage may reach (`Staging.next_end`): 0, small stages."""
@@ -192,28 +206,76 @@ class StagingStats:
     # Stagings ended early: a stage found its predecessors evicted, or was refused.
     evicted: int = 0
     refused: int = 0
+    # Times a staged prompt let a short one take the lane between its stages.
+    yielded: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Turn:
+    """A request waiting for the lane: `overtakes` (None: never) asked as it turns."""
+
+    ready: asyncio.Future[None]
+    overtakes: Callable[[], bool] | None
 
 
 class StageLane:
     """An engine's lane for staged requests (`StagedPrefill.one_at_a_time`): held
-    by one staged request from its first stage to its first token, FIFO."""
+    by one staged request from its first stage to its first token, FIFO, except
+    that a waiting request that `overtakes` goes first, and takes it between two
+    stages of one that does not (`overtaken`: the holder steps aside)."""
 
-    __slots__ = ("_lock", "waiting")
+    __slots__ = ("_held", "_queue", "waiting")
 
     def __init__(self) -> None:
-        self._lock = asyncio.Lock()  # FIFO among waiters
-        # Requests waiting for their turn, unsent (admission may lend their slots).
+        self._held = False
+        self._queue: list[_Turn] = []
+        # Requests waiting for their first turn, unsent (admission may lend their slots).
         self.waiting = 0
 
-    async def acquire(self) -> None:
-        self.waiting += 1
+    async def acquire(
+        self, overtakes: Callable[[], bool] | None = None, *, resumed: bool = False
+    ) -> None:
+        """Wait for the lane. `resumed`: a holder that stepped aside, first in line
+        again (its stages under way, so not unsent)."""
+        if not self._held and not self._queue:
+            self._held = True
+            return
+        turn = _Turn(asyncio.get_running_loop().create_future(), overtakes)
+        self._queue.insert(0 if resumed else len(self._queue), turn)
+        self.waiting += not resumed
         try:
-            await self._lock.acquire()
+            await turn.ready
+        except asyncio.CancelledError:
+            if turn in self._queue:
+                self._queue.remove(turn)
+            elif not turn.ready.cancelled():  # handed the lane as it was cancelled
+                self.release()
+            raise
         finally:
-            self.waiting -= 1
+            self.waiting -= not resumed
 
     def release(self) -> None:
-        self._lock.release()
+        """Hand the lane on: to the first waiter that overtakes, else the first
+        (not one cancelled that has yet to leave the queue)."""
+        live = [t for t in self._queue if not t.ready.done()]
+        nxt = next((t for t in live if _overtakes(t.overtakes)), None)
+        nxt = nxt or (live[0] if live else None)
+        if nxt is None:
+            self._held = False
+            return
+        self._queue.remove(nxt)
+        nxt.ready.set_result(None)
+
+    def overtaken(self, overtakes: Callable[[], bool] | None) -> bool:
+        """Does a waiter take the lane before the holder's next stage? Only one
+        that overtakes, and never a holder that overtakes itself (FIFO among those)."""
+        if _overtakes(overtakes):
+            return False
+        return any(_overtakes(t.overtakes) for t in self._queue if not t.ready.done())
+
+
+def _overtakes(overtakes: Callable[[], bool] | None) -> bool:
+    return overtakes is not None and overtakes()
 
 
 async def staged(
@@ -229,11 +291,13 @@ async def staged(
     token. The stages are planned once the lane is held: a prefix the placement
     counted cached may have been evicted while the request waited for it
     (`StagedPrefill.stage_ends`, `held_now`), and is then staged, not sent whole.
-    Each stage is widened while the worker is sheltered (`req.sheltered`)."""
+    Each stage is widened while the worker is sheltered (`req.sheltered`); after
+    each, a short prompt waiting for the lane may take it first (`short_first`)."""
     held = False
     try:
+        overtakes = plan.overtakes(req)
         if lane is not None:
-            await lane.acquire()
+            await lane.acquire(overtakes)
             held = True
         staging = plan.staging(req, page_tokens)
         stats.staged_requests += bool(staging.ends)
@@ -267,6 +331,12 @@ async def staged(
                 log.info(
                     "staged prefill of %s: stages evicted, the rest sent whole", req.request_id
                 )
+            if lane is not None and lane.overtaken(overtakes):  # a short prompt goes first
+                stats.yielded += 1
+                held = False
+                lane.release()
+                await lane.acquire(overtakes, resumed=True)
+                held = True
         whole = dataclasses.replace(req, prompt_text=None) if staging.held else req
         async with aclosing(send(whole)) as stream:
             async for chunk in stream:

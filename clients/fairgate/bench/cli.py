@@ -330,6 +330,13 @@ def bench_stagger(
             "worker (FAIRGATE_STAGED_PREFILL_SHELTERED_STAGE_TOKENS; 0: off)",
         ),
     ] = 0,
+    short_first: Annotated[
+        bool,
+        typer.Option(
+            help="staged: a short prompt waiting for a worker's lane goes between a long "
+            "one's stages (FAIRGATE_STAGED_PREFILL_SHORT_FIRST)",
+        ),
+    ] = False,
     seconds: Annotated[float, typer.Option(min=1, help="simulated seconds per trace")] = 30.0,
     load: Annotated[
         float,
@@ -382,6 +389,7 @@ def bench_stagger(
         stage_min_tokens,
         pace_tokens,
         sheltered_stage_tokens,
+        short_first,
     )
     names = [x.strip() for x in levers.split(",") if x.strip()]
     if not names or any(n not in table for n in names):

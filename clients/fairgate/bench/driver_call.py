@@ -63,6 +63,9 @@ class Call:
     staging: Staging | None = None
     engine_priority: int = 0
     stage_req: SimRequest | None = None
+    # Its turn in its worker's lane came (its stages planned): one that stepped
+    # aside for a short prompt (`StagedPrefill.short_first`) resumes them.
+    lane_turned: bool = False
     # Sent to its engine (after any cold-start hold); held since, and the engine
     # request it waits with (Placement.hold_until).
     sent_s: float | None = None

@@ -84,6 +84,7 @@ PACE: tuple[tuple[str, object], ...] = (("sglang_stagger_pace_tokens", 128),)
 UNSENT: tuple[tuple[str, object], ...] = (("fair_light_takes_unsent_slots", True),)
 SHELTER: tuple[tuple[str, object], ...] = (("staged_prefill_sheltered_stage_tokens", 2048),)
 SHELTER_512: tuple[tuple[str, object], ...] = (("staged_prefill_sheltered_stage_tokens", 512),)
+SHORT_FIRST: tuple[tuple[str, object], ...] = (("staged_prefill_short_first", True),)
 
 
 PACED = (*LEVERS, *SLOT, *PACE)
@@ -121,6 +122,9 @@ VARIANTS = {
         _levers("fg-shelter-2r", (*PACED, *SHELTER), 2),
         _levers("fg-shelter-512", (*PACED, *SHELTER_512)),
         _levers("fg-shelter-512-2r", (*PACED, *SHELTER_512), 2),
+        # ... and a short prompt goes between a long one's stages in a worker's lane
+        # (the other tenants' TTFT; session 28).
+        _levers("fg-short", (*PACED, *SHELTER_512, *SHORT_FIRST)),
         # The stages alone (no stagger, no hold): every step short wherever a
         # prompt lands, no worker kept off the long prefill (session 17).
         _levers("fg-staged", STAGED),

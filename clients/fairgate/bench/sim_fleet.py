@@ -152,11 +152,14 @@ class SimFleet:
         self._stages: dict[str, Call] = {}  # stage rid -> its request
         # Admitted, held unsent by the cold-start hold, oldest first.
         self._held: list[Call] = []
+        # Times a staged request stepped aside for a short one (`StagingStats.yielded`).
+        self.yielded = 0
 
     def unsent(self) -> int:
         """Admitted requests no engine has: held (as the pool's `_hold`) or waiting
         for a worker's lane (as `WorkerPool.unsent`)."""
-        return len(self._held) + sum(len(w.lane_queue) for w in self.workers)
+        laned = sum(not c.lane_turned for w in self.workers for c in w.lane_queue)
+        return len(self._held) + laned
 
     def cached_prefix(self, req: QueuedRequest) -> int:
         """Admission's locality estimate, from the placement of the request's replica."""
@@ -231,7 +234,7 @@ class SimFleet:
     def _lane_turn(self, call: Call, late: bool = False) -> None:
         """`call`'s turn in its worker's lane: its stages from what the worker holds
         of it now (`Placement.recheck`: evicted while it waited?), as `staged` does."""
-        held = 0
+        held, call.lane_turned = 0, True
         if call.placed is not None:
             held = self._placement_of(call.req).recheck(call.placed)
         plan = self.staged_prefill
@@ -276,16 +279,33 @@ class SimFleet:
         (w.late.append if late else w.core.add)(call.stage_req)
         self._stages[rid] = call
 
+    def _overtakes(self, call: Call) -> bool:
+        """As the pool's `EngineRequest.overtakes` (`StagedPrefill.short_first`)."""
+        if not self.staged_prefill.short_first or call.placed is None:
+            return False
+        return self._placement_of(call.req).overtakes(call.placed)
+
     def _lane_free(self, call: Call) -> None:
         """`call` no longer holds its worker's lane (its first token, or it ended)."""
         w = self.workers[call.worker]
         if call in w.lane_queue:
             w.lane_queue.remove(call)
-        if w.lane is not call:
+        if w.lane is call:
+            self._lane_next(w)
+
+    def _lane_next(self, w: SimWorker) -> None:
+        """The lane's next turn, as `StageLane.release`: the first waiter that
+        overtakes, else the first; its stages planned, or resumed."""
+        nxt = next((c for c in w.lane_queue if self._overtakes(c)), None)
+        nxt = nxt or (w.lane_queue[0] if w.lane_queue else None)
+        w.lane = nxt
+        if nxt is None:
             return
-        w.lane = w.lane_queue.popleft() if w.lane_queue else None
-        if w.lane is not None:
-            self._lane_turn(w.lane, late=True)
+        w.lane_queue.remove(nxt)
+        if nxt.lane_turned:
+            self._send_stage(nxt, late=True)
+        else:
+            self._lane_turn(nxt, late=True)
 
     def emitted(self, em: Emission) -> Call | None:
         """The request an emission's token is for; None: a stage that ended (the
@@ -296,7 +316,15 @@ class SimFleet:
         assert call.staging is not None and call.stage_req is not None
         del self._stages[em.rid]
         call.staging.stage_done(call.stage_req.cached_tokens)
-        self._send_stage(call, late=True)
+        w = self.workers[call.worker]
+        if not self._overtakes(call) and any(self._overtakes(c) for c in w.lane_queue):
+            # As `StageLane.overtaken`: it steps aside for a short prompt, first in line.
+            self.yielded += 1
+            call.stage_req = None
+            w.lane_queue.appendleft(call)
+            self._lane_next(w)
+        else:
+            self._send_stage(call, late=True)
         return None
 
     def first_token(self, call: Call) -> int:

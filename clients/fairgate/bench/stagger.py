@@ -82,6 +82,8 @@ class Levers:
     pace_tokens: int = 0
     # Stages of up to this many tokens where the stagger shelters the worker (0: off).
     sheltered_tokens: int = 0
+    # A short prompt goes between a long one's stages in a worker's lane.
+    short_first: bool = False
 
     def stagger(self) -> Stagger | None:
         if not (self.keep_free or self.hold_max_s):
@@ -102,6 +104,7 @@ class Levers:
             stage_tokens=self.stage_tokens,
             cold_only=self.cold_only,
             sheltered_stage_tokens=self.sheltered_tokens,
+            short_first=self.short_first,
         )
 
 
@@ -113,10 +116,11 @@ def levers(
     stage_min_tokens: int = CHUNK_TOKENS + 1,
     pace_tokens: int = 0,
     sheltered_tokens: int = 0,
+    short_first: bool = False,
 ) -> dict[str, Levers]:
     """The combinations the table compares, in its order (`keep_tokens`,
-    `stage_min_tokens`, `pace_tokens`, `sheltered_tokens`: every combination's, see
-    `Levers`)."""
+    `stage_min_tokens`, `pace_tokens`, `sheltered_tokens`, `short_first`: every
+    combination's, see `Levers`)."""
     return {
         name: dataclasses.replace(
             lev,
@@ -124,6 +128,7 @@ def levers(
             stage_min_tokens=stage_min_tokens,
             pace_tokens=pace_tokens,
             sheltered_tokens=sheltered_tokens,
+            short_first=short_first,
         )
         for name, lev in _levers(min_tokens, hold_max_s, stage_tokens).items()
     }
@@ -316,6 +321,15 @@ def light_ttft_s(drv: Driver) -> list[float]:
         c.first_token_s - c.arrival.at_s
         for c in drv.calls
         if c.arrival.tenant_id == LIGHT and c.first_token_s is not None
+    )
+
+
+def others_ttft_s(drv: Driver) -> list[float]:
+    """The heavy tenants' TTFT, sorted: what isolating the light tenant costs them."""
+    return sorted(
+        c.first_token_s - c.arrival.at_s
+        for c in drv.calls
+        if c.arrival.tenant_id != LIGHT and c.first_token_s is not None
     )
 
 

@@ -51,6 +51,7 @@ from fairgate.bench.stagger import (
     Levers,
     fleet,
     light_ttft_s,
+    others_ttft_s,
     quantile,
     sim_config,
     solo,
@@ -151,6 +152,7 @@ def run_matrix(
                     sts = [p.stagger for p in drv.placements]
                     p50, p99 = quantile(ttft, 0.5), quantile(ttft, 0.99)
                     jain, together_s = jain_service(drv)
+                    others = others_ttft_s(drv)
                     rows.append(
                         {
                             "mix": mix,
@@ -173,6 +175,8 @@ def run_matrix(
                             "backlogged_s": together_s,
                             "jain_wait": jain_wait(drv),
                             "gap_over_bound": gap_over_bound(drv),
+                            "others_p50_s": quantile(others, 0.5),
+                            "others_p99_s": quantile(others, 0.99),
                             "kept_free": sum(st.kept_free for st in sts),
                             "held": sum(st.held for st in sts),
                             "held_to_bound": sum(st.held_to_bound for st in sts),
@@ -192,6 +196,8 @@ SUMMARIZED = (
     "backlogged_s",
     "jain_wait",
     "gap_over_bound",
+    "others_p50_s",
+    "others_p99_s",
     "held",
     "paced",
 )
@@ -234,11 +240,13 @@ def print_table(summary: list[dict[str, Any]], seeds: Sequence[int]) -> None:
         f"{'mix':<6} {'eng':>3} {'levers':<11} | {'p50/solo':<17} | {'p99/solo':<19} | "
         f"{'p99-solo ms':<19} | {'p99/bar':<17} | bar | {'tok/s x none':<21} | "
         f"{'Jain svc':<21} | {'2+ backlogged s':<17} | {'Jain wait':<21} | {'gap/B':<17} | "
-        f"{'held':<15} | paced"
+        f"{'others p50 ms':<19} | {'others p99 ms':<19} | {'held':<15} | paced"
     )
     for s in summary:
-        ms = s["p99_minus_solo_s"]
-        ms = None if ms is None else tuple(x * 1e3 for x in ms)
+        ms, o50, o99 = (
+            None if s[k] is None else tuple(x * 1e3 for x in s[k])
+            for k in ("p99_minus_solo_s", "others_p50_s", "others_p99_s")
+        )
         print(
             f"{s['mix']:<6} {s['engines']:>3} {s['levers']:<11} | "
             f"{_fmt(s['p50_over_solo'], '.1f'):<17} | {_fmt(s['p99_over_solo'], '.1f'):<19} | "
@@ -246,7 +254,8 @@ def print_table(summary: list[dict[str, Any]], seeds: Sequence[int]) -> None:
             f"{'yes' if s['bar_met'] else 'no':<3} | {_fmt(s['tokens_vs_none'], '.3f'):<21} | "
             f"{_fmt(s['jain_service'], '.3f'):<21} | {_fmt(s['backlogged_s'], '.1f'):<17} | "
             f"{_fmt(s['jain_wait'], '.3f'):<21} | "
-            f"{_fmt(s['gap_over_bound'], '.2f'):<17} | {_fmt(s['held'], '.0f'):<15} | "
+            f"{_fmt(s['gap_over_bound'], '.2f'):<17} | {_fmt(o50, '.0f'):<19} | "
+            f"{_fmt(o99, '.0f'):<19} | {_fmt(s['held'], '.0f'):<15} | "
             f"{_fmt(s['paced'], '.0f')}"
         )
 
