@@ -237,7 +237,7 @@ class StageLane:
     ) -> None:
         """Wait for the lane. `resumed`: a holder that stepped aside, first in line
         again (its stages under way, so not unsent)."""
-        if not self._held and not self._queue:
+        if not self._held:  # free: `release` hands it to a live waiter, if any
             self._held = True
             return
         turn = _Turn(asyncio.get_running_loop().create_future(), overtakes)

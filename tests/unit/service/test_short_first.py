@@ -97,6 +97,16 @@ async def test_a_cancelled_waiter_leaves_the_lane_and_a_cancelled_turn_is_passed
         await late
     await after
     assert order == ["after"] and lane.waiting == 0
+    # Cancelled while the lane is handed on to nobody else: the lane is free at
+    # once, not held for the turn still leaving the queue.
+    await lane.acquire()
+    leaving = asyncio.create_task(lane.acquire())
+    await asyncio.sleep(0)
+    coming = asyncio.create_task(lane.acquire())  # asks before `leaving` has left
+    leaving.cancel()
+    lane.release()
+    await asyncio.wait_for(coming, 1)
+    lane.release()
 
 
 async def _collect(stream: AsyncGenerator[EngineChunk, None]) -> list[EngineChunk]:
