@@ -191,3 +191,40 @@ async def test_a_sheltered_worker_takes_wide_stages_while_a_light_tenant_is_acti
     counts = isolation_counts(pool)
     assert (counts["staged_requests"], counts["stages"], counts["stages_wide"]) == (2, 4, 1)
     await assert_no_sglang_leaks(app, *workers)
+
+
+@pytest.mark.parametrize("short_first", [True, False])
+async def test_a_short_prompt_takes_the_lane_between_a_long_ones_stages(
+    start_server: StartServer, start_sim: StartSim, short_first: bool
+) -> None:
+    """`staged_prefill_short_first`: a 1 200-token prompt (staged, but below the
+    stagger's long mark of 1 500) that arrives during a 4 000-token prompt's stages
+    goes in before the rest of them, not after its first token."""
+    stand_in = await start_sim(time_scale=0.5)
+    settings = {
+        **STAGED,
+        "sglang_stagger_prefill_tokens": 1500,
+        "staged_prefill_short_first": short_first,
+    }
+    app = await start_server(**sglang_settings(stand_in, **settings))
+    pool = app.engine
+    assert isinstance(pool, WorkerPool)
+    long, short = [5, *range(200, 4199)], [6, *range(5000, 6199)]
+    async with AsyncClient(app.address) as c:
+        first = asyncio.create_task(c.complete(long, max_tokens=4, ignore_eos=True))
+        await eventually(lambda: len(stand_in.record.requests) >= 1, what="its first stage")
+        await c.complete(short, max_tokens=4, ignore_eos=True)
+        await first
+    sent = [
+        (body["input_ids"][0], n)
+        for body, (n, _) in zip(stand_in.record.requests, sent_lengths(stand_in), strict=True)
+    ]
+    short_sent = [(6, 512), (6, 1024), (6, 1200)]
+    assert [s for s in sent if s[0] == 5] == [(5, n) for n in (*range(512, 4000, 512), 4000)]
+    assert [s for s in sent if s[0] == 6] == short_sent
+    if short_first:  # its stages and itself before the long one's last stage
+        assert sent.index((6, 1200)) < sent.index((5, 3584))
+    else:
+        assert sent[-3:] == short_sent
+    assert isolation_counts(pool)["lane_yielded"] == (1 if short_first else 0)
+    await assert_no_sglang_leaks(app, stand_in)
