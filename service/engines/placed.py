@@ -55,6 +55,8 @@ class Placed:
     seq: int = 0
     # A light tenant's request that has not streamed yet (`Placement.sheltered`).
     light_waiting: bool = False
+    # When it was placed (the placement's clock).
+    placed_s: float = 0.0
 
 
 @dataclass(slots=True)

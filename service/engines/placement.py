@@ -44,6 +44,13 @@ SHARED_PREFILL_MIN_TOKENS = 512
 # A light request's prefill, announced whatever its length, is marked so
 # (`sheltered`: a wide stage must not share its prefill step).
 LIGHT_PREFILL = "light-"
+# With other replicas, a prompt is not sheltered until this long after it was
+# placed: a light request another replica placed on the same worker just before
+# it heard of the prompt is announced within a round trip of the replicas'
+# stream. Traced live (two replicas, long mix): a 1 481-token prompt placed 2 ms
+# after the other replica's light request on the then free worker got a wide
+# first stage, and the light request waited for it (docs/benchmarks.md, session 28).
+SHELTER_GRACE_S = 0.1
 
 
 class Placement:
@@ -199,6 +206,7 @@ class Placement:
             keys,
             seq=next(self._seq),
             light_waiting=req.light,
+            placed_s=self.clock(),
         )
         self._placed[i].add(placed)
         self._pin(placed, req.prompt_tokens, req.max_tokens)
@@ -287,8 +295,11 @@ class Placement:
         """Is a light request kept off `p`'s worker now (`Stagger.shelters`), and
         none waiting there for its first token, this replica's or another's as
         announced (a wide stage would share its prefill step): `p`'s stages may
-        be wide (staged_prefill.py)."""
+        be wide (staged_prefill.py). Not within `SHELTER_GRACE_S` of its placing
+        while other replicas hear of it: one of theirs may not be announced yet."""
         if any(q.light_waiting for q in self._placed[p.worker]):
+            return False
+        if self.on_prefill is not None and self.clock() - p.placed_s < SHELTER_GRACE_S:
             return False
         pending = self._all_pending()  # drops the other replicas' expired prefills
         remote = self.remote_prefill[p.worker]

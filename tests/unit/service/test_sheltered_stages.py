@@ -16,7 +16,7 @@ import pytest
 from scheduler.request import QueuedRequest
 from service.engines.engine_request import engine_request
 from service.engines.placed import Placed
-from service.engines.placement import Placement
+from service.engines.placement import SHELTER_GRACE_S, Placement
 from service.engines.protocol import EngineChunk, EngineRequest, SamplingOptions
 from service.engines.simulator.core import SimConfig
 from service.engines.simulator.engine import SimulatedEngine
@@ -174,11 +174,13 @@ def test_a_light_request_another_replica_placed_there_is_heard() -> None:
     """Two replicas over the same four workers: one's light request (announced
     whatever its length) ends the other's shelter on that worker until it streams."""
     targets = {r: [_Target(f"w{i}") for i in range(4)] for r in "ab"}
-    a, b = (Placement(targets[r], clock=lambda: 5.0) for r in "ab")
+    now = [5.0]
+    a, b = (Placement(targets[r], clock=lambda: now[0]) for r in "ab")
     for me, other in ((a, b), (b, a)):
         me.stagger = _stagger()
         me.on_prefill = lambda url, pid, n, other=other: other.learn_prefill(url, f"r:{pid}", n)
     long = _place(a, 6000, 10_000)
+    now[0] += 2 * SHELTER_GRACE_S  # heard by b by now (`SHELTER_GRACE_S`)
     assert a.sheltered(long)
     elsewhere = _place(b, 40, 90_000, light=True)
     assert elsewhere.worker != long.worker  # where it starts soonest: not behind 6000
@@ -192,3 +194,24 @@ def test_a_light_request_another_replica_placed_there_is_heard() -> None:
     assert not a.sheltered(long)
     b.first_token(light, 40, 0)  # it streams: its end is announced
     assert a.sheltered(long)
+
+
+def test_with_other_replicas_a_prompt_is_sheltered_only_after_a_grace() -> None:
+    """Another replica may have placed a light request on the same worker just
+    before it heard of this prompt (traced live, session 28): while the replicas
+    share prefills, no wide stage until `SHELTER_GRACE_S` after placing; alone,
+    at once."""
+    now = [5.0]
+    alone = Placement([_Target(f"w{i}") for i in range(4)], clock=lambda: now[0])
+    shared = Placement([_Target(f"w{i}") for i in range(4)], clock=lambda: now[0])
+    heard: list[str] = []
+    shared.on_prefill = lambda url, pid, n: heard.append(pid)
+    for p in (alone, shared):
+        p.stagger = _stagger()
+    mine, theirs = _place(alone, 6000, 10_000), _place(shared, 6000, 10_000)
+    assert heard  # announced to the other replicas
+    assert alone.sheltered(mine)
+    now[0] += SHELTER_GRACE_S / 2
+    assert not shared.sheltered(theirs)
+    now[0] += SHELTER_GRACE_S
+    assert shared.sheltered(theirs)
