@@ -125,6 +125,9 @@ async def test_the_lever_variants_serve_the_long_mix_through_kv_events(
         assert acc["failed"] == 0 and acc["completed"] > 0, (key, acc)
         assert set(row["repetitions"][0]["tenants"]) == {"code", "docs", "conv", "light"}
     assert out["variants"]["fg-levers-2r"]["describe"].endswith("KV events")
+    # "No levers" is locality on as many replicas: fg-loc-2r (not run here) for two.
+    assert out["variants"]["fg-levers"]["tokens_per_s_over_nolevers"] > 0
+    assert math.isnan(out["variants"]["fg-levers-2r"]["tokens_per_s_over_nolevers"])
     # One solo run (through fg-locality) is every stack's reference.
     solos = {r["light_solo_ttft_p99_s"] for r in out["variants"].values()}
     assert len(solos) == 1 and not math.isnan(solos.pop())

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fairgate.bench.fairness_metrics import jain_of_waits
-from fairgate.bench.fleet_stacks import BASELINE, NO_LEVERS, PEER, FleetVariant
+from fairgate.bench.fleet_stacks import BASELINE, PEER, FleetVariant, no_levers
 
 if TYPE_CHECKING:
     from fairgate.bench.fairness import RunResult
@@ -138,8 +138,9 @@ def report(
             for p, rep in zip(per_rep, reps, strict=True)
         ]
         rows[v.key] = row
-    for row in rows.values():
-        for ref_name, ref in (("baseline", BASELINE), ("peer", PEER), ("nolevers", NO_LEVERS)):
+    for v in variants:
+        row = rows[v.key]
+        for ref_name, ref in (("baseline", BASELINE), ("peer", PEER), ("nolevers", no_levers(v))):
             other = rows.get(ref)
             for f in ("tokens_per_s", "output_tokens_per_s", "cached_tokens"):
                 row[f"{f}_over_{ref_name}"] = (

@@ -144,6 +144,12 @@ DEFAULT_VARIANTS = [k for k, v in VARIANTS.items() if not v.extra]
 BASELINE, PEER, NO_LEVERS = "fg-leastfull", "smg-cache", "fg-locality"
 
 
+def no_levers(v: FleetVariant) -> str:
+    """What `v`'s tokens/s are compared with as "no levers": fairgate's locality
+    routing on as many replicas (two: `fg-loc-2r`)."""
+    return "fg-loc-2r" if v.replicas == 2 else NO_LEVERS
+
+
 def routing_setting_exists() -> bool:
     """Does this fairgate have FAIRGATE_SGLANG_ROUTING? (Without it every fairgate
     variant routes the same, and the report says so.)"""

@@ -113,7 +113,7 @@ def _fmt(v: tuple[float, float, float] | None, spec: str, scale: float = 1.0) ->
 def print_markdown(summary: Sequence[dict[str, Any]]) -> None:
     print(
         "| mix | workers | time scale | variant | light p50 ms | light p99 ms "
-        "| queue wait p99 ms | p99 ÷ solo | p99 ÷ bar | tokens/s | ÷ fg-locality "
+        "| queue wait p99 ms | p99 ÷ solo | p99 ÷ bar | tokens/s | ÷ no levers "
         "| ÷ smg cache_aware | Jain | Jain wait | others' TTFT p50 ms |"
     )
     print("|---|---:|---:|---|---|---|---|---|---|---|---|---|---|---|---|")
