@@ -47,9 +47,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import TypeVar
 
 from service.engines.protocol import (
     EngineChunk,
@@ -62,6 +63,7 @@ from service.engines.protocol import (
 log = logging.getLogger(__name__)
 
 Send = Callable[[EngineRequest], AsyncGenerator[EngineChunk, None]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,11 +257,10 @@ class StageLane:
             self.waiting -= not resumed
 
     def release(self) -> None:
-        """Hand the lane on: to the first waiter that overtakes, else the first
-        (not one cancelled that has yet to leave the queue)."""
+        """Hand the lane on (`next_turn`; not to one cancelled that has yet to
+        leave the queue)."""
         live = [t for t in self._queue if not t.ready.done()]
-        nxt = next((t for t in live if _overtakes(t.overtakes)), None)
-        nxt = nxt or (live[0] if live else None)
+        nxt = next_turn(live, lambda t: _overtakes(t.overtakes))
         if nxt is None:
             self._held = False
             return
@@ -269,13 +270,24 @@ class StageLane:
     def overtaken(self, overtakes: Callable[[], bool] | None) -> bool:
         """Does a waiter take the lane before the holder's next stage? Only one
         that overtakes, and never a holder that overtakes itself (FIFO among those)."""
-        if _overtakes(overtakes):
-            return False
-        return any(_overtakes(t.overtakes) for t in self._queue if not t.ready.done())
+        waiting = (t for t in self._queue if not t.ready.done())
+        return steps_aside(_overtakes(overtakes), (_overtakes(t.overtakes) for t in waiting))
 
 
 def _overtakes(overtakes: Callable[[], bool] | None) -> bool:
     return overtakes is not None and overtakes()
+
+
+def next_turn(waiting: Sequence[T], overtakes: Callable[[T], bool]) -> T | None:
+    """Whose turn in a lane is next: the first waiter that overtakes, else the
+    first (the pool's `StageLane` and the virtual fleet's lanes)."""
+    return next((t for t in waiting if overtakes(t)), waiting[0] if waiting else None)
+
+
+def steps_aside(holder_overtakes: bool, waiters_overtake: Iterable[bool]) -> bool:
+    """Does a lane's holder step aside between two stages? Only for a waiter that
+    overtakes, and never when it overtakes itself (FIFO among those)."""
+    return not holder_overtakes and any(waiters_overtake)
 
 
 async def staged(

@@ -20,7 +20,7 @@ from service.engines.placement import Placement
 from service.engines.protocol import EngineRequest, SamplingOptions
 from service.engines.routing import Routing
 from service.engines.simulator.core import Emission, SimConfig, SimCore, SimRequest, StepResult
-from service.engines.staged_prefill import StagedPrefill, Staging
+from service.engines.staged_prefill import StagedPrefill, Staging, next_turn, steps_aside
 from service.engines.stagger import Stagger
 
 
@@ -296,8 +296,7 @@ class SimFleet:
     def _lane_next(self, w: SimWorker) -> None:
         """The lane's next turn, as `StageLane.release`: the first waiter that
         overtakes, else the first; its stages planned, or resumed."""
-        nxt = next((c for c in w.lane_queue if self._overtakes(c)), None)
-        nxt = nxt or (w.lane_queue[0] if w.lane_queue else None)
+        nxt = next_turn(w.lane_queue, self._overtakes)
         w.lane = nxt
         if nxt is None:
             return
@@ -317,7 +316,7 @@ class SimFleet:
         del self._stages[em.rid]
         call.staging.stage_done(call.stage_req.cached_tokens)
         w = self.workers[call.worker]
-        if not self._overtakes(call) and any(self._overtakes(c) for c in w.lane_queue):
+        if steps_aside(self._overtakes(call), map(self._overtakes, w.lane_queue)):
             # As `StageLane.overtaken`: it steps aside for a short prompt, first in line.
             self.yielded += 1
             call.stage_req = None
