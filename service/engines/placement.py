@@ -463,11 +463,21 @@ class Placement:
         healthy = [t.healthy for t in self.targets]
         pending = self._all_pending()
         fits = self._fits(req, keys, now_s)
-        views = self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits)
+        pick = self._light_pick(pending, now_s) if self.on_prefill is not None else None
+        views = self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits, pick)
         paced = self.stagger.paced_views(
             req.prompt_tokens, req.light, views, self.queued_short, now_s
         )
         return paced or views  # none with room: the hold's bound let it go
+
+    def _light_pick(self, pending: Sequence[int], now_s: float) -> int | None:
+        """The worker a light request would go to now (`route`'s soonest, a short
+        prompt cold everywhere), as another replica placing one works it out."""
+        candidates = self._candidates(set())
+        if not candidates:
+            return None
+        views = [WorkerView(self.load(i, now_s, 0, 1), pending[i]) for i in candidates]
+        return candidates[route(views, 1, self.routing, soonest=True)]
 
     def queued_short(self, i: int) -> int:
         """Short prefill queued on worker `i` (pacing, `stagger.py`): the uncached

@@ -159,6 +159,7 @@ class Stagger:
         healthy: Sequence[bool],
         now_s: float,
         fits: Callable[[int, WorkerView], bool] | None = None,
+        pick: int | None = None,
     ) -> list[tuple[int, WorkerView]]:
         """The views a prompt of `prompt_tokens` may take: while the light tenant is
         active, all but the last worker on short steps, unless the prompt's part
@@ -168,8 +169,16 @@ class Stagger:
         on a full one it waits in that engine's queue while its KV fills
         admission's budget, and the light tenant waits behind it in fairgate's
         queue (docs/benchmarks.md, "Long mix on two workers: traced"). That last
-        case is what `room_hold_until_s` holds, where the hold is on."""
-        left, given_up = self._kept(prompt_tokens, views, pending, healthy, now_s, fits)
+        case is what `room_hold_until_s` holds, where the hold is on.
+
+        `pick` (given with other replicas placing on the same workers): the worker
+        a light request would go to now (`route`'s soonest). With several on
+        short steps the prompt leaves that one too, where another on short steps
+        takes it with as much of its prefix cached and room for its KV: another
+        replica's light request may be on its way there, not yet announced, and
+        both rules alone pick the same idle worker (traced live, two replicas,
+        docs/benchmarks.md, session 29)."""
+        left, given_up = self._kept(prompt_tokens, views, pending, healthy, now_s, fits, pick)
         self.kept_given_up += given_up
         if len(left) < len(views):
             self.kept_free += 1
@@ -183,6 +192,7 @@ class Stagger:
         healthy: Sequence[bool],
         now_s: float,
         fits: Callable[[int, WorkerView], bool] | None,
+        pick: int | None = None,
     ) -> tuple[list[tuple[int, WorkerView]], bool]:
         """`kept`'s views, and whether the last free worker was let go for want of
         KV elsewhere (no counting)."""
@@ -192,6 +202,8 @@ class Stagger:
         if not self.light_active(now_s) or not self.enough(healthy):
             return views, False
         free = [i for i, ok in enumerate(healthy) if ok and self.short(pending[i])]
+        if len(free) > 1 and pick in free:
+            return self._off_pick(prompt_tokens, views, pending, free, pick, fits), False
         if len(free) != 1:
             return views, False
         last = free[0]
@@ -201,6 +213,29 @@ class Stagger:
         if fits is not None and not any(fits(i, v) for i, v in left if i != last):
             return views, len(left) < len(views)
         return (left or views), False
+
+    def _off_pick(
+        self,
+        prompt_tokens: int,
+        views: list[tuple[int, WorkerView]],
+        pending: Sequence[int],
+        free: list[int],
+        pick: int,
+        fits: Callable[[int, WorkerView], bool] | None,
+    ) -> list[tuple[int, WorkerView]]:
+        """`kept` with several workers on short steps: the views without the light
+        request's `pick`, where another on short steps takes the prompt as cached
+        and with room; else all of them (nothing is held for it)."""
+        there = next((v for i, v in views if i == pick), None)
+        if there is None or pending[pick] + prompt_tokens - there.matched < self.keep():
+            return views
+        left = [(i, v) for i, v in views if i != pick]
+        if any(
+            i in free and v.matched >= there.matched and (fits is None or fits(i, v))
+            for i, v in left
+        ):
+            return left
+        return views
 
     def room_hold_until_s(
         self,

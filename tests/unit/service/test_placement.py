@@ -278,35 +278,38 @@ def test_two_replicas_stagger_with_each_others_prefills() -> None:
         p.stagger = Stagger(min_tokens=1024, light_window_s=10.0, min_workers=2)
         p.released(p.place(_request(40, light=True), [], set()) or pytest.fail())
     long_a = a.place(_request(3000, light=False), [], set())
-    assert long_a is not None and long_a.worker == 0
+    # Both idle: A's long prompt leaves w0, where a light request goes next
+    # (`Stagger.kept`'s pick, with other replicas).
+    assert long_a is not None and long_a.worker == 1 and a.stagger.kept_free == 1
     pid_a = long_a.prefill_id
     # A's light request was announced as it was placed and as it ended (`sheltered`).
     assert sent[:2] == [("w0", "light-1", 40), ("w0", "light-1", 0)]
     del sent[:2]
-    assert sent == [("w0", pid_a, 3000)]
+    assert sent == [("w1", pid_a, 3000)]
     for url, pid, n in sent:
         b.learn_prefill(url, f"a:{pid}", n)
-    assert (b.prefill_pending(0), b.pending_prefill[0]) == (3000, 0)
-    # Without A's prefill, B's long prompt would take w0 (the rule's tie); with it,
-    # w1 is the last worker on short steps and is kept for the light tenant.
+    assert (b.prefill_pending(1), b.pending_prefill[1]) == (3000, 0)
+    # Without A's prefill, B's long prompt would take w0 (the rule's tie; B is
+    # told of no other replica's prefills); with it, w0 is the last worker on
+    # short steps and is kept for the light tenant.
     long_b = b.place(_request(3000, light=False), [], set())
-    assert long_b is not None and long_b.worker == 0 and b.stagger.kept_free == 1
+    assert long_b is not None and long_b.worker == 1 and b.stagger.kept_free == 1
     b.released(long_b)
     light = b.place(_request(40, light=True), [], set())
-    assert light is not None and light.worker == 1
+    assert light is not None and light.worker == 0
     b.released(light)
     a.first_token(long_a, 3000, 0)
-    assert sent[-1] == ("w0", pid_a, 0)
-    b.learn_prefill("w0", f"a:{pid_a}", 0)
-    assert b.prefill_pending(0) == 0
+    assert sent[-1] == ("w1", pid_a, 0)
+    b.learn_prefill("w1", f"a:{pid_a}", 0)
+    assert b.prefill_pending(1) == 0
     a.released(long_a)
     assert len(sent) == 2  # its end is announced once
     # A lost end: counted for the TTL only.
-    b.learn_prefill("w1", "a:99", 5000)
+    b.learn_prefill("w0", "a:99", 5000)
     now[0] += b.remote_prefill_ttl_s - 1
-    assert b.prefill_pending(1) == 5000
+    assert b.prefill_pending(0) == 5000
     now[0] += 1
-    assert b.prefill_pending(1) == 0 and b.remote_prefill == [{}, {}]
+    assert b.prefill_pending(0) == 0 and b.remote_prefill == [{}, {}]
 
 
 def _hold_placement(now: list[float], light_window_s: float = 10.0) -> Placement:
