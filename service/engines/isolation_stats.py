@@ -10,7 +10,7 @@ from service.engines.staged_prefill import StagingStats
 
 # The counters, in the order they are reported (the metric's `fairgate.isolation.event`).
 EVENTS = (
-    "kept_free",  # a long prompt kept off the last worker on short steps
+    "kept_free",  # a long prompt kept off the last worker on short steps (or the light's pick)
     "kept_given_up",  # ... let onto it: no other worker's KV held it
     "held",  # a cold long prompt held while every worker was mid-prefill
     "held_to_bound",  # ... released by the hold's bound, not by a worker's prefill ending

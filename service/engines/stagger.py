@@ -8,7 +8,9 @@ rules keep a worker on short steps for the light tenant:
 
 - **keep one free** (`kept`, lever 1): a long prompt never takes the last
   worker free of long prefill (no long prefill routed there and not streamed).
-  Where every worker is mid-prefill there is nothing to keep.
+  Where every worker is mid-prefill there is nothing to keep. With other
+  replicas, where several are free it also leaves the one a light request
+  would go to now (`kept`'s `pick`).
 - **cold-start hold** (`hold_until_s`, lever 4): where every worker *is*
   mid-prefill, a cold long prompt is not started anywhere (which would keep
   them all mid-prefill for another prompt's worth of chunks): it waits, before
