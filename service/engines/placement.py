@@ -112,10 +112,11 @@ class Placement:
         self.remote_prefill: list[dict[str, tuple[int, float]]] = [{} for _ in range(n)]
         self.remote_prefill_ttl_s = REMOTE_PREFILL_TTL_S
         self._prefills = itertools.count(1)
-        # Replicas: this replica's requests and KV in flight on a worker whenever they
-        # change (worker URL, requests, KV tokens) go to the others, whose loads come
+        # Replicas: this replica's requests and KV in flight on a worker, and its quiet
+        # prefill there (`quiet_prefill`), whenever they change (worker URL,
+        # requests, KV tokens, prefill tokens) go to the others, whose loads come
         # back through `learn_load` (remote_load.py).
-        self.on_load: Callable[[str, int, int], None] | None = None
+        self.on_load: Callable[[str, int, int, int], None] | None = None
         self.remote_load = RemoteLoads(n)
         # Replicas: this replica placed a light tenant's short request (the stagger's
         # light tenant is active); the others' come back through `learn_light`.
@@ -134,14 +135,16 @@ class Placement:
     # -- what admission asks ----------------------------------------------------------
     def prefill_pending(self, i: int) -> int:
         """Uncached prompt tokens routed to worker `i` that have not streamed yet:
-        this replica's, and the other replicas' still counted (`learn_prefill`)."""
+        this replica's, and the other replicas' still counted (`learn_prefill`, and
+        their quiet prefill, `learn_load`)."""
         remote = self.remote_prefill[i]
-        if not remote:
-            return self.pending_prefill[i]
         now_s = self.clock()
+        quiet = self.remote_load.prefill(i, now_s)
+        if not remote:
+            return self.pending_prefill[i] + quiet
         for pid in [pid for pid, (_, until_s) in remote.items() if until_s <= now_s]:
             del remote[pid]
-        return self.pending_prefill[i] + sum(n for n, _ in remote.values())
+        return self.pending_prefill[i] + quiet + sum(n for n, _ in remote.values())
 
     def prefix_keys(self, prompt_token_ids: Sequence[int]) -> list[int]:
         """The keys locality matches a prompt by ([] with least_full)."""
@@ -210,9 +213,9 @@ class Placement:
         )
         self._placed[i].add(placed)
         self._pin(placed, req.prompt_tokens, req.max_tokens)
-        self._loaded(i)
         self._routed(i, keys)
         self._announce(placed)
+        self._loaded(i)  # after `_announce`: an announced prefill is not quiet
         if keys:
             computing = self._computing[i]
             for k in keys:
@@ -289,6 +292,7 @@ class Placement:
             p.pending += gone
             self.pending_prefill[i] += gone
             self._announce(p)
+            self._loaded(i)
         return now
 
     def sheltered(self, p: Placed) -> bool:
@@ -356,6 +360,7 @@ class Placement:
         prompt it had cached. Fewer tokens than the index matched means it evicted
         more than the index did (or restarted)."""
         self._prefilled(p)
+        self._loaded(p.worker)
         reported = min(max(0, cached), prompt_tokens)
         self.cached_tokens_total += reported
         self.predicted_cached_total += p.matched
@@ -384,7 +389,14 @@ class Placement:
     def _loaded(self, i: int) -> None:
         """This replica's load on worker `i` changed: the others weigh it too."""
         if self.on_load is not None:
-            self.on_load(self.targets[i].url, self.in_flight[i], self.kv_in_flight[i])
+            url, quiet = self.targets[i].url, self.quiet_prefill(i)
+            self.on_load(url, self.in_flight[i], self.kv_in_flight[i], quiet)
+
+    def quiet_prefill(self, i: int) -> int:
+        """This replica's prefill on worker `i` not announced one by one (`_announce`:
+        short), not streamed: the other replicas weigh it as their own, in routing
+        and pacing (remote_load.py)."""
+        return sum(q.pending for q in self._placed[i] if not q.prefill_id)
 
     def _shared_prefill_tokens(self) -> int:
         """The shortest prefill announced to the other replicas: one the stagger
@@ -482,9 +494,11 @@ class Placement:
     def queued_short(self, i: int) -> int:
         """Short prefill queued on worker `i` (pacing, `stagger.py`): the uncached
         prompt tokens not streamed of this replica's requests there that leave less
-        than the stagger's `keep()`."""
+        than the stagger's `keep()`, and the other replicas' quiet prefill there
+        (their short prompts, mostly: remote_load.py)."""
         keep = self.stagger.keep()
-        return sum(q.pending for q in self._placed[i] if q.pending < keep)
+        own = sum(q.pending for q in self._placed[i] if q.pending < keep)
+        return own + self.remote_load.prefill(i, self.clock())
 
     def _fits(
         self, req: EngineRequest, keys: Sequence[int], now_s: float
@@ -565,11 +579,14 @@ class Placement:
         active here too (staggered prefill and the hold keep a worker for it)."""
         self.stagger.heard(self.clock())
 
-    def learn_load(self, url: str, replica: str, requests: int, kv_tokens: int) -> None:
-        """Replica `replica` has `requests` of `kv_tokens` in flight on `url`."""
+    def learn_load(
+        self, url: str, replica: str, requests: int, kv_tokens: int, prefill: int = 0
+    ) -> None:
+        """Replica `replica` has `requests` of `kv_tokens` in flight on `url`, and
+        `prefill` tokens of quiet prefill there (`quiet_prefill`)."""
         for i, t in enumerate(self.targets):
             if t.url == url:
-                self.remote_load.learn(i, replica, requests, kv_tokens, self.clock())
+                self.remote_load.learn(i, replica, requests, kv_tokens, prefill, self.clock())
                 return
 
     def set_capacity(self, i: int, kv_tokens: int) -> None:

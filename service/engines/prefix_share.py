@@ -31,7 +31,11 @@ And each replica's requests and KV in flight per worker (`publish_load`): a
 worker the other replicas filled is full for this one's routing too
 (`Placement.learn_load`). At most one entry per worker and send, only when the
 count changed, and every worker's again every `load_refresh_s`, so that the
-others can drop a replica that went silent (remote_load.py). And that a light
+others can drop a replica that went silent (remote_load.py). With them its
+quiet prefill there (the short prompts not announced one by one, not yet
+streamed): when that changed, sent at once, as a prefill is (a light request's
+step packs whatever short prompts wait at its engine, whichever replica sent
+them). And that a light
 tenant's short request was placed (`publish_light`, at most one entry a send):
 staggered prefill keeps a worker for an active light tenant, which a replica
 must know of even when the other replicas placed its requests.
@@ -62,7 +66,7 @@ class PrefixShare:
         learn: Callable[[str, int], None],
         *,
         learn_prefill: Callable[[str, str, int], None] | None = None,
-        learn_load: Callable[[str, str, int, int], None] | None = None,
+        learn_load: Callable[[str, str, int, int, int], None] | None = None,
         learn_light: Callable[[], None] | None = None,
         interval_s: float = 0.05,
         load_refresh_s: float = 1.0,
@@ -80,8 +84,9 @@ class PrefixShare:
         # Set by what the other replicas need at once (a prefill, a light request).
         self._urgent = asyncio.Event()
         self.load_refresh_s = load_refresh_s
-        # This replica's load per worker URL, and those changed since the last send.
-        self._loads: dict[str, tuple[int, int]] = {}
+        # This replica's load per worker URL (requests, KV, quiet prefill), and
+        # those changed since the last send.
+        self._loads: dict[str, tuple[int, int, int]] = {}
         self._loads_changed: set[str] = set()
         self._loads_sent_s = -math.inf
         self.interval_s = interval_s
@@ -107,11 +112,15 @@ class PrefixShare:
         self._send({"u": url, "p": prefill_id, "n": str(tokens)})
         self._urgent.set()
 
-    def publish_load(self, url: str, requests: int, kv_tokens: int) -> None:
-        """This replica now has `requests` of `kv_tokens` in flight on worker `url`
-        (sent with the next round, the latest count only)."""
-        self._loads[url] = (requests, kv_tokens)
+    def publish_load(self, url: str, requests: int, kv_tokens: int, prefill: int = 0) -> None:
+        """This replica now has `requests` of `kv_tokens` in flight on worker `url`,
+        `prefill` tokens of them quiet prefill (sent with the next round, the latest
+        count only; at once when the prefill changed)."""
+        before = self._loads.get(url)
+        self._loads[url] = (requests, kv_tokens, prefill)
         self._loads_changed.add(url)
+        if prefill != (before[2] if before else 0):
+            self._urgent.set()
 
     def publish_light(self) -> None:
         """This replica placed a light tenant's short request (sent at once, one entry
@@ -126,8 +135,8 @@ class PrefixShare:
             self._loads_sent_s = now_s
             self._loads_changed.update(self._loads)
         for url in sorted(self._loads_changed):
-            n, kv = self._loads[url]
-            self._send({"u": url, "l": str(n), "v": str(kv)})
+            n, kv, prefill = self._loads[url]
+            self._send({"u": url, "l": str(n), "v": str(kv), "q": str(prefill)})
         self._loads_changed.clear()
 
     def _send(self, fields: dict[str, str]) -> None:
@@ -229,7 +238,8 @@ class PrefixShare:
             elif "p" in f and "n" in f and self.learn_prefill is not None:
                 self.learn_prefill(f["u"], f"{f.get('r', '')}:{f['p']}", int(f["n"]))
             elif "l" in f and "v" in f and self.learn_load is not None:
-                self.learn_load(f["u"], f.get("r", ""), int(f["l"]), int(f["v"]))
+                quiet = int(f.get("q", "0"))  # absent from an older replica's
+                self.learn_load(f["u"], f.get("r", ""), int(f["l"]), int(f["v"]), quiet)
             elif f.get("s") == "light" and self.learn_light is not None:
                 self.learn_light()
             else:

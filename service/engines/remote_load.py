@@ -5,7 +5,12 @@ worker; with replicas, routing that weighs only its own treats a worker another
 replica filled as free. Replicas announce their counts per worker when they
 change (`Placement.on_load`, `prefix_share.py`), and again every second, so
 that an entry not heard for `ttl_s` (its replica died, or Redis failed) stops
-counting.
+counting. With them goes the replica's *quiet* prefill there: the uncached
+prompt tokens of its requests not announced one by one (`Placement._announce`:
+shorter than `SHARED_PREFILL_MIN_TOKENS`) that have not streamed yet. On the
+prefix mix most prompts are such short ones; a replica pacing only its own let
+the other's pile onto the worker a light request went to (traced live, two
+replicas, docs/benchmarks.md, session 29).
 """
 
 from __future__ import annotations
@@ -16,21 +21,37 @@ REMOTE_LOAD_TTL_S = 5.0
 
 
 class RemoteLoads:
-    """Per worker: replica -> (requests, KV tokens, counted until)."""
+    """Per worker: replica -> (requests, KV tokens, quiet prefill tokens, counted until)."""
 
     def __init__(self, workers: int, ttl_s: float = REMOTE_LOAD_TTL_S) -> None:
         self.ttl_s = ttl_s
-        self.by_worker: list[dict[str, tuple[int, int, float]]] = [{} for _ in range(workers)]
+        self.by_worker: list[dict[str, tuple[int, int, int, float]]] = [{} for _ in range(workers)]
 
-    def learn(self, i: int, replica: str, requests: int, kv_tokens: int, now_s: float) -> None:
-        """Replica `replica` has `requests` of `kv_tokens` in flight on worker `i`."""
-        self.by_worker[i][replica] = (max(0, requests), max(0, kv_tokens), now_s + self.ttl_s)
+    def learn(
+        self, i: int, replica: str, requests: int, kv_tokens: int, prefill: int, now_s: float
+    ) -> None:
+        """Replica `replica` has `requests` of `kv_tokens` in flight on worker `i`,
+        `prefill` uncached prompt tokens of them not announced and not streamed."""
+        self.by_worker[i][replica] = (
+            max(0, requests),
+            max(0, kv_tokens),
+            max(0, prefill),
+            now_s + self.ttl_s,
+        )
 
     def of(self, i: int, now_s: float) -> tuple[int, int]:
         """The other replicas' requests and KV tokens in flight on worker `i`."""
+        live = self._live(i, now_s)
+        return sum(e[0] for e in live), sum(e[1] for e in live)
+
+    def prefill(self, i: int, now_s: float) -> int:
+        """The other replicas' quiet prefill on worker `i`."""
+        return sum(e[2] for e in self._live(i, now_s))
+
+    def _live(self, i: int, now_s: float) -> list[tuple[int, int, int, float]]:
         remote = self.by_worker[i]
         if not remote:
-            return 0, 0
-        for rid in [rid for rid, (_, _, until_s) in remote.items() if until_s <= now_s]:
+            return []
+        for rid in [rid for rid, e in remote.items() if e[3] <= now_s]:
             del remote[rid]
-        return sum(n for n, _, _ in remote.values()), sum(kv for _, kv, _ in remote.values())
+        return list(remote.values())

@@ -105,17 +105,17 @@ async def test_loads_reach_the_other_replica_when_they_change_and_each_refresh(
 ) -> None:
     """A replica's in-flight count per worker reaches the other as its latest value
     only (one entry per worker and round), and again every refresh unchanged."""
-    heard: list[tuple[str, str, int, int]] = []
+    heard: list[tuple[str, str, int, int, int]] = []
     a = _share(redis_url, "a", [])
     a.load_refresh_s = 3600.0  # no refresh but the first, until set below
-    b = _listener(redis_url, learn_load=lambda u, r, n, kv: heard.append((u, r, n, kv)))
+    b = _listener(redis_url, learn_load=lambda u, r, n, kv, q: heard.append((u, r, n, kv, q)))
     try:
         a.publish_load("http://w1", 1, 100)
         a.publish_load("http://w1", 2, 250)  # the same round: only the latest goes
-        a.publish_load("http://w0", 1, 40)
+        a.publish_load("http://w0", 1, 40, 30)  # with 30 tokens of quiet prefill
         await a.sync()
         await b.sync()
-        assert sorted(heard) == [("http://w0", "a", 1, 40), ("http://w1", "a", 2, 250)]
+        assert sorted(heard) == [("http://w0", "a", 1, 40, 30), ("http://w1", "a", 2, 250, 0)]
         sent = a.sent_total
         await a.sync()  # nothing changed, no refresh due: nothing sent
         assert a.sent_total == sent
@@ -123,11 +123,12 @@ async def test_loads_reach_the_other_replica_when_they_change_and_each_refresh(
         await a.sync()  # a refresh repeats every worker's load
         await b.sync()
         assert a.sent_total == sent + 2
-        assert sorted(heard[2:]) == [("http://w0", "a", 1, 40), ("http://w1", "a", 2, 250)]
+        assert sorted(heard[2:]) == [("http://w0", "a", 1, 40, 30), ("http://w1", "a", 2, 250, 0)]
         await b.client.xadd("t:{d}:routes", {"u": "http://w1", "l": "x", "v": "1", "r": "c"})
         await b.client.xadd("t:{d}:routes", {"u": "http://w1", "l": "0", "v": "0", "r": "c"})
         await b.sync()
-        assert heard[-1] == ("http://w1", "c", 0, 0)  # the malformed one skipped
+        # The malformed one skipped; an older replica's, without "q": no quiet prefill.
+        assert heard[-1] == ("http://w1", "c", 0, 0, 0)
     finally:
         await a.aclose()
         await b.aclose()
@@ -198,3 +199,19 @@ async def test_a_prefill_and_a_light_request_reach_a_running_replica_at_once(
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_a_change_of_quiet_prefill_wakes_the_sender(redis_url: str) -> None:
+    """A load whose quiet prefill changed is sent at once (a light request's step packs
+    the short prompts waiting at its engine); requests and KV alone wait a round."""
+    a = _share(redis_url, "a", [])
+    try:
+        a.publish_load("http://w0", 1, 40)
+        assert not a._urgent.is_set()
+        a.publish_load("http://w0", 2, 80, 50)
+        assert a._urgent.is_set()
+        a._urgent.clear()
+        a.publish_load("http://w0", 3, 90, 50)  # the same prefill
+        assert not a._urgent.is_set()
+    finally:
+        await a.aclose()

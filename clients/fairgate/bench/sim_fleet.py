@@ -80,9 +80,11 @@ def share(placements: list[Placement]) -> None:
             for q in others:
                 q.learn_prefill(url, f"{k}:{pid}", n)
 
-        def loaded(url: str, n: int, kv: int, k: int = k, others: list[Placement] = others) -> None:
+        def loaded(
+            url: str, n: int, kv: int, quiet: int, k: int = k, others: list[Placement] = others
+        ) -> None:
             for q in others:
-                q.learn_load(url, str(k), n, kv)
+                q.learn_load(url, str(k), n, kv, quiet)
 
         def light(others: list[Placement] = others) -> None:
             for q in others:

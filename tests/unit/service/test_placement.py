@@ -403,7 +403,7 @@ def test_two_replicas_route_by_each_others_requests_in_flight() -> None:
     now = [0.0]
     a = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
     b = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
-    a.on_load = lambda url, n, kv: b.learn_load(url, "a", n, kv)
+    a.on_load = lambda url, n, kv, quiet: b.learn_load(url, "a", n, kv, quiet)
     on_a = [a.place(_request(100, light=False), [], {1}) or pytest.fail() for _ in range(SLOTS)]
     assert [p.worker for p in on_a] == [0] * SLOTS
     assert b.load(0, now[0]) == pytest.approx(1.0) and b.load(1, now[0]) == 0.0
@@ -413,7 +413,7 @@ def test_two_replicas_route_by_each_others_requests_in_flight() -> None:
         assert placed is not None and placed.worker == 1
     for p in on_a:
         a.released(p)
-    assert b.load(0, now[0]) == 0.0 and b.remote_load.by_worker[0] == {"a": (0, 0, 5.0)}
+    assert b.load(0, now[0]) == 0.0 and b.remote_load.by_worker[0] == {"a": (0, 0, 0, 5.0)}
     # A silent replica's last load counts for the TTL only.
     b.learn_load("w0", "a", 3, 300)
     now[0] += b.remote_load.ttl_s - 1
@@ -552,3 +552,38 @@ def test_recheck_counts_a_prompt_computed_ahead_of_it_not_one_placed_after() -> 
     p.first_token(pa, a.prompt_tokens, 0)  # its prefill is done: no longer computing
     view.stored(list(range(1, 21)), None, doc, view.block)  # its KV events say so
     assert p.recheck(pb) == len(doc)
+
+
+def test_two_replicas_weigh_each_others_quiet_prefill_in_routing_and_pacing() -> None:
+    """The short prompts a replica does not announce one by one (its quiet prefill)
+    reach the others with its load: a light request another replica places goes
+    where none waits, and its pacing counts them as its own; a prefill announced
+    one by one is not counted twice, and the quiet prefill ends at the first token."""
+    now = [0.0]
+    a = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    b = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    loads: list[tuple[str, int]] = []
+
+    def heard(url: str, n: int, kv: int, quiet: int) -> None:
+        loads.append((url, quiet))
+        b.learn_load(url, "a", n, kv, quiet)
+
+    a.on_load = heard
+    a.on_prefill = lambda url, pid, n: b.learn_prefill(url, f"a:{pid}", n)
+    for p in (a, b):
+        p.stagger = Stagger(min_tokens=1024, keep_tokens=256, hold_max_s=2.0, pace_tokens=128)
+    short = a.place(_request(100, light=False), [], {1})
+    assert short is not None and short.worker == 0 and a.quiet_prefill(0) == 100
+    assert loads[-1] == ("w0", 100)
+    assert (b.prefill_pending(0), b.queued_short(0)) == (100, 100)
+    light = b.place(_request(40, light=True), [], set())
+    assert light is not None and light.worker == 1  # not where A's short prompt waits
+    long_a = a.place(_request(3000, light=False), [], {1})
+    assert long_a is not None and long_a.prefill_id  # announced: not quiet
+    assert loads[-1] == ("w0", 100) and b.prefill_pending(0) == 3100
+    a.first_token(short, 100, 0)
+    assert loads[-1] == ("w0", 0) and b.queued_short(0) == 0 and b.prefill_pending(0) == 3000
+    # A silent replica's quiet prefill counts for the load's TTL only.
+    b.learn_load("w1", "a", 1, 100, 90)
+    now[0] += b.remote_load.ttl_s
+    assert b.queued_short(1) == b.prefill_pending(1) == 40  # its own light request
