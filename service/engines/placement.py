@@ -478,7 +478,7 @@ class Placement:
         pick = self._light_pick(pending, now_s) if self.on_prefill is not None else None
         views = self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits, pick)
         paced = self.stagger.paced_views(
-            req.prompt_tokens, req.light, views, self.queued_short, now_s, pick
+            req.prompt_tokens, req.light, views, self.queued_short, now_s
         )
         return paced or views  # none with room: the hold's bound let it go
 

@@ -291,28 +291,18 @@ class Stagger:
         views: list[tuple[int, WorkerView]],
         queued_short: Callable[[int], int],
         now_s: float,
-        pick: int | None = None,
     ) -> list[tuple[int, WorkerView]] | None:
         """Pacing (see above): None, the prompt is not paced; else the views it may go
         to ([]: none has room now). `queued_short(i)`: worker i's short prefill
-        queued (`Placement.queued_short`). `pick`, as `kept`'s: the worker a light
-        request would go to now, left where another with room holds as much of
-        the prompt cached (traced live on two replicas: a short prompt another
-        replica placed there a few milliseconds after a light request shared its
-        prefill step)."""
+        queued (`Placement.queued_short`)."""
         if len(views) < 2:  # nowhere else to go: waiting would only hold its slot
             return None
         uncached = prompt_tokens - max(v.matched for _, v in views)
         if not self.pacing(uncached, light, now_s):
             return None
-        room = [
+        return [
             (i, v) for i, v in views if self.pace_room(queued_short(i), prompt_tokens - v.matched)
         ]
-        there = next((v.matched for i, v in room if i == pick), None)
-        others = [(i, v) for i, v in room if i != pick]
-        if there is not None and any(v.matched >= there for _, v in others):
-            return [(i, v) for i, v in others if v.matched >= there]
-        return room
 
     def pacing(self, uncached_tokens: int, light: bool, now_s: float) -> bool:
         """Is a prompt leaving `uncached_tokens` where it goes best paced: short, not

@@ -90,19 +90,3 @@ def test_with_one_worker_on_short_steps_the_rule_is_the_last_free_ones() -> None
     b.pending_prefill[1] = b.pending_prefill[3] = 5000
     placed = b.place(_request(LONG, light=False), [], set())
     assert placed is not None and placed.worker != 2 and b.stagger.kept_free == 1
-
-
-def test_a_paced_short_prompt_leaves_the_pick_with_other_replicas() -> None:
-    """Pacing too (`Stagger.paced_views`): a short prompt of another tenant goes to a
-    worker with pace room other than the pick (traced live on two replicas, the
-    prefix mix: one placed 4 ms after a light request shared its prefill step)."""
-    placed = {}
-    for replicas in (False, True):
-        p = _replica(replicas)
-        p.stagger = Stagger(
-            min_tokens=1024, keep_tokens=256, light_seen_s=4.0, hold_max_s=2.0, pace_tokens=128
-        )
-        short = p.place(_request(list(range(7000, 7100)), light=False), [], set())
-        assert short is not None and p.stagger.paced == 0
-        placed[replicas] = short.worker
-    assert placed == {False: 2, True: 1}  # alone the least loaded (the pick); else the next
