@@ -395,7 +395,13 @@ class Placement:
     def quiet_prefill(self, i: int) -> int:
         """This replica's prefill on worker `i` not announced one by one (`_announce`:
         short), not streamed: the other replicas weigh it as their own, in routing
-        and pacing (remote_load.py)."""
+        and pacing (remote_load.py). Only with staggered prefill on (0 without):
+        the isolation levers need it, and without them locality routing weighing
+        it served the other tenants later (virtual fleet, two replicas, prefix mix:
+        their TTFT p50 294 → 524 ms on two engines; docs/benchmarks.md, session 29),
+        and every change of it wakes the prefix share's sender."""
+        if not self.stagger.min_tokens:
+            return 0
         return sum(q.pending for q in self._placed[i] if not q.prefill_id)
 
     def _shared_prefill_tokens(self) -> int:

@@ -587,3 +587,7 @@ def test_two_replicas_weigh_each_others_quiet_prefill_in_routing_and_pacing() ->
     b.learn_load("w1", "a", 1, 100, 90)
     now[0] += b.remote_load.ttl_s
     assert b.queued_short(1) == b.prefill_pending(1) == 40  # its own light request
+    # Without staggered prefill a replica sends none (locality routing alone).
+    alone = Placement([_Target("w0")], clock=lambda: now[0])
+    assert alone.place(_request(100, light=False), [], set()) is not None
+    assert alone.quiet_prefill(0) == 0
