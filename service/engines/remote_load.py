@@ -10,7 +10,8 @@ prompt tokens of its requests not announced one by one (`Placement._announce`:
 shorter than `SHARED_PREFILL_MIN_TOKENS`) that have not streamed yet. On the
 prefix mix most prompts are such short ones; a replica pacing only its own let
 the other's pile onto the worker a light request went to (traced live, two
-replicas, docs/benchmarks.md, session 29).
+replicas, docs/benchmarks.md, session 29). Sent only with staggered prefill on
+(`Placement.quiet_prefill`).
 """
 
 from __future__ import annotations
