@@ -8,6 +8,7 @@ import math
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # `eventually` stays importable without the service (tests/unit/scheduler)
@@ -31,6 +32,26 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or cond}")
         await asyncio.sleep(0.01)
+
+
+@dataclass
+class WorkerTarget:
+    """A worker as placement sees it (`service.engines.placed.Target`), fixed
+    capacity, no I/O: for placement tests."""
+
+    url: str
+    slot_count: int
+    kv_tokens: int
+    healthy: bool = True
+
+    def slots(self) -> int:
+        return self.slot_count
+
+    def kv_capacity(self) -> int:
+        return self.kv_tokens
+
+    def penalty(self, now_s: float) -> int:
+        return 0
 
 
 def cpu_within(cpu_s: float, wall_s: float) -> bool:

@@ -481,7 +481,8 @@ class Placement:
         healthy = [t.healthy for t in self.targets]
         pending = self._all_pending()
         fits = self._fits(req, keys, now_s)
-        pick = self._light_pick(pending, now_s) if self.on_prefill is not None else None
+        # With other replicas: where a light request would go now (`Stagger.kept`).
+        pick = (lambda: self._light_pick(pending, now_s)) if self.on_prefill is not None else None
         views = self.stagger.kept(req.prompt_tokens, views, pending, healthy, now_s, fits, pick)
         paced = self.stagger.paced_views(
             req.prompt_tokens, req.light, views, self.queued_short, now_s

@@ -16,6 +16,8 @@ replicas, docs/benchmarks.md, session 29). Sent only with staggered prefill on
 
 from __future__ import annotations
 
+from collections.abc import ValuesView
+
 # Replicas repeat their loads every second: a few missed rounds keep an entry,
 # and a replica that died stops weighing on the workers soon after.
 REMOTE_LOAD_TTL_S = 5.0
@@ -49,10 +51,9 @@ class RemoteLoads:
         """The other replicas' quiet prefill on worker `i`."""
         return sum(e[2] for e in self._live(i, now_s))
 
-    def _live(self, i: int, now_s: float) -> list[tuple[int, int, int, float]]:
+    def _live(self, i: int, now_s: float) -> ValuesView[tuple[int, int, int, float]]:
+        """Worker `i`'s entries still counted (the expired ones dropped)."""
         remote = self.by_worker[i]
-        if not remote:
-            return []
         for rid in [rid for rid, e in remote.items() if e[3] <= now_s]:
             del remote[rid]
-        return list(remote.values())
+        return remote.values()

@@ -161,7 +161,7 @@ class Stagger:
         healthy: Sequence[bool],
         now_s: float,
         fits: Callable[[int, WorkerView], bool] | None = None,
-        pick: int | None = None,
+        pick: Callable[[], int | None] | None = None,
     ) -> list[tuple[int, WorkerView]]:
         """The views a prompt of `prompt_tokens` may take: while the light tenant is
         active, all but the last worker on short steps, unless the prompt's part
@@ -174,7 +174,8 @@ class Stagger:
         case is what `room_hold_until_s` holds, where the hold is on.
 
         `pick` (given with other replicas placing on the same workers): the worker
-        a light request would go to now (`route`'s soonest). With several on
+        a light request would go to now (`route`'s soonest; asked only where
+        several workers are on short steps). With several on
         short steps the prompt leaves that one too, where another on short steps
         takes it with as much of its prefix cached and room for its KV: another
         replica's light request may be on its way there, not yet announced, and
@@ -194,7 +195,7 @@ class Stagger:
         healthy: Sequence[bool],
         now_s: float,
         fits: Callable[[int, WorkerView], bool] | None,
-        pick: int | None = None,
+        pick: Callable[[], int | None] | None = None,
     ) -> tuple[list[tuple[int, WorkerView]], bool]:
         """`kept`'s views, and whether the last free worker was let go for want of
         KV elsewhere (no counting)."""
@@ -204,8 +205,8 @@ class Stagger:
         if not self.light_active(now_s) or not self.enough(healthy):
             return views, False
         free = [i for i, ok in enumerate(healthy) if ok and self.short(pending[i])]
-        if len(free) > 1 and pick in free:
-            return self._off_pick(prompt_tokens, views, pending, free, pick, fits), False
+        if len(free) > 1 and pick is not None and (light := pick()) in free:
+            return self._off_pick(prompt_tokens, views, pending, free, light, fits), False
         if len(free) != 1:
             return views, False
         last = free[0]

@@ -4,8 +4,6 @@ accounting and the request's lifecycle."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from scheduler import rules
@@ -15,27 +13,17 @@ from service.engines.kv_view import CacheView
 from service.engines.placement import Placement
 from service.engines.protocol import EngineRequest, SamplingOptions
 from service.engines.stagger import Stagger
+from tests.helpers import WorkerTarget
 
 SLOTS, KV = 4, 10_000
 
 
-@dataclass
-class _Target:
-    url: str
-    healthy: bool = True
-
-    def slots(self) -> int:
-        return SLOTS
-
-    def kv_capacity(self) -> int:
-        return KV
-
-    def penalty(self, now_s: float) -> int:
-        return 0
+def _target(url: str) -> WorkerTarget:
+    return WorkerTarget(url, SLOTS, KV)
 
 
-def _placement(n: int = 2) -> tuple[Placement, list[_Target]]:
-    targets = [_Target(f"w{i}") for i in range(n)]
+def _placement(n: int = 2) -> tuple[Placement, list[WorkerTarget]]:
+    targets = [_target(f"w{i}") for i in range(n)]
     return Placement(targets, clock=lambda: 0.0, kv_tokens=[KV] * n), targets
 
 
@@ -220,7 +208,7 @@ def test_staggered_prefill_keeps_the_last_worker_on_short_steps(light_active: bo
     such workers, without a light tenant, or long after its last request, the
     rule alone decides."""
     now = [0.0]
-    p = Placement([_Target(f"w{i}") for i in range(3)], clock=lambda: now[0])
+    p = Placement([_target(f"w{i}") for i in range(3)], clock=lambda: now[0])
     p.stagger = Stagger(min_tokens=1024, light_window_s=10.0)
     if light_active:
         p.released(p.place(_request(40, light=True), [], set()) or pytest.fail())
@@ -248,7 +236,7 @@ def test_staggered_prefill_keeps_no_worker_free_on_fewer_than_min_workers() -> N
     for the long prompts (0.71x the tokens/s, measured): below
     `min_workers` healthy workers (3 by default) a long prompt goes where the
     rule alone sends it, and from a third one on it is kept again."""
-    targets = [_Target(f"w{i}") for i in range(3)]
+    targets = [_target(f"w{i}") for i in range(3)]
     p = Placement(targets, clock=lambda: 5.0)
     p.stagger = Stagger(min_tokens=1024, light_window_s=10.0)
     assert p.stagger.min_workers == 3
@@ -270,8 +258,8 @@ def test_two_replicas_stagger_with_each_others_prefills() -> None:
     request where no prefill runs, until A's first token says the prefill is
     over; an announcement whose end never arrives stops counting after the TTL."""
     now = [0.0]
-    a = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
-    b = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    a = Placement([_target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    b = Placement([_target(f"w{i}") for i in range(2)], clock=lambda: now[0])
     sent: list[tuple[str, str, int]] = []
     a.on_prefill = lambda url, pid, n: sent.append((url, pid, n))
     for p in (a, b):
@@ -313,7 +301,7 @@ def test_two_replicas_stagger_with_each_others_prefills() -> None:
 
 
 def _hold_placement(now: list[float], light_window_s: float = 10.0) -> Placement:
-    p = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0], kv_tokens=[KV] * 2)
+    p = Placement([_target(f"w{i}") for i in range(2)], clock=lambda: now[0], kv_tokens=[KV] * 2)
     p.stagger = Stagger(min_tokens=1024, light_window_s=light_window_s, hold_max_s=2.0)
     return p
 
@@ -401,8 +389,8 @@ def test_two_replicas_route_by_each_others_requests_in_flight() -> None:
     counts alone would tie; the load ends when A's requests leave, or after the
     TTL when A falls silent."""
     now = [0.0]
-    a = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
-    b = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    a = Placement([_target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    b = Placement([_target(f"w{i}") for i in range(2)], clock=lambda: now[0])
     a.on_load = lambda url, n, kv, quiet: b.learn_load(url, "a", n, kv, quiet)
     on_a = [a.place(_request(100, light=False), [], {1}) or pytest.fail() for _ in range(SLOTS)]
     assert [p.worker for p in on_a] == [0] * SLOTS
@@ -429,8 +417,8 @@ def test_a_replica_keeps_a_worker_for_the_light_tenant_another_replica_placed() 
     prefix share carries it): B's long prompts keep the last worker on short steps
     too, and stop once the light tenant's window has passed."""
     now = [0.0]
-    a = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
-    b = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    a = Placement([_target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    b = Placement([_target(f"w{i}") for i in range(2)], clock=lambda: now[0])
     a.on_light = b.learn_light
     for p in (a, b):
         p.stagger = Stagger(min_tokens=1024, light_window_s=10.0, min_workers=2)
@@ -560,8 +548,8 @@ def test_two_replicas_weigh_each_others_quiet_prefill_in_routing_and_pacing() ->
     where none waits, and its pacing counts them as its own; a prefill announced
     one by one is not counted twice, and the quiet prefill ends at the first token."""
     now = [0.0]
-    a = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
-    b = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    a = Placement([_target(f"w{i}") for i in range(2)], clock=lambda: now[0])
+    b = Placement([_target(f"w{i}") for i in range(2)], clock=lambda: now[0])
     loads: list[tuple[str, int]] = []
 
     def heard(url: str, n: int, kv: int, quiet: int) -> None:
@@ -588,6 +576,6 @@ def test_two_replicas_weigh_each_others_quiet_prefill_in_routing_and_pacing() ->
     now[0] += b.remote_load.ttl_s
     assert b.queued_short(1) == b.prefill_pending(1) == 40  # its own light request
     # Without staggered prefill a replica sends none (locality routing alone).
-    alone = Placement([_Target("w0")], clock=lambda: now[0])
+    alone = Placement([_target("w0")], clock=lambda: now[0])
     assert alone.place(_request(100, light=False), [], set()) is not None
     assert alone.quiet_prefill(0) == 0

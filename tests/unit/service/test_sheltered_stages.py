@@ -23,7 +23,7 @@ from service.engines.simulator.engine import SimulatedEngine
 from service.engines.simulator.hardware import preset
 from service.engines.staged_prefill import StagedPrefill, Staging, StagingStats, staged
 from service.engines.stagger import Stagger
-from tests.unit.service.test_stagger_pace import _Target
+from tests.unit.service.test_stagger_pace import _target
 
 IGNORE_EOS = SamplingOptions(ignore_eos=True)
 PLAN = StagedPrefill(min_tokens=256, stage_tokens=128, sheltered_stage_tokens=2048)
@@ -147,7 +147,7 @@ def test_the_placement_shelters_a_long_prompt_until_a_light_request_waits_beside
     """Four workers: a long prompt on one, the light tenant active. While another
     worker is on short steps the long prompt is sheltered; a light request placed
     on its own worker (all others mid-prefill) ends that until it streams."""
-    targets = [_Target(f"w{i}") for i in range(4)]
+    targets = [_target(f"w{i}") for i in range(4)]
     p = Placement(targets, clock=lambda: 5.0)
     p.stagger = _stagger()
     long = _place(p, 6000, 10_000)
@@ -173,7 +173,7 @@ def test_the_placement_shelters_a_long_prompt_until_a_light_request_waits_beside
 def test_a_light_request_another_replica_placed_there_is_heard() -> None:
     """Two replicas over the same four workers: one's light request (announced
     whatever its length) ends the other's shelter on that worker until it streams."""
-    targets = {r: [_Target(f"w{i}") for i in range(4)] for r in "ab"}
+    targets = {r: [_target(f"w{i}") for i in range(4)] for r in "ab"}
     now = [5.0]
     a, b = (Placement(targets[r], clock=lambda: now[0]) for r in "ab")
     for me, other in ((a, b), (b, a)):
@@ -202,8 +202,8 @@ def test_with_other_replicas_a_prompt_is_sheltered_only_after_a_grace() -> None:
     share prefills, no wide stage until `SHELTER_GRACE_S` after placing; alone,
     at once."""
     now = [5.0]
-    alone = Placement([_Target(f"w{i}") for i in range(4)], clock=lambda: now[0])
-    shared = Placement([_Target(f"w{i}") for i in range(4)], clock=lambda: now[0])
+    alone = Placement([_target(f"w{i}") for i in range(4)], clock=lambda: now[0])
+    shared = Placement([_target(f"w{i}") for i in range(4)], clock=lambda: now[0])
     heard: list[str] = []
     shared.on_prefill = lambda url, pid, n: heard.append(pid)
     for p in (alone, shared):

@@ -30,7 +30,7 @@ from service.engines.simulator.hardware import preset
 from service.engines.staged_prefill import StagedPrefill, StageLane, StagingStats, staged
 from service.engines.stagger import Stagger
 from service.settings import Settings, SettingsError
-from tests.unit.service.test_stagger_pace import _Target
+from tests.unit.service.test_stagger_pace import _target
 
 IGNORE_EOS = SamplingOptions(ignore_eos=True)
 PLAN = StagedPrefill(min_tokens=256, stage_tokens=128, short_first=True)
@@ -166,7 +166,7 @@ def _place(p: Placement, n: int, first: int) -> Placed:
 
 
 def test_the_placement_lets_a_short_prompt_overtake_unless_its_prefix_is_being_computed() -> None:
-    p = Placement([_Target("w0")], clock=lambda: 5.0)
+    p = Placement([_target("w0")], clock=lambda: 5.0)
     p.stagger = Stagger(min_tokens=1024, keep_free=False)
     p.exact[0] = CacheView()  # KV events: a prompt in flight counts as held
     long = _place(p, 6000, 10_000)
@@ -181,7 +181,7 @@ def test_the_placement_lets_a_short_prompt_overtake_unless_its_prefix_is_being_c
     p.first_token(long, 6000, 0)  # computed
     assert p.overtakes(on_it)
     # Without the stagger's long mark nothing is short.
-    assert not Placement([_Target("w0")], clock=lambda: 5.0).overtakes(short)
+    assert not Placement([_target("w0")], clock=lambda: 5.0).overtakes(short)
 
 
 def _arrival(at_s: float, tenant: str, ids: tuple[int, ...]) -> Arrival:

@@ -10,11 +10,11 @@ import pytest
 from service.engines.placement import Placement
 from service.engines.routing import WorkerView
 from service.engines.stagger import Stagger
-from tests.unit.service.test_placement import KV, _request, _Target
+from tests.unit.service.test_placement import KV, _request, _target
 
 
 def _two_workers() -> Placement:
-    p = Placement([_Target(f"w{i}") for i in range(2)], clock=lambda: 5.0)
+    p = Placement([_target(f"w{i}") for i in range(2)], clock=lambda: 5.0)
     p.stagger = Stagger(min_tokens=1024, light_window_s=10.0, min_workers=2)
     p.stagger.light_seen_s = 4.0  # a light tenant is active
     p.pending_prefill[:] = [0, 4000]  # w0 on short steps, w1 mid-prefill

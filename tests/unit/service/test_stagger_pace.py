@@ -6,8 +6,6 @@ request's prefill step is not packed with other tenants' short prompts
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from scheduler.request import QueuedRequest
@@ -15,23 +13,13 @@ from service.engines.engine_request import engine_request
 from service.engines.placement import Placement
 from service.engines.protocol import EngineRequest, SamplingOptions
 from service.engines.stagger import Stagger
+from tests.helpers import WorkerTarget
 
 KV = 100_000
 
 
-@dataclass
-class _Target:
-    url: str
-    healthy: bool = True
-
-    def slots(self) -> int:
-        return 16
-
-    def kv_capacity(self) -> int:
-        return KV
-
-    def penalty(self, now_s: float) -> int:
-        return 0
+def _target(url: str) -> WorkerTarget:
+    return WorkerTarget(url, 16, KV)
 
 
 def _stagger(**kw: float) -> Stagger:
@@ -41,7 +29,7 @@ def _stagger(**kw: float) -> Stagger:
 
 
 def _placement(now: list[float], n: int = 2, **kw: float) -> Placement:
-    p = Placement([_Target(f"w{i}") for i in range(n)], clock=lambda: now[0], kv_tokens=[KV] * n)
+    p = Placement([_target(f"w{i}") for i in range(n)], clock=lambda: now[0], kv_tokens=[KV] * n)
     p.stagger = _stagger(**kw)
     return p
 

@@ -6,30 +6,18 @@ one, which the rule alone picks too (docs/benchmarks.md, session 29)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from scheduler.request import QueuedRequest
 from service.engines.engine_request import engine_request
 from service.engines.placement import Placement
 from service.engines.protocol import EngineRequest, SamplingOptions
 from service.engines.stagger import Stagger
+from tests.helpers import WorkerTarget
 
 SLOTS, KV = 8, 100_000
 
 
-@dataclass
-class _Target:
-    url: str
-    healthy: bool = True
-
-    def slots(self) -> int:
-        return SLOTS
-
-    def kv_capacity(self) -> int:
-        return KV
-
-    def penalty(self, now_s: float) -> int:
-        return 0
+def _target(url: str) -> WorkerTarget:
+    return WorkerTarget(url, SLOTS, KV)
 
 
 def _request(prompt: list[int], *, light: bool) -> EngineRequest:
@@ -44,7 +32,7 @@ def _replica(replicas: bool) -> Placement:
     """Replica B of four workers: w0 mid-prefill, w1 and w3 busier than w2 (each
     decoding a request), the light tenant active; told of other replicas' prefills
     when `replicas`."""
-    p = Placement([_Target(f"w{i}") for i in range(4)], clock=lambda: 5.0, routing="locality")
+    p = Placement([_target(f"w{i}") for i in range(4)], clock=lambda: 5.0, routing="locality")
     p.stagger = Stagger(min_tokens=1024, keep_tokens=256, light_seen_s=4.0)
     if replicas:
         p.on_prefill = lambda url, pid, n: None
