@@ -20,23 +20,18 @@ last clear). A block whose parent it never saw means it missed events: it turns
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import takewhile
 
 from service.engines.prefix_index import BLOCK_TOKENS, next_key
 
-
-@dataclass(frozen=True, slots=True)
-class _Block:
-    """Where fairgate's chain stands after an engine block: the last whole
-    16-token key (0: none yet), the tokens since it, and the keys it completed."""
-
-    last_key: int
-    tail: tuple[int, ...]
-    keys: tuple[int, ...]
-
-
-_ROOT = _Block(0, (), ())
+# Where fairgate's chain stands after an engine block: the last whole 16-token key
+# (0: none yet), the tokens since it, and the keys it completed. A plain tuple of
+# ints and int tuples, not a class: the collector stops tracking such tuples, and a
+# view holds one per engine page (60 000 in a four-worker bench gateway, each one
+# walked by every full collection while every stream waits).
+_Block = tuple[int, tuple[int, ...], tuple[int, ...]]
+_LAST, _TAIL, _KEYS = 0, 1, 2
+_ROOT: _Block = (0, (), ())
 
 # At most this many matches remembered; past it, all are forgotten.
 _MEMO_MAX = 4096
@@ -78,7 +73,7 @@ class CacheView:
             parent = self._extend(parent, page)
             self._blocks[h] = parent
             self._memo.clear()
-            for k in parent.keys:
+            for k in parent[_KEYS]:
                 self._held[k] = self._held.get(k, 0) + 1
 
     def removed(self, block_hashes: Sequence[int]) -> None:
@@ -87,7 +82,7 @@ class CacheView:
             if b is None:
                 continue  # stored before the view started: nothing counted
             self._memo.clear()
-            for k in b.keys:
+            for k in b[_KEYS]:
                 left = self._held[k] - 1
                 if left:
                     self._held[k] = left
@@ -122,9 +117,9 @@ class CacheView:
         return len(self._held) * self.block
 
     def _extend(self, parent: _Block, page: Sequence[int]) -> _Block:
-        tail, h, keys = [*parent.tail, *page], parent.last_key, []
+        tail, h, keys = [*parent[_TAIL], *page], parent[_LAST], []
         while len(tail) >= self.block:
             h = next_key(h, tail[: self.block])
             keys.append(h)
             tail = tail[self.block :]
-        return _Block(h, tuple(tail), tuple(keys))
+        return (h, tuple(tail), tuple(keys))

@@ -65,7 +65,7 @@ async def _serve(mode: str, overrides: dict[str, str]) -> None:
         await server.start()
         stop: Callable[[float], Awaitable[None]] = server.stop
     else:
-        from service.app import App
+        from service.main import start
         from service.settings import Settings
 
         # telemetry=off|on|env: none, everything on with exporters that discard, OTEL_*.
@@ -76,7 +76,8 @@ async def _serve(mode: str, overrides: dict[str, str]) -> None:
         from fairgate.bench.telemetry_server import bench_telemetry
 
         telemetry, report = bench_telemetry(telemetry_mode, settings)
-        app = await App.start(settings, telemetry)
+        # As `fairgate serve` starts it (the collector's freeze included).
+        app = await start(settings, telemetry)
         port = app.port
 
         async def stop(grace_s: float) -> None:

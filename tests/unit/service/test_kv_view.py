@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from service.engines.kv_view import CacheView
@@ -58,3 +60,14 @@ def test_a_prompt_asked_again_sees_what_was_stored_and_removed_since() -> None:
     assert view.match(keys) == 48
     view.cleared()
     assert view.match(keys) == 0
+
+
+def test_the_views_blocks_leave_the_collectors_sight() -> None:
+    """A view holds a block per engine page: once collected, none is walked again."""
+    view = CacheView()
+    parent = None
+    for h in range(1, 200):
+        view.stored([h], parent, list(range(h * 16, h * 16 + 16)), 16)
+        parent = h
+    gc.collect()
+    assert not any(gc.is_tracked(b) for b in view._blocks.values())
