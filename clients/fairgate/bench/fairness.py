@@ -26,7 +26,7 @@ from typing import Any
 
 import grpc
 
-from fairgate.bench.collector import plan_frozen
+from fairgate.bench.collector import collector_off
 from fairgate.bench.common import child_server, server_process
 from fairgate.bench.fairness_analysis import (
     RunResult as RunResult,  # "as": fleet*.py import it here
@@ -272,7 +272,7 @@ async def run_scenario(
             else:
                 async with _gateways(policy, n, common, time_scale, seed) as addresses:
                     affinity = sc.replica_of if sc.affinity else None
-                    with plan_frozen():
+                    with collector_off():
                         records = await _replay(addresses, tr, time_scale, seconds, affinity)
             out[label] = analyse(sc, records, seconds, bound, label, n)
             print(f"  ran scenario {sc.key} / {label} on {n} replica(s): {len(records)} requests")

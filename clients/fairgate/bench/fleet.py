@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fairgate.bench.collector import plan_frozen
+from fairgate.bench.collector import collector_off
 from fairgate.bench.fairness import _tenants_yaml, analyse
 from fairgate.bench.fleet_clients import Clock, FleetRecord, Sender
 from fairgate.bench.fleet_long import scenario
@@ -120,7 +120,7 @@ async def run_variant(
         fleet_workers(sc.workers, time_scale, seed, v.kv_events) as workers,
         gateway_sender(v, workers, tenants_file, smg) as send,
     ):
-        with plan_frozen():
+        with collector_off():
             records = await replay(items, send, sc.seconds, time_scale)
     # Service as fairgate charges it (cached prompt tokens at vtc_w_cached), for
     # every variant alike: the yardstick of Jain and of the gap.

@@ -1,25 +1,31 @@
-"""A replay's plan is out of the collector's sight for the replay only."""
+"""A replay runs with the cyclic collector off, and leaves it as it found it."""
 
 from __future__ import annotations
 
 import gc
 
-from fairgate.bench.collector import plan_frozen
+import pytest
+from fairgate.bench.collector import collector_off
 
 
-def test_the_plan_is_frozen_during_the_replay_only() -> None:
-    gc.unfreeze()
-    plan = [[i] for i in range(1000)]
-    with plan_frozen():
-        assert gc.get_freeze_count() >= len(plan)
-    assert gc.get_freeze_count() == 0
+def test_the_collector_is_off_during_the_replay_only() -> None:
+    assert gc.isenabled()
+    with collector_off():
+        assert not gc.isenabled()
+    assert gc.isenabled()
 
 
-def test_an_error_in_the_replay_unfreezes_too() -> None:
-    gc.unfreeze()
+def test_an_error_in_the_replay_turns_it_back_on() -> None:
+    with pytest.raises(RuntimeError), collector_off():
+        raise RuntimeError("the gateway went away")
+    assert gc.isenabled()
+
+
+def test_a_collector_found_off_stays_off() -> None:
+    gc.disable()
     try:
-        with plan_frozen():
-            raise RuntimeError("the gateway went away")
-    except RuntimeError:
-        pass
-    assert gc.get_freeze_count() == 0
+        with collector_off():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
