@@ -32,7 +32,9 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
+import operator
 import time
 import uuid
 from dataclasses import dataclass
@@ -153,19 +155,27 @@ def observer_factory(usage: UsageLog) -> Any:
     return observe
 
 
+# A record's fields in order, read at once: the memory log keeps them as a plain tuple.
+_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(UsageRecord)))
+
+
 class MemoryUsageLog:
-    """The last `max_records` records, in this process (cursor: a sequence number)."""
+    """The last `max_records` records, in this process (cursor: a sequence number).
+
+    Kept as tuples of their fields, not as records: the collector stops tracking a
+    tuple of strings and numbers, and a full log (100 000 objects) would otherwise
+    be walked by every full collection while every stream waits."""
 
     durable = False
 
     def __init__(self, max_records: int = 100_000, *, utc_offset_min: int = 0) -> None:
-        self._records: collections.deque[UsageRecord] = collections.deque(maxlen=max_records)
-        self._next = 1
+        self._rows: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=max_records)
+        self._next = 1  # the next record's cursor
         self.utc_offset_min = utc_offset_min
         self._spend = period_usage.MemorySpend()
 
     def append(self, record: UsageRecord) -> None:
-        self._records.append(dataclasses.replace(record, cursor=str(self._next)))
+        self._rows.append(_FIELDS(dataclasses.replace(record, cursor=str(self._next))))
         self._next += 1
         self._spend.add(record, self.utc_offset_min)
 
@@ -175,8 +185,9 @@ class MemoryUsageLog:
         return [self._spend.fields(w, wanted) for w in wins]
 
     async def read(self, cursor: str, limit: int) -> tuple[list[UsageRecord], str]:
-        after = int(cursor or 0)
-        out = [r for r in self._records if int(r.cursor) > after][:limit]
+        # Cursors are consecutive: the oldest kept is `_next - len(_rows)`.
+        skip = max(0, int(cursor or 0) + 1 - (self._next - len(self._rows)))
+        out = [UsageRecord(*row) for row in itertools.islice(self._rows, skip, skip + limit)]
         return out, out[-1].cursor if out else cursor
 
     async def aclose(self) -> None:
