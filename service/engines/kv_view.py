@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import takewhile
+from typing import Final
 
 from service.engines.prefix_index import BLOCK_TOKENS, next_key
 
@@ -30,7 +31,9 @@ from service.engines.prefix_index import BLOCK_TOKENS, next_key
 # view holds one per engine page (60 000 in a four-worker bench gateway, each one
 # walked by every full collection while every stream waits).
 _Block = tuple[int, tuple[int, ...], tuple[int, ...]]
-_LAST, _TAIL, _KEYS = 0, 1, 2
+_LAST: Final = 0
+_TAIL: Final = 1
+_KEYS: Final = 2
 _ROOT: _Block = (0, (), ())
 
 # At most this many matches remembered; past it, all are forgotten.
