@@ -7,7 +7,8 @@ token arriving meanwhile is timed that much late, the gateway's fault on paper.
 Frozen, the plan leaves the walks, but the records and streams of the run still
 made collections of 15-60 ms. A replay makes next to no cyclic garbage (about
 2 300 objects by the middle of a four-worker run), so the collector is off while
-it runs and collects once after.
+it runs and collects once after. The decision micro-benchmark times its loop the
+same way.
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ ratio to the smallest tenant count next to log(n) / log(n0) to compare.
 
 from __future__ import annotations
 
-import gc
 import math
 import random
 import time
 
+from fairgate.bench.collector import collector_off
 from scheduler.ordering.fcfs import FcfsPolicy
 from scheduler.ordering.policy import QueuePolicy
 from scheduler.ordering.vtc import VtcPolicy
@@ -56,9 +56,7 @@ def decision_cost_s(make: type[VtcPolicy] | type[FcfsPolicy], tenants: int) -> f
     output_tokens = [rng.randint(1, 64) for _ in range(DECISIONS)]
     best_s = math.inf
     k = 0
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_off():
         for rep in range(REPEATS + 1):  # the first pass warms caches up
             start_s = time.perf_counter()
             for i in range(DECISIONS):
@@ -72,9 +70,6 @@ def decision_cost_s(make: type[VtcPolicy] | type[FcfsPolicy], tenants: int) -> f
             elapsed_s = time.perf_counter() - start_s
             if rep:
                 best_s = min(best_s, elapsed_s)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     if len(policy) != tenants * QUEUED_PER_TENANT:
         raise AssertionError("the benchmark lost requests")
     return best_s / DECISIONS
