@@ -103,7 +103,8 @@ class Round(Protocol[C]):
         ...
 
     def cached(self, c: C) -> int:
-        """Prompt tokens of `c` a worker with room holds (asked after `heads_upto`)."""
+        """Prompt tokens of `c` the worker it would be placed on holds (one with room
+        while any has; asked after `heads_upto`)."""
         ...
 
     def own_wait_s(self, c: C) -> float:
@@ -163,8 +164,8 @@ def _rank_of(x: tuple[tuple[float, ...], object]) -> tuple[float, ...]:
 
 def prefer(r: Round[C], c: C) -> C:
     """Locality within the fair order: among the fair head `c` and the heads in
-    its window (`window_end`, `Round.heads_upto`), the one whose prefix a worker
-    with room holds most of (`rules.locality_pick`) — never past a light
+    its window (`window_end`, `Round.heads_upto`), the one whose prefix the
+    worker it would be placed on holds most of (`rules.locality_pick`) — never past a light
     tenant's head (`rules.locality_may_pass`)."""
     if not r.local or not rules.locality_may_pass(r.queued(c)):
         return c

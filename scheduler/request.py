@@ -59,8 +59,9 @@ class QueuedRequest:
         return rules.kv_tokens(self.prompt_tokens - self.cached_estimate, self.max_tokens)
 
 
-# How many of a queued request's prompt tokens a worker with room for it holds
-# (an engine pool's prefix index): what locality-aware admission prefers.
+# How many of a queued request's prompt tokens the worker an engine pool would
+# place it on holds (one with room while any has; its prefix index): what
+# locality-aware admission prefers and charges at the cached rate.
 Locality = Callable[[QueuedRequest], int]
 # How many requests admitted here an engine does not have yet (an engine pool's
 # paced, held and laned prompts): RESERVE_SLOTS lends their slots.

@@ -36,8 +36,8 @@ class SharedOptions:
     w_out: float = rules.W_OUT
     # A cached prompt token's cost (None: as a computed one: w_in).
     w_cached: float | None = None
-    # The engine pool's prefix index: how much of a request's prompt a worker
-    # with room holds, offered with each candidate (locality; None: none).
+    # The engine pool's prefix index: how much of a request's prompt the worker
+    # it would be placed on holds, offered with each candidate (locality; None: none).
     locality: Locality | None = None
     # The engine pool's admitted requests held unsent, sent with every step
     # (RESERVE_SLOTS lends their slots; None: none).

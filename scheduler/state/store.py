@@ -59,8 +59,8 @@ class Candidate:
     # Its arrival order on the offering replica: a tie in VTC order goes to the
     # earlier head (rules.vtc_rank), whatever the order of the offer.
     seq: int = 0
-    # Prompt tokens a worker with room holds, as the offering replica's engine
-    # pool thinks (locality: rules.locality_pick; charged at w_cached; not in
+    # Prompt tokens the worker it would be placed on holds (one with room while
+    # any has), as the offering replica's engine pool thinks (locality: rules.locality_pick; charged at w_cached; not in
     # `kv_tokens`, what it adds to the engine's KV).
     cached: int = 0
 

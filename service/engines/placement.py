@@ -14,9 +14,9 @@ targets are never waited on.
 
 Admission's locality estimate (`cached_prefix`, `QueuedRequest.cached_estimate`)
 is the placement's own choice at that moment: the worker routing would pick for
-the request, and the prefix it holds there; the request carries that worker
-(`QueuedRequest.cached_on`) and `place` uses it unless it became unhealthy or
-full, counting each time it cannot (`LocalityStats`).
+the request, and the prefix it holds there; where that worker has room the
+request carries it (`QueuedRequest.cached_on`) and `place` uses it unless it
+became unhealthy or full, counting each time it cannot (`LocalityStats`).
 """
 
 from __future__ import annotations
@@ -153,17 +153,25 @@ class Placement:
     def cached_prefix(self, req: QueuedRequest) -> int:
         """For locality-aware admission (`scheduler.request.Locality`): the prefix
         of the queued request's prompt held by the worker the placement would pick
-        for it now, if that worker has room for it; that worker goes with the
-        request (`cached_on`) to `place`."""
+        for it now; if that worker has room, it goes with the request (`cached_on`)
+        to `place`. Where no worker has room the rule picks the same way (`route`:
+        the least cost among them all), so the prefix held there is still the
+        estimate admission charges at `vtc_w_cached`: the engine reports more than
+        that as cached at the first token and nothing refunds it (counters only
+        grow), so an estimate of none charged every prompt in full that admitted
+        while the workers were full (live, four workers, prefix mix: 20-29 of a
+        tenant's requests a 40 s run, 40-48 k weighted tokens per unit weight for
+        `sys` and `rag` against 6 k for `chat`; docs/benchmarks.md, session 31)."""
         candidates = self._candidates(set())
         views = self._views(candidates, req.prompt_tokens, req.max_tokens, req.prefix_keys)
         req.cached_on = None
         if not views:
             return 0
         i, view = views[route([v for _, v in views], req.prompt_tokens, self.routing)]
-        if view.load > 1.0 or view.matched <= 0:
+        if view.matched <= 0:
             return 0
-        req.cached_on = i
+        if view.load <= 1.0:
+            req.cached_on = i
         return view.matched
 
     # -- one request ---------------------------------------------------------------------

@@ -111,12 +111,23 @@ def test_nothing_cached_carries_no_worker_and_routing_is_free() -> None:
     assert placed is not None and p.locality.hinted == 0
 
 
-def test_no_estimate_on_a_worker_without_room() -> None:
+def test_without_room_anywhere_the_estimate_is_the_prefix_where_the_rule_places() -> None:
+    """No worker has room: the request carries no worker, and the rule places it
+    where its prefix is held, so that prefix is what admission charges cached
+    (an estimate of none charged it in full, and the engine's report of a hit
+    refunds nothing)."""
     p, _ = _placement()
     p.index.insert(1, p.prefix_keys(PROMPT))
     p.in_flight = [SLOTS, SLOTS]  # no worker has a free slot
     q = QueuedRequest("r", "t", len(PROMPT), 16, prefix_keys=p.prefix_keys(PROMPT))
-    assert p.cached_prefix(q) == 0 and q.cached_on is None
+    q.cached_estimate = p.cached_prefix(q)
+    assert q.cached_estimate == len(PROMPT) and q.cached_on is None
+    req = engine_request(q, "r", PROMPT, SamplingOptions(), None, False)
+    placed = p.place(req, list(req.prefix_keys), set())
+    assert placed is not None and placed.worker == 1 and placed.matched == q.cached_estimate
+    # Held nowhere, nothing is estimated.
+    q2 = QueuedRequest("r2", "t", 64, 16, prefix_keys=p.prefix_keys(list(range(500, 564))))
+    assert p.cached_prefix(q2) == 0 and q2.cached_on is None
 
 
 def test_the_claim_is_counted_where_it_is_placed_and_freed_once() -> None:
