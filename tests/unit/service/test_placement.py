@@ -121,13 +121,36 @@ def test_without_room_anywhere_the_estimate_is_the_prefix_where_the_rule_places(
     p.in_flight = [SLOTS, SLOTS]  # no worker has a free slot
     q = QueuedRequest("r", "t", len(PROMPT), 16, prefix_keys=p.prefix_keys(PROMPT))
     q.cached_estimate = p.cached_prefix(q)
-    assert q.cached_estimate == len(PROMPT) and q.cached_on is None
+    # The whole prompt, less the last token the engine always computes.
+    assert q.cached_estimate == len(PROMPT) - 1 and q.cached_on is None
     req = engine_request(q, "r", PROMPT, SamplingOptions(), None, False)
     placed = p.place(req, list(req.prefix_keys), set())
-    assert placed is not None and placed.worker == 1 and placed.matched == q.cached_estimate
+    assert placed is not None and placed.worker == 1 and placed.matched == len(PROMPT)
     # Held nowhere, nothing is estimated.
     q2 = QueuedRequest("r2", "t", 64, 16, prefix_keys=p.prefix_keys(list(range(500, 564))))
     assert p.cached_prefix(q2) == 0 and q2.cached_on is None
+
+
+def test_the_estimate_errs_high_by_the_block_the_index_cannot_see() -> None:
+    """The index matches whole blocks; the engine reports a hit to the token, up to
+    a block more. The estimate counts that block as held, so the engine's report
+    charges the exact shortfall (counters only grow: erring low was never
+    refunded)."""
+    p, _ = _placement()
+    shared = PROMPT[:300]  # 18 whole blocks and 12 tokens of the 19th
+    p.index.insert(1, p.prefix_keys(shared))
+    prompt = shared + list(range(1000, 1040))
+    q = QueuedRequest("r", "t", len(prompt), 16, prefix_keys=p.prefix_keys(prompt))
+    block = p.index.block
+    estimate = p.cached_prefix(q)
+    assert estimate == 18 * block + block - 1 and q.cached_on == 1
+    # What the engine reports (300 held) is at most the estimate: admission's
+    # charge plus the shortfall charged at the first token is the exact charge.
+    w_in, w_cached = 1.0, 0.1
+    admitted = rules.admission_charge(w_in, len(prompt), 1.0, estimate, w_cached)
+    short = rules.cached_shortfall(w_in, w_cached, estimate, 300, 1.0)
+    exact = rules.admission_charge(w_in, len(prompt), 1.0, 300, w_cached)
+    assert admitted + short == pytest.approx(exact)
 
 
 def test_the_claim_is_counted_where_it_is_placed_and_freed_once() -> None:
@@ -590,3 +613,25 @@ def test_two_replicas_weigh_each_others_quiet_prefill_in_routing_and_pacing() ->
     alone = Placement([_target("w0")], clock=lambda: now[0])
     assert alone.place(_request(100, light=False), [], set()) is not None
     assert alone.quiet_prefill(0) == 0
+
+
+def test_where_the_rules_worker_holds_none_the_estimate_is_the_longest_held_elsewhere() -> None:
+    """Worker 1 holds the prompt but has a long prefill ahead, so the rule picks the
+    cold worker 0 now. A prompt held until that prefill ends goes to worker 1 and
+    the engine reports the hit, which would never be refunded: the estimate errs
+    high, no worker is carried, and a cold placement's shortfall is charged."""
+    p, _ = _placement()
+    p.index.insert(1, p.prefix_keys(PROMPT))
+    p.pending_prefill[1] += 5_000
+    q = QueuedRequest("r", "t", len(PROMPT), 16, prefix_keys=p.prefix_keys(PROMPT))
+    assert p.cached_prefix(q) == len(PROMPT) - 1 and q.cached_on is None
+    # Placed now, it goes cold to worker 0: the engine reports no hit and the
+    # whole estimate is charged at the first token.
+    q.cached_estimate = p.cached_prefix(q)
+    req = engine_request(q, "r", PROMPT, SamplingOptions(), None, False)
+    placed = p.place(req, list(req.prefix_keys), set())
+    assert placed is not None and placed.worker == 0 and placed.matched == 0
+    short = rules.cached_shortfall(1.0, 0.1, q.cached_estimate, 0, 1.0)
+    assert rules.admission_charge(1.0, len(PROMPT), 1.0, q.cached_estimate, 0.1) + short == (
+        pytest.approx(float(len(PROMPT)))
+    )
