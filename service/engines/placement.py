@@ -154,41 +154,38 @@ class Placement:
         """For locality-aware admission (`scheduler.request.Locality`): the prefix
         of the queued request's prompt held by the worker the placement would pick
         for it now; if that worker has room, it goes with the request (`cached_on`)
-        to `place`. This estimate is charged at `vtc_w_cached` and the engine's
+        to `place`. The estimate is charged at `vtc_w_cached` and the engine's
         report at the first token charges any shortfall, but nothing refunds a
-        better hit (counters only grow): so it errs high, and the charge comes out
-        exact.
-        - Where the rule's worker holds none of the prompt, the longest prefix
-          another worker holds: the rule's pick is this moment's (its prefill
-          ahead outweighed the cached prefix), and a prompt held or paced until a
-          prefill ends goes where its prefix is. Live (four workers, prefix mix,
-          `fg-shelter-512`, 40 s), an estimate of none there charged 77-80 of
-          `rag`'s documents in full that the engine then served cached, 106-111 k
-          weighted tokens per unit weight never refunded, against 20 k for `sys`
-          and 8 k for `chat` (docs/benchmarks.md, session 31).
-        - Where no worker has room the rule still picks (the least cost among
-          them all), and the prefix held there is the estimate.
+        better hit (counters only grow), so an estimate that errs low overcharges
+        for good:
+        - Where no worker has room the rule still picks (the least cost among them
+          all), and the prefix held there is the estimate, not none.
         - The index matches whole blocks; the engine reports its hit to the token,
           up to a block more (a shared prompt's tail short of a block), so the
-          estimate counts that block as held. Erring low by ~12 tokens a request
-          overcharged a tenant of many short cached prompts (the same runs: 11-20
-          k per unit weight for `sys`), a drift that grows with time past any
-          bound."""
+          estimate counts that block as held and the shortfall makes it exact.
+          Erring low by 12-15 tokens a request overcharged a tenant of many short
+          cached prompts most (live, four workers, prefix mix, 40 s: 9-10 k
+          weighted tokens per unit weight for `sys`, under 1 k for `chat`), a
+          drift that grows with time past any bound (docs/benchmarks.md,
+          session 31).
+        Where the rule's worker holds none of the prompt the estimate stays none,
+        though a prompt held until a prefill ends may then go where its prefix is
+        (`fg-shelter-512`: 27-77 of `rag`'s documents a run, overcharged 38-102 k
+        per unit weight). The estimate is also the request's KV and locality's
+        preference: the longest prefix held elsewhere, tried, over-admitted cold
+        prompts and cost `fg-locality` 43 % of its tokens/s (same section)."""
         candidates = self._candidates(set())
         views = self._views(candidates, req.prompt_tokens, req.max_tokens, req.prefix_keys)
         req.cached_on = None
         if not views:
             return 0
         i, view = views[route([v for _, v in views], req.prompt_tokens, self.routing)]
-        matched = view.matched
-        if matched > 0 and view.load <= 1.0:
-            req.cached_on = i
-        elif matched <= 0:
-            matched = max(v.matched for _, v in views)
-        if matched <= 0:
+        if view.matched <= 0:
             return 0
+        if view.load <= 1.0:
+            req.cached_on = i
         # An engine computes at least a prompt's last token.
-        return min(matched + self.index.block - 1, req.prompt_tokens - 1)
+        return min(view.matched + self.index.block - 1, req.prompt_tokens - 1)
 
     # -- one request ---------------------------------------------------------------------
     def place(self, req: EngineRequest, keys: list[int], tried: set[int]) -> Placed | None:

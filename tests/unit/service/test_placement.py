@@ -614,24 +614,3 @@ def test_two_replicas_weigh_each_others_quiet_prefill_in_routing_and_pacing() ->
     assert alone.place(_request(100, light=False), [], set()) is not None
     assert alone.quiet_prefill(0) == 0
 
-
-def test_where_the_rules_worker_holds_none_the_estimate_is_the_longest_held_elsewhere() -> None:
-    """Worker 1 holds the prompt but has a long prefill ahead, so the rule picks the
-    cold worker 0 now. A prompt held until that prefill ends goes to worker 1 and
-    the engine reports the hit, which would never be refunded: the estimate errs
-    high, no worker is carried, and a cold placement's shortfall is charged."""
-    p, _ = _placement()
-    p.index.insert(1, p.prefix_keys(PROMPT))
-    p.pending_prefill[1] += 5_000
-    q = QueuedRequest("r", "t", len(PROMPT), 16, prefix_keys=p.prefix_keys(PROMPT))
-    assert p.cached_prefix(q) == len(PROMPT) - 1 and q.cached_on is None
-    # Placed now, it goes cold to worker 0: the engine reports no hit and the
-    # whole estimate is charged at the first token.
-    q.cached_estimate = p.cached_prefix(q)
-    req = engine_request(q, "r", PROMPT, SamplingOptions(), None, False)
-    placed = p.place(req, list(req.prefix_keys), set())
-    assert placed is not None and placed.worker == 0 and placed.matched == 0
-    short = rules.cached_shortfall(1.0, 0.1, q.cached_estimate, 0, 1.0)
-    assert rules.admission_charge(1.0, len(PROMPT), 1.0, q.cached_estimate, 0.1) + short == (
-        pytest.approx(float(len(PROMPT)))
-    )
