@@ -613,4 +613,3 @@ def test_two_replicas_weigh_each_others_quiet_prefill_in_routing_and_pacing() ->
     alone = Placement([_target("w0")], clock=lambda: now[0])
     assert alone.place(_request(100, light=False), [], set()) is not None
     assert alone.quiet_prefill(0) == 0
-
