@@ -23,7 +23,8 @@ def locality_pick(cached: Sequence[int]) -> int:
     Scheduling in LLM Serving", 2025): `cached` holds, for the requests that may
     go next in fair order (the first tenant's head, then the heads of tenants
     within the allowance of it), how many prompt tokens the worker each
-    would be placed on holds (one with room while any has). The one with the most goes first: its prefill is mostly skipped.
+    would be placed on holds (one with room while any has). The one with the
+    most goes first: its prefill is mostly skipped.
     Ties go to the earlier in fair order, so with nothing cached anywhere the
     fair head goes. The bound between two backlogged tenants grows by the
     allowance: a tenant is passed over only while it is within it."""

@@ -60,8 +60,9 @@ class Candidate:
     # earlier head (rules.vtc_rank), whatever the order of the offer.
     seq: int = 0
     # Prompt tokens the worker it would be placed on holds (one with room while
-    # any has), as the offering replica's engine pool thinks (locality: rules.locality_pick; charged at w_cached; not in
-    # `kv_tokens`, what it adds to the engine's KV).
+    # any has), as the offering replica's engine pool thinks (locality:
+    # rules.locality_pick; charged at w_cached; not in `kv_tokens`, what it adds
+    # to the engine's KV).
     cached: int = 0
 
     @property
