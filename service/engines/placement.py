@@ -170,7 +170,7 @@ class Placement:
           session 31).
         Where the rule's worker holds none of the prompt the estimate stays none,
         though a prompt held until a prefill ends may then go where its prefix is
-        (`fg-shelter-512`: 27-77 of `rag`'s documents a run, overcharged 38-102 k
+        (`fg-shelter-512`: 17-72 of `rag`'s documents a run, overcharged 24-102 k
         per unit weight). The estimate is also the request's KV and locality's
         preference: the longest prefix held elsewhere, tried, over-admitted cold
         prompts and cost `fg-locality` 43 % of its tokens/s (same section)."""
