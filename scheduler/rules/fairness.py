@@ -58,7 +58,7 @@ def cached_shortfall(
     """What admission under-charged: the engine had `reported` prompt tokens
     cached, fewer than the `estimated` charged at `w_cached` (never negative: a
     better hit than estimated is not refunded, so an engine pool's estimate errs
-    high, `Placement.cached_prefix`, and this makes the charge exact)."""
+    high where it can, `Placement.cached_prefix`, and this makes it exact)."""
     return (w_in - w_cached) * max(0, estimated - max(0, reported)) / weight
 
 
