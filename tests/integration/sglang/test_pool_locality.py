@@ -240,8 +240,10 @@ async def test_admission_lets_a_cached_request_into_the_worker_that_holds_it(
 async def test_a_cache_hit_is_charged_at_the_cached_rate_and_a_miss_in_full(
     start_server: StartServer, start_sim: StartSim
 ) -> None:
-    """The fair counter charges the prefix a worker holds at vtc_w_cached; when the
-    worker turns out not to have it (flushed, restarted, or it says so), the
+    """The fair counter charges the prefix a worker holds at vtc_w_cached, to the
+    token (the index sees 800 of its 801 tokens, in whole blocks: the estimate
+    counts the partial block as held and the engine's report settles it); when
+    the worker turns out not to have it (flushed, restarted, or it says so), the
     shortfall is charged at the first token: never less than the engine did."""
     workers = [await start_sim(time_scale=0.0) for _ in range(2)]
     app = await start_server(**sglang_settings(*workers, vtc_w_cached=0.1))
@@ -261,10 +263,10 @@ async def test_a_cache_hit_is_charged_at_the_cached_rate_and_a_miss_in_full(
             return policy.counter("t") - before - policy.w_out  # the prompt's part
 
         assert await charged(1) == 802  # cold: every prompt token
-        assert await charged(2) == pytest.approx(2 + 0.1 * 800)
+        assert await charged(2) == pytest.approx(1 + 0.1 * 801)
         for w in workers:
             assert w.engine.core.flush_cache()
-        assert await charged(3) == pytest.approx(802)  # estimated 800 cached, had 0
+        assert await charged(3) == pytest.approx(802)  # estimated 801 cached, had 0
     await assert_no_sglang_leaks(app, *workers)
 
 
