@@ -186,7 +186,7 @@ class LocalAdmission:
 
     # -- in flight ----------------------------------------------------------
     def charge_cached(self, entry: LocalEntry, reported: int) -> None:
-        if reported >= entry.req.cached_estimate:
+        if reported >= entry.req.charged_cached:
             return
         self.policy.on_cached_tokens(entry.req, reported)
         self._charged()

@@ -44,9 +44,12 @@ class QueuedRequest:
     # The prompt's prefix keys (service/engines/prefix_index.py), when the engine
     # routes by locality: admission asks how much of the prompt a worker holds.
     prefix_keys: Sequence[int] = ()
-    # Set at admission with locality: the prompt tokens a worker was thought to
-    # hold, charged at the cached rate (rules.admission_charge).
+    # Set at admission with locality: the prompt tokens the worker it would be
+    # placed on was thought to hold (its KV at admission, locality's preference).
     cached_estimate: int = 0
+    # Set with it: the longest prefix of the prompt any worker was thought to hold,
+    # which it may still be placed on (a held prompt goes where its prefix is).
+    held_anywhere: int = 0
     # Set with it: the engine (a worker of a pool) that estimate counted on, which
     # the pool then routes to while it has room (service/engines/placement.py).
     cached_on: int | None = None
@@ -58,10 +61,19 @@ class QueuedRequest:
         requests that use it, so counted once, by the one that brought it)."""
         return rules.kv_tokens(self.prompt_tokens - self.cached_estimate, self.max_tokens)
 
+    @property
+    def charged_cached(self) -> int:
+        """The prompt tokens admission charges at the cached rate
+        (`rules.admission_charge`): the most any worker holds, erring high where
+        it is placed elsewhere, since the engine's report at the first token
+        charges a shortfall (`rules.cached_shortfall`) but refunds no better hit."""
+        return max(self.cached_estimate, self.held_anywhere)
+
 
 # How many of a queued request's prompt tokens the worker an engine pool would
 # place it on holds (one with room while any has; its prefix index): what
-# locality-aware admission prefers and charges at the cached rate.
+# locality-aware admission prefers and counts as not adding KV; it may set
+# `held_anywhere` too (charged at the cached rate, `charged_cached`).
 Locality = Callable[[QueuedRequest], int]
 # How many requests admitted here an engine does not have yet (an engine pool's
 # paced, held and laned prompts): RESERVE_SLOTS lends their slots.

@@ -62,7 +62,7 @@ class QueuePolicy(Protocol):
 
     def on_cached_tokens(self, req: QueuedRequest, reported: int) -> None:
         """The engine had `reported` of an admitted request's prompt tokens cached
-        (charged at admission on `req.cached_estimate`)."""
+        (charged at admission on `req.charged_cached`)."""
         ...
 
     def on_finish(self, req: QueuedRequest) -> None:

@@ -111,7 +111,7 @@ class VtcPolicy:
             return None
         tid = head.tenant_id
         charge = rules.admission_charge(
-            self.w_in, head.prompt_tokens, self.weight_of(tid), head.cached_estimate, self.w_cached
+            self.w_in, head.prompt_tokens, self.weight_of(tid), head.charged_cached, self.w_cached
         )
         self.counters.admitted(tid, charge)
         # pop() re-keys the tenant with its new counter.
@@ -143,7 +143,7 @@ class VtcPolicy:
     def on_cached_tokens(self, req: QueuedRequest, reported: int) -> None:
         tid = req.tenant_id
         short = rules.cached_shortfall(
-            self.w_in, self.w_cached, req.cached_estimate, reported, self.weight_of(tid)
+            self.w_in, self.w_cached, req.charged_cached, reported, self.weight_of(tid)
         )
         if short > 0:
             self.counters.charge(tid, short)

@@ -319,7 +319,7 @@ class SharedAdmission:
         o = self.options
         w_cached = rules.cached_weight(o.w_in, o.w_cached)
         delta = rules.cached_shortfall(
-            o.w_in, w_cached, entry.req.cached_estimate, reported, entry.cfg.weight
+            o.w_in, w_cached, entry.req.charged_cached, reported, entry.cfg.weight
         )
         if delta > 0:
             self._charged(entry.req.tenant_id, delta)

@@ -68,6 +68,7 @@ class Entry(AdmissionEntry):
             queued=queued,
             seq=self.req.seq,
             cached=self.req.cached_estimate,
+            held_anywhere=self.req.held_anywhere,
         )
 
     def settlement(self) -> Settlement:

@@ -439,7 +439,7 @@ class Pump:
             for i in out.admitted:
                 c = step.candidates[i]
                 charge = rules.admission_charge(
-                    step.w_in, c.prompt_tokens, c.weight, c.cached, step.w_cached
+                    step.w_in, c.prompt_tokens, c.weight, c.charged_cached, step.w_cached
                 )
                 self._outbox.charge(c.tenant_id, charge)
             admitted = [step.candidates[i].lease_id for i in out.admitted]

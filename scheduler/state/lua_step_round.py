@@ -20,7 +20,7 @@ for k = 1, nc do
   if not weighed[c.tenant] then redis.call('HSET', W, c.tenant, w); weighed[c.tenant] = true end
   c.weight, c.prompt, c.kv, c.take = num(w), num(nxt()), num(nxt()), nxt() == '1'
   c.rr, c.rb, c.tr, c.tb, c.maxc = opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt()), opt(nxt())
-  c.queued, c.seq, c.cached = num(nxt()), num(nxt()), num(nxt())
+  c.queued, c.seq, c.cached, c.held = num(nxt()), num(nxt()), num(nxt()), num(nxt())
   -- what the buckets count: prompt + max_tokens as sent (store.Candidate.sent_tokens)
   c.sent = c.kv + math.min(math.max(0, c.cached), c.prompt)
   c.idx = k - 1
@@ -230,8 +230,9 @@ local function decide(c, trial)
   local counter_now = counters[c.tenant]
   local floor = tonumber(redis.call('GET', FLOOR)) or 0
   if counter_now > floor then redis.call('SET', FLOOR, fmt(counter_now)) end
-  -- rules.admission_charge: the prefix a worker holds at w_cached
-  local hit = math.min(math.max(0, c.cached), c.prompt)
+  -- rules.admission_charge: the prefix a worker holds at w_cached, the most any
+  -- holds (store.Candidate.charged_cached)
+  local hit = math.min(math.max(0, c.cached, c.held), c.prompt)
   local after = counter_now + (w_in * (c.prompt - hit) + w_cached * hit) / c.weight
   redis.call('HSET', VTC, c.tenant, fmt(after))
   counters[c.tenant] = after

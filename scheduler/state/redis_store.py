@@ -210,7 +210,8 @@ class RedisStore:
             tenants.add(c.tenant_id)
             args += [c.lease_id, c.tenant_id, repr(float(c.weight)), str(c.prompt_tokens)]
             args += [str(c.kv_tokens), "1" if c.take_buckets else "0", *_limits(c.buckets)]
-            args += [_num(c.max_concurrent), str(c.queued), str(c.seq), str(c.cached)]
+            args += [_num(c.max_concurrent), str(c.queued), str(c.seq)]
+            args += [str(c.cached), str(c.held_anywhere)]
         raw = await self._eval(_STEP, self._keys(tenants), args)
         admitted, full, blocked, flat, settled, state_lost, n, held, lent, turn, light = raw
         out = StepOutcome(

@@ -64,11 +64,19 @@ class Candidate:
     # rules.locality_pick; charged at w_cached; not in `kv_tokens`, what it adds
     # to the engine's KV).
     cached: int = 0
+    # The longest prefix of its prompt any worker holds, as that pool thinks: what
+    # is charged at w_cached is the larger of the two (QueuedRequest.charged_cached).
+    held_anywhere: int = 0
 
     @property
     def sent_tokens(self) -> int:
         """Prompt + max_tokens as sent: what the token buckets count."""
         return self.kv_tokens + min(max(0, self.cached), self.prompt_tokens)
+
+    @property
+    def charged_cached(self) -> int:
+        """The prompt tokens charged at w_cached (rules.admission_charge)."""
+        return max(self.cached, self.held_anywhere)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ Admission's locality estimate (`cached_prefix`, `QueuedRequest.cached_estimate`)
 is the placement's own choice at that moment: the worker routing would pick for
 the request, and the prefix it holds there; where that worker has room the
 request carries it (`QueuedRequest.cached_on`) and `place` uses it unless it
-became unhealthy or full, counting each time it cannot (`LocalityStats`).
+became unhealthy or full, counting each time it cannot (`LocalityStats`). The
+charge counts the longest prefix any worker holds (`QueuedRequest.held_anywhere`).
 """
 
 from __future__ import annotations
@@ -153,30 +154,33 @@ class Placement:
     def cached_prefix(self, req: QueuedRequest) -> int:
         """For locality-aware admission (`scheduler.request.Locality`): the prefix
         of the queued request's prompt held by the worker the placement would pick
-        for it now; if that worker has room, it goes with the request (`cached_on`)
-        to `place`. The estimate is charged at `vtc_w_cached` and the engine's
+        for it now (its KV at admission, locality's preference); if that worker has
+        room, it goes with the request (`cached_on`) to `place`. Sets with it the
+        longest prefix any worker holds (`held_anywhere`): the larger of the two is
+        charged at `vtc_w_cached` (`QueuedRequest.charged_cached`) and the engine's
         report at the first token charges any shortfall, but nothing refunds a
         better hit (counters only grow), so an estimate that errs low overcharges
-        for good:
+        for good (docs/benchmarks.md, sessions 31-32):
         - Where no worker has room the rule still picks (the least cost among them
           all), and the prefix held there is the estimate, not none.
         - The index matches whole blocks; the engine reports its hit to the token,
-          up to a block more (a shared prompt's tail short of a block), so the
-          estimate counts that block as held and the shortfall makes it exact.
-          Erring low by 12-15 tokens a request overcharged a tenant of many short
-          cached prompts most (live, four workers, prefix mix, 40 s: 9-10 k
-          weighted tokens per unit weight for `sys`, under 1 k for `chat`), a
-          drift that grows with time past any bound (docs/benchmarks.md,
-          session 31).
-        Where the rule's worker holds none of the prompt the estimate stays none,
-        though a prompt held until a prefill ends may then go where its prefix is
-        (`fg-shelter-512`: 17-72 of `rag`'s documents a run, overcharged 24-102 k
-        per unit weight). The estimate is also the request's KV and locality's
-        preference: the longest prefix held elsewhere, tried, over-admitted cold
-        prompts and cost `fg-locality` 43 % of its tokens/s (same section)."""
+          up to a block more (a shared prompt's tail short of a block), so both
+          count that block as held and the shortfall makes them exact. Erring low
+          by 12-15 tokens a request overcharged `sys` 9-10 k weighted tokens per
+          unit weight per 40 s (live, four workers, prefix mix), a drift past any
+          bound.
+        - A prompt the rule's worker holds none of may still go where its prefix
+          is (held until a prefill ends, `fg-shelter-512`: 17-72 of `rag`'s
+          documents a run, overcharged 24-102 k per unit weight when charged in
+          full), so the charge counts the longest prefix held anywhere. Placed
+          cold after all, it is charged short until its first token. Its KV and
+          locality's preference stay the rule's worker's: the longest prefix
+          elsewhere, used for them too, over-admitted cold prompts and cost
+          `fg-locality` 43 % of its tokens/s."""
         candidates = self._candidates(set())
         views = self._views(candidates, req.prompt_tokens, req.max_tokens, req.prefix_keys)
         req.cached_on = None
+        req.held_anywhere = self._counted(max((v.matched for _, v in views), default=0), req)
         if not views:
             return 0
         i, view = views[route([v for _, v in views], req.prompt_tokens, self.routing)]
@@ -184,8 +188,14 @@ class Placement:
             return 0
         if view.load <= 1.0:
             req.cached_on = i
-        # An engine computes at least a prompt's last token.
-        return min(view.matched + self.index.block - 1, req.prompt_tokens - 1)
+        return self._counted(view.matched, req)
+
+    def _counted(self, matched: int, req: QueuedRequest) -> int:
+        """A matched prefix as cached tokens: the partial block the index cannot see
+        counted as held; an engine computes at least a prompt's last token."""
+        if matched <= 0:
+            return 0
+        return min(matched + self.index.block - 1, req.prompt_tokens - 1)
 
     # -- one request ---------------------------------------------------------------------
     def place(self, req: EngineRequest, keys: list[int], tried: set[int]) -> Placed | None:

@@ -148,7 +148,7 @@ class Driver:
         tid = call.req.tenant_id
         # Service as the fair counter charges it (a cached prefix at w_cached).
         self.monitor.service[tid] += admission_charge(
-            self.w_in, call.req.prompt_tokens, 1.0, call.req.cached_estimate, self.w_cached
+            self.w_in, call.req.prompt_tokens, 1.0, call.req.charged_cached, self.w_cached
         )
         # Charged while still backlogged: update before dequeuing.
         self.monitor.update(self.backlogged())
@@ -279,7 +279,7 @@ class Driver:
     def _first_token(self, call: Call) -> None:
         """Its prefill is done: the engine says what it had cached."""
         charged_cached = self.fleet.first_token(call)
-        est = call.req.cached_estimate
+        est = call.req.charged_cached
         short = cached_shortfall(self.w_in, self.w_cached, est, charged_cached, 1.0)
         self.monitor.service[call.req.tenant_id] += short
         self.dispatcher.on_cached_tokens(call.req, charged_cached)

@@ -152,8 +152,12 @@ def counters(side: Side) -> dict[str, float]:
 
 
 def cached_of(req: QueuedRequest) -> int:
-    """What a worker with room holds of the request's prompt (a fixed guess)."""
-    return int(req.request_id.split(".")[0]) * 37 % (req.prompt_tokens + 1)
+    """What a worker with room holds of the request's prompt, and the most any
+    worker holds (charged cached when more: `QueuedRequest.charged_cached`), as
+    an engine pool's `Placement.cached_prefix` sets it (fixed guesses)."""
+    n = int(req.request_id.split(".")[0])
+    req.held_anywhere = n * 53 % (req.prompt_tokens + 1)
+    return n * 37 % (req.prompt_tokens + 1)
 
 
 async def apply_event(

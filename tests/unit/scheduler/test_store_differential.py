@@ -114,6 +114,8 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
                             queued=queued - j,
                             seq=100 * heads[n_tenant] + j,
                             cached=draw(st.sampled_from([0, 100, 250, 300])) if local else 0,
+                            # charged at w_cached when more (Candidate.charged_cached)
+                            held_anywhere=draw(st.sampled_from([0, 200, 300])) if local else 0,
                         )
                     )
                     admitted.append((lease, tenant))

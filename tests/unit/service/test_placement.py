@@ -153,6 +153,34 @@ def test_the_estimate_errs_high_by_the_block_the_index_cannot_see() -> None:
     assert admitted + short == pytest.approx(exact)
 
 
+@pytest.mark.parametrize("reported", [0, len(PROMPT) - 1])
+def test_a_prefix_held_off_the_rules_worker_is_charged_cached_and_a_miss_made_exact(
+    reported: int,
+) -> None:
+    """The rule's worker holds none of the prompt (a long prefill ahead there
+    outweighs the prefix held elsewhere): its KV and locality's preference count
+    nothing cached, but the charge counts the prefix another worker holds, since a
+    held prompt may still go there and a better hit than charged is never
+    refunded (counters only grow). Placed cold, the engine's report charges the
+    rest: either way admission plus the shortfall is the exact charge."""
+    p, _ = _placement()
+    p.index.insert(1, p.prefix_keys(PROMPT))
+    p.pending_prefill[1] += 50_000
+    q = QueuedRequest("r", "t", len(PROMPT), 16, prefix_keys=p.prefix_keys(PROMPT))
+    q.cached_estimate = p.cached_prefix(q)
+    assert (q.cached_estimate, q.cached_on) == (0, None)
+    assert q.kv_tokens == rules.kv_tokens(len(PROMPT), 16)
+    assert q.held_anywhere == q.charged_cached == len(PROMPT) - 1
+    w_in, w_cached = 1.0, 0.1
+    admitted = rules.admission_charge(w_in, len(PROMPT), 1.0, q.charged_cached, w_cached)
+    short = rules.cached_shortfall(w_in, w_cached, q.charged_cached, reported, 1.0)
+    exact = rules.admission_charge(w_in, len(PROMPT), 1.0, reported, w_cached)
+    assert admitted + short == pytest.approx(exact)
+    # Held nowhere: nothing is charged cached.
+    q2 = QueuedRequest("r2", "t", 64, 16, prefix_keys=p.prefix_keys(list(range(500, 564))))
+    assert p.cached_prefix(q2) == 0 and q2.charged_cached == 0
+
+
 def test_the_claim_is_counted_where_it_is_placed_and_freed_once() -> None:
     p, _ = _placement()
     p.index.insert(0, p.prefix_keys(PROMPT[:160]))  # half the prompt held by worker 0
