@@ -17,7 +17,8 @@ is the placement's own choice at that moment: the worker routing would pick for
 the request, and the prefix it holds there; where that worker has room the
 request carries it (`QueuedRequest.cached_on`) and `place` uses it unless it
 became unhealthy or full, counting each time it cannot (`LocalityStats`). The
-charge counts the longest prefix any worker holds (`QueuedRequest.held_anywhere`).
+charge counts the longest prefix any worker holds where the cold-start hold may
+place a prompt later (`QueuedRequest.held_anywhere`).
 """
 
 from __future__ import annotations
@@ -155,9 +156,10 @@ class Placement:
         """For locality-aware admission (`scheduler.request.Locality`): the prefix
         of the queued request's prompt held by the worker the placement would pick
         for it now (its KV at admission, locality's preference); if that worker has
-        room, it goes with the request (`cached_on`) to `place`. Sets with it the
-        longest prefix any worker holds (`held_anywhere`): the larger of the two is
-        charged at `vtc_w_cached` (`QueuedRequest.charged_cached`) and the engine's
+        room, it goes with the request (`cached_on`) to `place`. With the cold-start
+        hold on, sets with it the longest prefix any worker holds (`held_anywhere`):
+        the larger of the two is charged at `vtc_w_cached`
+        (`QueuedRequest.charged_cached`) and the engine's
         report at the first token charges any shortfall, but nothing refunds a
         better hit (counters only grow), so an estimate that errs low overcharges
         for good (docs/benchmarks.md, sessions 31-32):
@@ -169,18 +171,22 @@ class Placement:
           by 12-15 tokens a request overcharged `sys` 9-10 k weighted tokens per
           unit weight per 40 s (live, four workers, prefix mix), a drift past any
           bound.
-        - A prompt the rule's worker holds none of may still go where its prefix
-          is (held until a prefill ends, `fg-shelter-512`: 17-72 of `rag`'s
-          documents a run, overcharged 24-102 k per unit weight when charged in
-          full), so the charge counts the longest prefix held anywhere. Placed
-          cold after all, it is charged short until its first token. Its KV and
-          locality's preference stay the rule's worker's: the longest prefix
-          elsewhere, used for them too, over-admitted cold prompts and cost
-          `fg-locality` 43 % of its tokens/s."""
+        - With the hold, a prompt the rule's worker holds none of may still go
+          where its prefix is (held until a prefill ends, `fg-shelter-512`: 17-72
+          of `rag`'s documents a run, overcharged 24-102 k per unit weight when
+          charged in full), so the charge counts the longest prefix held
+          anywhere. Placed cold after all, it is charged short until its first
+          token: without the hold every prompt is placed at once by the rule,
+          and that window only skewed the order (virtual fleet, two engines, no
+          levers: Jain over service 0.967 to 0.932). Its KV and locality's
+          preference stay the rule's worker's: the longest prefix elsewhere, used
+          for them too, over-admitted cold prompts and cost `fg-locality` 43 %
+          of its tokens/s."""
         candidates = self._candidates(set())
         views = self._views(candidates, req.prompt_tokens, req.max_tokens, req.prefix_keys)
         req.cached_on = None
-        req.held_anywhere = self._counted(max((v.matched for _, v in views), default=0), req)
+        held = max((v.matched for _, v in views), default=0) if self.stagger.holds else 0
+        req.held_anywhere = self._counted(held, req)
         if not views:
             return 0
         i, view = views[route([v for _, v in views], req.prompt_tokens, self.routing)]
@@ -561,7 +567,7 @@ class Placement:
         once a worker's prefill ends (`first_token`, `released`) or at the time
         returned."""
         st, now_s = self.stagger, self.clock()
-        if not (st.min_tokens and st.hold_max_s):
+        if not st.holds:
             return None
         healthy = [t.healthy for t in self.targets]
         views = self._views(self._candidates(set()), req.prompt_tokens, req.max_tokens, keys)

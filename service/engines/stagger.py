@@ -100,6 +100,12 @@ class Stagger:
     paced: int = 0
     paced_to_bound: int = 0
 
+    @property
+    def holds(self) -> bool:
+        """Lever 4 is on: a prompt may wait unsent and be placed later, on
+        another worker than the one routing picked at admission."""
+        return bool(self.min_tokens and self.hold_max_s)
+
     def saw(self, prompt_tokens: int, light: bool, now_s: float) -> bool:
         """A request is being placed: a light tenant's short one marks it active (its
         long prompts, as every tenant's first ones, are long prefills like any other).

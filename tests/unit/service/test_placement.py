@@ -154,16 +154,18 @@ def test_the_estimate_errs_high_by_the_block_the_index_cannot_see() -> None:
 
 
 @pytest.mark.parametrize("reported", [0, len(PROMPT) - 1])
-def test_a_prefix_held_off_the_rules_worker_is_charged_cached_and_a_miss_made_exact(
+def test_with_the_hold_a_prefix_held_off_the_rules_worker_is_charged_cached(
     reported: int,
 ) -> None:
     """The rule's worker holds none of the prompt (a long prefill ahead there
     outweighs the prefix held elsewhere): its KV and locality's preference count
-    nothing cached, but the charge counts the prefix another worker holds, since a
-    held prompt may still go there and a better hit than charged is never
-    refunded (counters only grow). Placed cold, the engine's report charges the
-    rest: either way admission plus the shortfall is the exact charge."""
-    p, _ = _placement()
+    nothing cached. With the cold-start hold the prompt may wait and then go
+    where its prefix is, and a better hit than charged is never refunded
+    (counters only grow), so the charge counts the prefix another worker holds.
+    Placed cold, the engine's report charges the rest: either way admission plus
+    the shortfall is the exact charge. Without the hold the rule places it at
+    once, and the rule's worker's prefix (none) is the charge."""
+    p = _hold_placement([0.0])
     p.index.insert(1, p.prefix_keys(PROMPT))
     p.pending_prefill[1] += 50_000
     q = QueuedRequest("r", "t", len(PROMPT), 16, prefix_keys=p.prefix_keys(PROMPT))
@@ -179,6 +181,9 @@ def test_a_prefix_held_off_the_rules_worker_is_charged_cached_and_a_miss_made_ex
     # Held nowhere: nothing is charged cached.
     q2 = QueuedRequest("r2", "t", 64, 16, prefix_keys=p.prefix_keys(list(range(500, 564))))
     assert p.cached_prefix(q2) == 0 and q2.charged_cached == 0
+    # No hold: the rule's worker's.
+    p.stagger = Stagger()
+    assert p.cached_prefix(q) == 0 and q.charged_cached == 0
 
 
 def test_the_claim_is_counted_where_it_is_placed_and_freed_once() -> None:
