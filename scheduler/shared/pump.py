@@ -374,7 +374,6 @@ class Pump:
             self._sent_queued = {}
             self._wake.set()
         self._contacted = True
-        self._pause_blocked(step, out, now_s)
         self.reserve_holds_total += len(out.held)
         if (out.full or out.turn or (out.held and not out.admitted)) and not stale:
             # Held out of the reserve: room or shares change when a request
@@ -386,6 +385,10 @@ class Pump:
             # charges): the next step decides again at once.
             self._full_until_s = -math.inf
         self._offers.after_offer(admitted, step, Place.SHARED, *self._marked(step, out))
+        # After starting what was admitted (which ends a tenant's hold at max_concurrent,
+        # `LocalQueues.remove`): a candidate of the same tenant blocked in this step
+        # holds it again, else it would count as eligible, a floor for others' lifts.
+        self._pause_blocked(step, out, now_s)
         self._failover.saw(out)
         if admitted:
             self._wake.set()
@@ -428,9 +431,9 @@ class Pump:
             out = fb.step_now(self._options.replica_id, step)
             now_s = self._clock.now_s()
             self._local.mirror.update(out.counters)
-            self._pause_blocked(step, out, now_s)
             self.reserve_holds_total += len(out.held)
             if not out.admitted:
+                self._pause_blocked(step, out, now_s)
                 if out.full:
                     self._full_until_s = math.inf  # a local finish kicks the pump
                 elif out.held:
@@ -444,6 +447,7 @@ class Pump:
                 self._outbox.charge(c.tenant_id, charge)
             admitted = [step.candidates[i].lease_id for i in out.admitted]
             self._offers.after_offer(admitted, step, Place.LOCAL, *self._marked(step, out))
+            self._pause_blocked(step, out, now_s)  # after it, as in a shared step
 
     @staticmethod
     def _marked(step: Step, out: StepOutcome) -> tuple[set[str], set[str]]:

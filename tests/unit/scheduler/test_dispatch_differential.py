@@ -195,3 +195,52 @@ def test_a_head_passed_while_held_out_of_the_reserve_is_judged_again_when_the_wi
     )  # fmt: skip
     seen = asyncio.run(run_trace(trace))
     assert seen["admitted"] and seen["advanced"], seen
+
+
+def test_a_tenant_admitted_to_its_max_concurrent_stays_held_past_the_poll() -> None:
+    """Found by the test above once other modules were imported (Hypothesis draws
+    from the constants it finds in them): one shared step admitted `c`'s request
+    and blocked the next at its max_concurrent of 1, then starting the admitted
+    one cleared the hold the block had set. Past the poll `c` counted as eligible,
+    so `d`, arriving at event 24, was lifted to `c`'s counter (48) instead of to
+    the smallest eligible one, `b`'s (163), as the in-memory state does."""
+    one = TenantQuotas(max_concurrent=1)
+    trace = Trace(
+        limits=AdmissionLimits(max_requests=3, max_kv_tokens=800),
+        reserve_fraction=0.5,
+        light_credit=300.0,
+        tenants=[
+            TenantConfig(
+                "a",
+                1.0,
+                quotas=TenantQuotas(
+                    max_concurrent=1,
+                    tokens_per_min=600.0,
+                    tokens_burst=4000.0,
+                    max_queue_wait_s=MAX_WAIT_S,
+                ),
+                over_quota="reject",
+            ),
+            TenantConfig("b", 2.0, over_quota="reject"),
+            TenantConfig("c", 2.0, quotas=one, over_quota="wait"),
+            TenantConfig("d", 4.0, quotas=one, over_quota="wait"),
+        ],
+        local=False,
+        allowance=300.0,
+        w_cached=1.0,
+        reserve_window_s=WINDOW_S,
+        events=[
+            ("advance", 110, 513), ("advance", 320, 229), ("advance", 13, 65),
+            ("finish", 600, 770), ("cancel", 683, 121), ("arrive", 172, 12),
+            ("arrive", 409, 350), ("charge", 220, 637), ("arrive", 197, 487),
+            ("advance", 87, 527), ("finish", 228, 188), ("advance", 246, 337),
+            ("charge", 260, 217), ("finish", 72, 826), ("burst", 858, 226),
+            ("burst", 133, 120), ("cached", 192, 754), ("cancel", 475, 491),
+            ("advance", 167, 207), ("advance", 107, 150), ("finish", 443, 777),
+            ("cancel", 303, 238), ("advance", 68, 24), ("advance", 134, 427),
+            ("burst", 143, 310), ("finish", 259, 704), ("burst", 98, 706),
+            ("cached", 684, 269), ("finish", 319, 612),
+        ],
+    )  # fmt: skip
+    seen = asyncio.run(run_trace(trace))
+    assert seen["admitted"] and seen["advanced"], seen
