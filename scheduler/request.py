@@ -47,8 +47,8 @@ class QueuedRequest:
     # Set at admission with locality: the prompt tokens the worker it would be
     # placed on was thought to hold (its KV at admission, locality's preference).
     cached_estimate: int = 0
-    # Set with it: the longest prefix of the prompt any worker was thought to hold,
-    # which it may still be placed on (a held prompt goes where its prefix is).
+    # Set with it where the pool may hold a prompt and place it later (the cold-start
+    # hold): the longest prefix of the prompt any worker was thought to hold.
     held_anywhere: int = 0
     # Set with it: the engine (a worker of a pool) that estimate counted on, which
     # the pool then routes to while it has room (service/engines/placement.py).

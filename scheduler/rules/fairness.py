@@ -44,11 +44,10 @@ def admission_charge(
 ) -> float:
     """The prompt's charge at admission: `w_in` per token the engine computes,
     `w_cached` per token of its prefix a worker is thought to hold (`cached`,
-    the most any worker holds, `QueuedRequest.charged_cached`; 0 without
-    locality). The engine reports what it really
-    had cached at the first token: `cached_shortfall` charges the difference when
-    it had less. Never a credit: counters only grow, which is what lets the
-    shared path tell a wiped store from its own bookkeeping."""
+    `QueuedRequest.charged_cached`; 0 without locality). The engine reports what
+    it really had cached at the first token: `cached_shortfall` charges the
+    difference when it had less. Never a credit: counters only grow, which is
+    what lets the shared path tell a wiped store from its own bookkeeping."""
     hit = min(max(0, cached), prompt_tokens)
     return (w_in * (prompt_tokens - hit) + w_cached * hit) / weight
 

@@ -61,8 +61,7 @@ class Candidate:
     seq: int = 0
     # Prompt tokens the worker it would be placed on holds (one with room while
     # any has), as the offering replica's engine pool thinks (locality:
-    # rules.locality_pick; charged at w_cached; not in `kv_tokens`, what it adds
-    # to the engine's KV).
+    # rules.locality_pick; not in `kv_tokens`, what it adds to the engine's KV).
     cached: int = 0
     # The longest prefix of its prompt any worker holds, as that pool thinks: what
     # is charged at w_cached is the larger of the two (QueuedRequest.charged_cached).
