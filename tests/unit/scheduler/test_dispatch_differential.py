@@ -198,8 +198,8 @@ def test_a_head_passed_while_held_out_of_the_reserve_is_judged_again_when_the_wi
 
 
 def test_a_tenant_admitted_to_its_max_concurrent_stays_held_past_the_poll() -> None:
-    """Found by the test above once other modules were imported (Hypothesis draws
-    from the constants it finds in them): one shared step admitted `c`'s request
+    """Found by the test above once other modules were imported (the traces it
+    draws change with the modules loaded): one shared step admitted `c`'s request
     and blocked the next at its max_concurrent of 1, then starting the admitted
     one cleared the hold the block had set. Past the poll `c` counted as eligible,
     so `d`, arriving at event 24, was lifted to `c`'s counter (48) instead of to
