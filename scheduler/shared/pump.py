@@ -441,10 +441,7 @@ class Pump:
                 return
             for i in out.admitted:
                 c = step.candidates[i]
-                charge = rules.admission_charge(
-                    step.w_in, c.prompt_tokens, c.weight, c.charged_cached, step.w_cached
-                )
-                self._outbox.charge(c.tenant_id, charge)
+                self._outbox.charge(c.tenant_id, c.charge(step.w_in, step.w_cached))
             admitted = [step.candidates[i].lease_id for i in out.admitted]
             self._offers.after_offer(admitted, step, Place.LOCAL, *self._marked(step, out))
             self._pause_blocked(step, out, now_s)  # after it, as in a shared step

@@ -77,6 +77,12 @@ class Candidate:
         """The prompt tokens charged at w_cached (rules.admission_charge)."""
         return max(self.cached, self.held_anywhere)
 
+    def charge(self, w_in: float, w_cached: float) -> float:
+        """Its tenant's VTC charge when admitted (the store's, and the pump's mirror)."""
+        return rules.admission_charge(
+            w_in, self.prompt_tokens, self.weight, self.charged_cached, w_cached
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Lease:

@@ -229,10 +229,9 @@ class StoreRound:
             self.out.lent.append(self.index[id(c)])
         if c.take_buckets:
             s.buckets.add(c.tenant_id, -1.0, -float(c.sent_tokens), c.buckets, now_s)
-        charge = rules.admission_charge(
-            step.w_in, c.prompt_tokens, c.weight, c.charged_cached, step.w_cached
+        self.out.counters[c.tenant_id] = s.vtc.admitted(
+            c.tenant_id, c.charge(step.w_in, step.w_cached)
         )
-        self.out.counters[c.tenant_id] = s.vtc.admitted(c.tenant_id, charge)
         s.open_lease(c.lease_id, c.tenant_id, c.kv_tokens, now_s)
         key = (self.replica_id, c.tenant_id)
         if key in s.backlog:

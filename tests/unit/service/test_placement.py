@@ -38,6 +38,16 @@ def _admitted(p: Placement, prompt: list[int] = PROMPT, max_tokens: int = 16) ->
     return engine_request(q, "r", prompt, SamplingOptions(), None, False)
 
 
+def _assert_charged_exactly(prompt_tokens: int, charged_cached: int, reported: int) -> None:
+    """Admission's charge on `charged_cached` plus the shortfall the engine's report
+    charges at the first token is the charge on what the engine had cached."""
+    w_in, w_cached = 1.0, 0.1
+    admitted = rules.admission_charge(w_in, prompt_tokens, 1.0, charged_cached, w_cached)
+    short = rules.cached_shortfall(w_in, w_cached, charged_cached, reported, 1.0)
+    exact = rules.admission_charge(w_in, prompt_tokens, 1.0, reported, w_cached)
+    assert admitted + short == pytest.approx(exact)
+
+
 def test_admissions_worker_is_used_where_the_rule_alone_would_go_elsewhere() -> None:
     p, _ = _placement()
     p.index.insert(1, p.prefix_keys(PROMPT))
@@ -146,11 +156,7 @@ def test_the_estimate_errs_high_by_the_block_the_index_cannot_see() -> None:
     assert estimate == 18 * block + block - 1 and q.cached_on == 1
     # What the engine reports (300 held) is at most the estimate: admission's
     # charge plus the shortfall charged at the first token is the exact charge.
-    w_in, w_cached = 1.0, 0.1
-    admitted = rules.admission_charge(w_in, len(prompt), 1.0, estimate, w_cached)
-    short = rules.cached_shortfall(w_in, w_cached, estimate, 300, 1.0)
-    exact = rules.admission_charge(w_in, len(prompt), 1.0, 300, w_cached)
-    assert admitted + short == pytest.approx(exact)
+    _assert_charged_exactly(len(prompt), estimate, 300)
 
 
 @pytest.mark.parametrize("reported", [0, len(PROMPT) - 1])
@@ -173,11 +179,7 @@ def test_with_the_hold_a_prefix_held_off_the_rules_worker_is_charged_cached(
     assert (q.cached_estimate, q.cached_on) == (0, None)
     assert q.kv_tokens == rules.kv_tokens(len(PROMPT), 16)
     assert q.held_anywhere == q.charged_cached == len(PROMPT) - 1
-    w_in, w_cached = 1.0, 0.1
-    admitted = rules.admission_charge(w_in, len(PROMPT), 1.0, q.charged_cached, w_cached)
-    short = rules.cached_shortfall(w_in, w_cached, q.charged_cached, reported, 1.0)
-    exact = rules.admission_charge(w_in, len(PROMPT), 1.0, reported, w_cached)
-    assert admitted + short == pytest.approx(exact)
+    _assert_charged_exactly(len(PROMPT), q.charged_cached, reported)
     # Held nowhere: nothing is charged cached.
     q2 = QueuedRequest("r2", "t", 64, 16, prefix_keys=p.prefix_keys(list(range(500, 564))))
     assert p.cached_prefix(q2) == 0 and q2.charged_cached == 0
