@@ -52,7 +52,12 @@ from scheduler.rules.fairness import (
     vtc_bound,
     vtc_rank,
 )
-from scheduler.rules.locality import behind, locality_may_pass, locality_pick
+from scheduler.rules.locality import (
+    LOCALITY_MIN_GAIN,
+    behind,
+    locality_may_pass,
+    locality_pick,
+)
 from scheduler.rules.priority import (
     COST_TIERS_TOKENS,
     LIGHT_PREFILL_TOKENS,
@@ -79,6 +84,7 @@ __all__ = [
     "EPSILON",
     "LIGHT_PREFILL_TOKENS",
     "LIGHT_QUEUE",
+    "LOCALITY_MIN_GAIN",
     "W_IN",
     "W_OUT",
     "AdmissionLimits",

@@ -286,7 +286,8 @@ while going do
       -- locality (decision.prefer, window_end; store_round.py: heads_upto), while a slot
       -- is free: the other heads within the allowance of c, in fair order, not one
       -- admitted by an earlier try; the one a worker holds most of goes first
-      -- when it may (decision.py), else c is decided
+      -- when it may (decision.py), by at least LOCALITY_MIN_GAIN more than c
+      -- (rules.locality_pick), else c is decided
       local pick, done = c, false
       -- never past a light tenant's head (rules.locality_may_pass)
       if allowance >= 0 and n < max_req and c.fq > LIGHT_QUEUE then
@@ -294,6 +295,7 @@ while going do
         for j = k + 1, #heads do
           local h = heads[j]
           if not h.gone and h.key <= limit and h.cached > pick.cached
+            and h.cached >= c.cached + LOCALITY_MIN_GAIN
             and redis.call('HEXISTS', LT, h.id) == 0 then
             pick = h
           end

@@ -8,7 +8,7 @@ step, is its upkeep (lua_step_upkeep.py) then its round (lua_step_round.py).
 
 from __future__ import annotations
 
-from scheduler.rules import LIGHT_QUEUE
+from scheduler.rules import LIGHT_QUEUE, LOCALITY_MIN_GAIN
 from scheduler.state.lua_prelude import PRELUDE
 from scheduler.state.lua_step_round import STEP_ROUND
 from scheduler.state.lua_step_upkeep import STEP_UPKEEP
@@ -28,8 +28,9 @@ return {'', '0'}
 
 STEP = (
     PRELUDE
-    # rules.LIGHT_QUEUE, stated once (in Python).
+    # rules.LIGHT_QUEUE and rules.LOCALITY_MIN_GAIN, stated once (in Python).
     + f"local LIGHT_QUEUE = {LIGHT_QUEUE}\n"
+    + f"local LOCALITY_MIN_GAIN = {LOCALITY_MIN_GAIN}\n"
     + STEP_UPKEEP
     + STEP_ROUND
 )

@@ -394,16 +394,22 @@ class Placement:
 
     def first_token(self, p: Placed, prompt_tokens: int, cached: int) -> None:
         """Its first chunk: its prefill is done; the worker says how much of the
-        prompt it had cached. Fewer tokens than the index matched means it evicted
-        more than the index did (or restarted)."""
+        prompt it had cached. Fewer tokens than the index matched means it
+        evicted more than the index did (or restarted). A whole prompt matched
+        comes back a token short (an engine computes at least the last one):
+        not an eviction. Taken for one, every repeat of a block-aligned prompt
+        forgot another prompt's block; that tenant, then thought cold, was
+        passed over by locality for the whole allowance (a wait-mode quota
+        tenant lost seconds of its bucket: test_replicas.py, session 33)."""
         self._prefilled(p)
         self._loaded(p.worker)
         reported = min(max(0, cached), prompt_tokens)
+        predicted = min(p.matched, max(0, prompt_tokens - 1))
         self.cached_tokens_total += reported
-        self.predicted_cached_total += p.matched
-        if reported < p.matched:
+        self.predicted_cached_total += predicted
+        if reported < predicted:
             self.overestimated += 1  # placed for a prefix the worker no longer held
-            self.index.shrink(p.worker, p.matched - reported)
+            self.index.shrink(p.worker, predicted - reported)
 
     def finished(self, p: Placed, prompt_token_ids: Sequence[int], output: Sequence[int]) -> None:
         """The worker finished it: SGLang caches the whole sequence, which a

@@ -15,7 +15,14 @@ from scheduler.ordering.backlog import Backlog
 from scheduler.ordering.keyed_heap import KeyedHeap
 from scheduler.ordering.vtc import VtcPolicy
 from scheduler.request import QueuedRequest
-from scheduler.rules import LIGHT_QUEUE, Rank, locality_pick, order_key, vtc_rank
+from scheduler.rules import (
+    LIGHT_QUEUE,
+    LOCALITY_MIN_GAIN,
+    Rank,
+    locality_pick,
+    order_key,
+    vtc_rank,
+)
 from scheduler.timers import ManualTimers
 from tests.unit.scheduler.helpers import Waiter
 
@@ -26,6 +33,17 @@ def test_locality_pick_prefers_the_most_cached_and_the_fair_head_on_ties() -> No
     assert locality_pick([0, 0, 0]) == 0
     assert locality_pick([0, 512, 512]) == 1
     assert locality_pick([100, 50]) == 0
+
+
+def test_locality_passes_the_fair_head_only_for_the_minimum_gain() -> None:
+    # A short prompt one block of which is held (15 tokens counted) does not pass
+    # a cold one; the gain is over the fair head's, not the runner-up's.
+    g = LOCALITY_MIN_GAIN
+    assert locality_pick([0, 15]) == 0
+    assert locality_pick([0, g - 1]) == 0
+    assert locality_pick([0, g]) == 1
+    assert locality_pick([100, 100 + g - 1, 100 + g]) == 2
+    assert locality_pick([0, g, g + 1]) == 2
 
 
 @given(

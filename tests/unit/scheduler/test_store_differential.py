@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from scheduler.budget import AdmissionLimits
 from scheduler.clock import MonotonicClock
 from scheduler.quotas import BucketLimits
-from scheduler.rules import LIGHT_QUEUE, Isolation
+from scheduler.rules import LIGHT_QUEUE, LOCALITY_MIN_GAIN, Isolation
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.redis_store import RedisStore
 from scheduler.state.store import Candidate, Settlement, Step, StepOutcome
@@ -113,7 +113,10 @@ def traces(draw: st.DrawFn) -> tuple[AdmissionLimits, float, list[tuple[str, Ste
                             max_concurrent=max_concurrent,
                             queued=queued - j,
                             seq=100 * heads[n_tenant] + j,
-                            cached=draw(st.sampled_from([0, 100, 250, 300])) if local else 0,
+                            # gains on both sides of rules.LOCALITY_MIN_GAIN
+                            cached=draw(st.sampled_from([0, 20, 100, 120, 250, 300]))
+                            if local
+                            else 0,
                             # charged at w_cached when more (Candidate.charged_cached)
                             held_anywhere=draw(st.sampled_from([0, 200, 300])) if local else 0,
                         )
@@ -218,3 +221,37 @@ def test_both_lend_the_slots_of_unsent_requests(redis_url_once: str) -> None:
         return admitted
 
     assert asyncio.run(run()) == [[0, 1, 2, 3], [0], [], [0], [0], []]
+
+
+@pytest.mark.parametrize(
+    ("gain", "first"), [(LOCALITY_MIN_GAIN - 1, "a"), (LOCALITY_MIN_GAIN, "b")]
+)
+def test_both_pass_the_fair_head_for_locality_only_by_the_minimum_gain(
+    redis_url_once: str, gain: int, first: str
+) -> None:
+    """The fair head `a` (heavy, nothing cached) and `b` within the allowance, whose
+    worker holds `gain` more of its prompt: `b` goes first from LOCALITY_MIN_GAIN on,
+    in both stores (a trace the random ones rarely reach: gains are mostly large)."""
+    step = Step(
+        AdmissionLimits(1, 100_000),
+        allowance=4096.0,
+        candidates=[
+            Candidate("a0", "a", 1.0, 100, 120, queued=LIGHT_QUEUE + 1, seq=1),
+            Candidate("b0", "b", 1.0, 100, 120 - gain, queued=LIGHT_QUEUE + 1, seq=2, cached=gain),
+        ],
+    )
+
+    async def run() -> StepOutcome:
+        mem = MemoryStore(MonotonicClock(), lease_ttl_s=600, backlog_ttl_s=600)
+        red = RedisStore.from_url(
+            redis_url_once, domain=f"diff-{uuid.uuid4().hex}", lease_ttl_s=600, backlog_ttl_s=600
+        )
+        try:
+            a, b = await mem.step("r1", step), await red.step("r1", step)
+        finally:
+            await red.aclose()
+        assert verdicts(a) == verdicts(b), (a, b)
+        return a
+
+    out = asyncio.run(run())
+    assert [step.candidates[i].tenant_id for i in out.admitted] == [first]

@@ -188,6 +188,29 @@ def test_with_the_hold_a_prefix_held_off_the_rules_worker_is_charged_cached(
     assert p.cached_prefix(q) == 0 and q.charged_cached == 0
 
 
+def test_a_whole_prompt_reported_a_token_short_is_not_an_eviction() -> None:
+    """An engine computes at least a prompt's last token, so a block-aligned prompt
+    held whole comes back one token short of the index's match. Taken for an
+    eviction, each repeat forgot another prompt's block (session 33)."""
+    p, _ = _placement()
+    other = list(range(1000, 1032))
+    p.index.insert(0, p.prefix_keys(other))
+    p.index.insert(0, p.prefix_keys(PROMPT))
+    req = _admitted(p)
+    placed = p.place(req, list(req.prefix_keys), set())
+    assert placed is not None and placed.worker == 0 and placed.matched == len(PROMPT)
+    p.first_token(placed, len(PROMPT), cached=len(PROMPT) - 1)
+    assert p.overestimated == 0
+    assert p.index.match(0, p.prefix_keys(other)) == len(other)
+    # One token fewer is an eviction: the least recently used block goes.
+    req = _admitted(p)
+    placed = p.place(req, list(req.prefix_keys), set())
+    assert placed is not None and placed.worker == 0
+    p.first_token(placed, len(PROMPT), cached=len(PROMPT) - 2)
+    assert p.overestimated == 1
+    assert p.index.match(0, p.prefix_keys(other)) < len(other)
+
+
 def test_the_claim_is_counted_where_it_is_placed_and_freed_once() -> None:
     p, _ = _placement()
     p.index.insert(0, p.prefix_keys(PROMPT[:160]))  # half the prompt held by worker 0
