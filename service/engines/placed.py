@@ -47,6 +47,9 @@ class Placed:
     released: bool = False
     # Its prompt counts as held on the worker while it is being computed (`held`).
     computing: bool = False
+    # Of `matched`, the prefix a request placed there before it was still
+    # computing: the engine may not hold it yet, so a miss of it is no eviction.
+    matched_computing: int = 0
     # Its prefill as announced to the other replicas (`Placement.on_prefill`); "": not.
     prefill_id: str = ""
     # Its KV beyond its keys' blocks (which count while any request pins them).

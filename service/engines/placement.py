@@ -255,6 +255,7 @@ class Placement:
         self._loaded(i)  # after `_announce`: an announced prefill is not quiet
         if keys:
             computing = self._computing[i]
+            placed.matched_computing = min(view.matched, self._computing_prefix(i, keys))
             for k in keys:
                 computing[k] = computing.get(k, 0) + 1
             placed.computing = True
@@ -297,11 +298,15 @@ class Placement:
         view = self.exact[i]
         if view is None or view.stale:
             return self.index.match(i, keys)
-        held, computing = view.match(keys), self._computing[i]
-        n = 0  # a prompt's keys are chained: a key in flight carries all before it
+        return max(view.match(keys), self._computing_prefix(i, keys))
+
+    def _computing_prefix(self, i: int, keys: Sequence[int]) -> int:
+        """Tokens of the prefix `keys` that requests placed on worker `i` are still
+        computing (a prompt's keys are chained: a key in flight carries all before it)."""
+        computing, n = self._computing[i], 0
         while n < len(keys) and keys[n] in computing:
             n += 1
-        return max(held, n * self.index.block)
+        return n * self.index.block
 
     def recheck(self, p: Placed) -> int:
         """What `p`'s worker holds of its prompt now (its cache, and prompts placed
@@ -395,9 +400,11 @@ class Placement:
     def first_token(self, p: Placed, prompt_tokens: int, cached: int) -> None:
         """Its first chunk: its prefill is done; the worker says how much of the
         prompt it had cached. Fewer tokens than the index matched means it
-        evicted more than the index did (or restarted). A whole prompt matched
-        comes back a token short (an engine computes at least the last one):
-        not an eviction. Taken for one, every repeat of a block-aligned prompt
+        evicted more than the index did (or restarted), except a miss within the
+        prefix another request was still computing there when this one was placed
+        (the engine may not have held it yet). A whole prompt matched comes back
+        a token short (an engine computes at least the last one): not an
+        eviction either. Taken for one, every repeat of a block-aligned prompt
         forgot another prompt's block; that tenant, then thought cold, was
         passed over by locality for the whole allowance (a wait-mode quota
         tenant lost seconds of its bucket: test_replicas.py, session 33)."""
@@ -408,8 +415,11 @@ class Placement:
         self.cached_tokens_total += reported
         self.predicted_cached_total += predicted
         if reported < predicted:
-            self.overestimated += 1  # placed for a prefix the worker no longer held
-            self.index.shrink(p.worker, predicted - reported)
+            self.overestimated += 1  # placed for a prefix the worker did not hold
+            if reported >= p.matched_computing:
+                # Beyond what was still being computed: evicted. A miss within it
+                # says nothing of the rest (the engine matches a prefix).
+                self.index.shrink(p.worker, predicted - reported)
 
     def finished(self, p: Placed, prompt_token_ids: Sequence[int], output: Sequence[int]) -> None:
         """The worker finished it: SGLang caches the whole sequence, which a

@@ -211,6 +211,35 @@ def test_a_whole_prompt_reported_a_token_short_is_not_an_eviction() -> None:
     assert p.index.match(0, p.prefix_keys(other)) < len(other)
 
 
+def test_a_miss_of_a_prefix_still_being_computed_is_not_an_eviction() -> None:
+    """Two requests for one prompt placed together: the second is matched against
+    the first's prefix, which the engine computes only with the first, so the
+    second may find none of it cached. That is no eviction: the worker's other
+    prefixes stay in the index (they were forgotten, and then estimated cold and
+    charged in full although served cached)."""
+    p, _ = _placement(1)
+    other = list(range(1000, 1032))
+    p.index.insert(0, p.prefix_keys(other))
+    first = _admitted(p)
+    a = p.place(first, list(first.prefix_keys), set())
+    assert a is not None and a.matched == 0 and a.matched_computing == 0
+    second = _admitted(p)
+    b = p.place(second, list(second.prefix_keys), set())
+    assert b is not None and b.worker == a.worker and b.matched == len(PROMPT)
+    assert b.matched_computing == len(PROMPT)
+    p.first_token(a, len(PROMPT), cached=0)
+    p.first_token(b, len(PROMPT), cached=0)  # computed beside the first, not after it
+    assert p.overestimated == 1
+    assert p.index.match(a.worker, p.prefix_keys(other)) == len(other)
+    # Placed once the prompt is computed, a miss is an eviction.
+    third = _admitted(p)
+    c = p.place(third, list(third.prefix_keys), set())
+    assert c is not None and c.worker == a.worker and c.matched_computing == 0
+    p.first_token(c, len(PROMPT), cached=0)
+    assert p.overestimated == 2
+    assert p.index.match(a.worker, p.prefix_keys(other)) < len(other)
+
+
 def test_the_claim_is_counted_where_it_is_placed_and_freed_once() -> None:
     p, _ = _placement()
     p.index.insert(0, p.prefix_keys(PROMPT[:160]))  # half the prompt held by worker 0
