@@ -31,6 +31,7 @@ from pydantic_settings import (
 from pydantic_settings.sources.utils import parse_env_vars
 
 from scheduler.ordering.policies import POLICIES
+from scheduler.rules import LOCALITY_MIN_GAIN
 from scheduler.tenancy.budgets import MAX_UTC_OFFSET_MIN
 from scheduler.tenancy.tenants import QUOTA_RANGES, WEIGHT_RANGE
 from service.settings_engines import EngineSettings
@@ -125,7 +126,8 @@ class Settings(EngineSettings, ServingSettings, BaseSettings):
         4096.0,
         "How far (weighted tokens per unit weight) a request may go ahead of the fair "
         "order: with replicas, ahead of a tenant queued on another replica; with a pool "
-        "routing by locality, because a worker with room holds its prompt's prefix. "
+        "routing by locality, because a worker with room holds its prompt's prefix (at "
+        f"least {LOCALITY_MIN_GAIN} tokens more than the fair head's). "
         "Adds as much to the fairness bound.",
         ge=0,
         le=1e9,
