@@ -215,8 +215,7 @@ def test_a_miss_of_a_prefix_still_being_computed_is_not_an_eviction() -> None:
     """Two requests for one prompt placed together: the second is matched against
     the first's prefix, which the engine computes only with the first, so the
     second may find none of it cached. That is no eviction: the worker's other
-    prefixes stay in the index (they were forgotten, and then estimated cold and
-    charged in full although served cached)."""
+    prefixes stay in the index (they were forgotten, then estimated cold)."""
     p, _ = _placement(1)
     other = list(range(1000, 1032))
     p.index.insert(0, p.prefix_keys(other))
