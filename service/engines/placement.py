@@ -198,10 +198,10 @@ class Placement:
 
     def _counted(self, matched: int, req: QueuedRequest) -> int:
         """A matched prefix as cached tokens: the partial block the index cannot see
-        counted as held; an engine computes at least a prompt's last token."""
+        counted as held (`_cacheable`)."""
         if matched <= 0:
             return 0
-        return min(matched + self.index.block - 1, req.prompt_tokens - 1)
+        return _cacheable(matched + self.index.block - 1, req.prompt_tokens)
 
     # -- one request ---------------------------------------------------------------------
     def place(self, req: EngineRequest, keys: list[int], tried: set[int]) -> Placed | None:
@@ -411,7 +411,7 @@ class Placement:
         self._prefilled(p)
         self._loaded(p.worker)
         reported = min(max(0, cached), prompt_tokens)
-        predicted = min(p.matched, max(0, prompt_tokens - 1))
+        predicted = _cacheable(p.matched, prompt_tokens)
         self.cached_tokens_total += reported
         self.predicted_cached_total += predicted
         if reported < predicted:
@@ -655,6 +655,12 @@ class Placement:
     def readmitted(self, i: int) -> None:
         """Back after an ejection: it may have restarted with an empty cache."""
         self.index.clear(i)
+
+
+def _cacheable(tokens: int, prompt_tokens: int) -> int:
+    """At most what an engine can report cached of a prompt: all but its last token,
+    which it always computes."""
+    return min(tokens, max(0, prompt_tokens - 1))
 
 
 def _shared(a: Sequence[int], b: Sequence[int]) -> int:
