@@ -4,6 +4,7 @@ for: the root command registers this app lazily, so `serve` never imports bench)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Annotated
 
 import typer
@@ -369,6 +370,15 @@ def bench_stagger(
             "before session 21)"
         ),
     ] = "auto",
+    round_trip: Annotated[
+        bool,
+        typer.Option(
+            help="--no-round-trip, a what-if: a staged prompt's next stage (and the lane's "
+            "next request) reaches its engine before the engine forms its next step, as if "
+            "the engine queued it itself; live it is sent in answer to the stage's end and "
+            "misses that step"
+        ),
+    ] = True,
     json_out: Annotated[str, typer.Option("--json", help="also write every run here")] = "",
 ) -> None:
     """Issue #33's levers on the virtual fleet (simulated time): the light tenant's
@@ -418,6 +428,6 @@ def bench_stagger(
         replicas,
         share,
         kv_tokens,
-        ENGINE_MODES[engine_mode],
+        dataclasses.replace(ENGINE_MODES[engine_mode], round_trip=round_trip),
         load,
     )

@@ -76,6 +76,7 @@ class Driver:
         share: bool = True,
         kv_events: bool = False,
         lend_unsent: bool = False,
+        round_trip: bool = True,
     ) -> None:
         self.clock = clock or FakeClock()
         self.timers = ManualTimers(self.clock)
@@ -93,6 +94,7 @@ class Driver:
             threshold=sim.priority_preemption_threshold if sim.priority_scheduling else None,
             tiered=isolation is Isolation.PREEMPT,
             takes_slot=isolation is Isolation.RESERVE_SLOTS,
+            round_trip=round_trip,
         )
         self.workers = self.fleet.workers
         self.placement, self.placements = self.fleet.placement, self.fleet.placements

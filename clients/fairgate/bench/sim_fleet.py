@@ -103,7 +103,8 @@ class SimFleet:
     i mod N); `share`: they hear each other at once (see `share`).
 
     `threshold` / `tiered` / `takes_slot`: the engine priorities fairgate sends
-    (`engine_request.py`, as generation.py)."""
+    (`engine_request.py`, as generation.py). `round_trip` False: a what-if, what
+    is sent in answer to an emission reaches the engine at once (`SimWorker.late`)."""
 
     def __init__(
         self,
@@ -120,8 +121,10 @@ class SimFleet:
         threshold: int | None,
         tiered: bool,
         takes_slot: bool = False,
+        round_trip: bool = True,
     ) -> None:
         self.clock = clock
+        self.round_trip = round_trip
         self.workers = [SimWorker(SimCore(sim), f"sim://{i}") for i in range(engines)]
         # One engine without a routing is no pool (as engine=simulator live; one SGLang
         # URL is a pool of one, as with a routing here).
@@ -261,7 +264,7 @@ class SimFleet:
             sampling,
             call.engine_priority,
         )
-        (w.late.append if late else core.add)(sim_req)
+        (w.late.append if late and self.round_trip else core.add)(sim_req)
         call.sim_req = sim_req
 
     def _send_stage(self, call: Call, late: bool = False) -> None:
@@ -278,7 +281,7 @@ class SimFleet:
         call.stage_req = w.core.make_request(
             rid, call.prompt_ids[:end], 0, SamplingOptions(), call.engine_priority
         )
-        (w.late.append if late else w.core.add)(call.stage_req)
+        (w.late.append if late and self.round_trip else w.core.add)(call.stage_req)
         self._stages[rid] = call
 
     def _overtakes(self, call: Call) -> bool:

@@ -226,6 +226,11 @@ class EngineMode:
     takes_slot: bool = False
     # fair_light_takes_unsent_slots: ... and the slots of requests held unsent.
     unsent: bool = False
+    # False, a what-if: what is sent in answer to an engine's emission (a staged
+    # prompt's next stage, the lane's next request) reaches it before its next
+    # step forms, as if the engine queued it itself (`SimWorker.late`). Live the
+    # answer crosses the gateway and the engine has formed that step already.
+    round_trip: bool = True
 
     def resolve(self, stagger: Stagger | None, sim: SimConfig) -> Isolation:
         """Admission's isolation beside engines of `sim` (`sim_config`) and `stagger`."""
@@ -311,6 +316,7 @@ def fleet(
         share=share,
         kv_events=kv_events,
         lend_unsent=mode.unsent and isolation is Isolation.RESERVE_SLOTS,
+        round_trip=mode.round_trip,
     )
     drv.run(arrivals, max_steps=10_000_000)
     return drv

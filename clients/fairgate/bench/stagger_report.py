@@ -296,6 +296,8 @@ def main(
         print(f"heavy tenants at {load:g}x their rates")
     engines = "by priority, preempting" if mode.priority else "FCFS"
     print(f"engines schedule {engines}; fair_isolation {mode.isolation}")
+    if not mode.round_trip:
+        print("what-if: no round trip (an emission's answer reaches the engine at once)")
     print_table(summary, seeds)
     if json_out:
         write_json(json_out, rows, summary)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from fairgate.bench.event_driver import Arrival
-from fairgate.bench.stagger import fleet
+from fairgate.bench.stagger import EngineMode, fleet
 
 from service.engines.simulator.core import SimCore, StepResult
 from service.engines.staged_prefill import StagedPrefill
@@ -58,3 +58,25 @@ def test_an_idle_engine_takes_the_next_stage_at_once(monkeypatch: pytest.MonkeyP
     prefills = [s.prefill_tokens for s in steps]
     # Back to back: nothing else to step while the answer crosses the gateway.
     assert prefills[:6] == [512, 512, 512, 512, 512, 3000 - 2560]
+
+
+def test_without_the_round_trip_the_stages_go_back_to_back_on_a_busy_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The what-if (`EngineMode.round_trip` False, `bench stagger --no-round-trip`):
+    each stage's successor is in the engine when its next step forms, so a busy
+    engine carries the prompt's prefill in consecutive steps, no decode step between."""
+    steps = _steps(monkeypatch)
+    trace = [
+        Arrival(0.0, "conv", 64, 400),
+        Arrival(0.05, "docs", len(DOC), 16, prompt_ids=DOC),
+    ]
+    plan = StagedPrefill(min_tokens=2049, stage_tokens=512, cold_only=True)
+    drv = fleet(trace, 1, None, plan, mode=EngineMode(round_trip=False))
+    busy, staged = drv.calls
+    assert staged.staging is not None and staged.staging.computed == 2560
+    assert busy.done_s is not None and staged.first_token_s is not None
+    prefills = [s.prefill_tokens for s in steps if s.prefill_tokens]
+    assert prefills == [64, 512, 512, 512, 512, 512, 3000 - 2560]
+    first = next(i for i, s in enumerate(steps) if s.prefill_tokens == 512)
+    assert [s.prefill_tokens for s in steps[first : first + 6]] == prefills[1:]
