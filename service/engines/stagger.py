@@ -145,7 +145,10 @@ class Stagger:
         prefill. Not on
         fewer workers: nothing keeps the other one short, and a long prompt may
         take it next (virtual fleet, two engines, stages of 256 and 512: the bar
-        lost; docs/benchmarks.md, session 26). Nor while the light tenant is quiet:
+        lost; docs/benchmarks.md, session 26). Sheltered there by the other worker
+        while it is short, or while it is not on wide stages itself, the light
+        request has one worker left to go to: at load 1 the median reached the bar
+        or passed it, for 0.5-1 % of the tokens/s (session 34). Nor while the light tenant is quiet:
         its next request would find every worker mid-stage, and wide stages there
         cost the bar on the virtual fleet (session 27)."""
         if not (self.min_tokens and self.keep_free and self.light_active(now_s)):
