@@ -148,9 +148,9 @@ class Stagger:
         lost; docs/benchmarks.md, session 26). Sheltered there by the other worker
         while it is short, or while it is not on wide stages itself, the light
         request has one worker left to go to: at load 1 the median reached the bar
-        or passed it, for 0.5-1 % of the tokens/s (session 34). Nor while the light tenant is quiet:
-        its next request would find every worker mid-stage, and wide stages there
-        cost the bar on the virtual fleet (session 27)."""
+        or passed it, for 0.5-1 % of the tokens/s (session 34). Nor while the
+        light tenant is quiet: its next request would find every worker mid-stage,
+        and wide stages there cost the bar on the virtual fleet (session 27)."""
         if not (self.min_tokens and self.keep_free and self.light_active(now_s)):
             return False
         # On short steps itself (a prompt below the long mark staged there), it is
