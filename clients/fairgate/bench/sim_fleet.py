@@ -264,7 +264,7 @@ class SimFleet:
             sampling,
             call.engine_priority,
         )
-        (w.late.append if late and self.round_trip else core.add)(sim_req)
+        self._submit(w, sim_req, late)
         call.sim_req = sim_req
 
     def _send_stage(self, call: Call, late: bool = False) -> None:
@@ -281,8 +281,13 @@ class SimFleet:
         call.stage_req = w.core.make_request(
             rid, call.prompt_ids[:end], 0, SamplingOptions(), call.engine_priority
         )
-        (w.late.append if late and self.round_trip else w.core.add)(call.stage_req)
+        self._submit(w, call.stage_req, late)
         self._stages[rid] = call
+
+    def _submit(self, w: SimWorker, req: SimRequest, late: bool) -> None:
+        """`req` to `w`'s engine; `late` (sent in answer to an emission): after its
+        next step forms (`SimWorker.late`), unless the what-if has no round trip."""
+        (w.late.append if late and self.round_trip else w.core.add)(req)
 
     def _overtakes(self, call: Call) -> bool:
         """As the pool's `EngineRequest.overtakes` (`StagedPrefill.short_first`)."""

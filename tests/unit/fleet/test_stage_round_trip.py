@@ -8,8 +8,8 @@ On a busy engine every stage then costs a step of its own without it, as live
 from __future__ import annotations
 
 import pytest
-from fairgate.bench.event_driver import Arrival
-from fairgate.bench.stagger import EngineMode, fleet
+from fairgate.bench.event_driver import Arrival, Driver
+from fairgate.bench.stagger import FCFS, EngineMode, fleet
 
 from service.engines.simulator.core import SimCore, StepResult
 from service.engines.staged_prefill import StagedPrefill
@@ -29,16 +29,22 @@ def _steps(monkeypatch: pytest.MonkeyPatch) -> list[StepResult]:
     return seen
 
 
+def _staged_beside_a_decoder(mode: EngineMode) -> Driver:
+    """One engine: a request decoding throughout (it never idles), and a cold
+    3000-token prompt staged in 512s beside it."""
+    trace = [
+        Arrival(0.0, "conv", 64, 400),
+        Arrival(0.05, "docs", len(DOC), 16, prompt_ids=DOC),
+    ]
+    plan = StagedPrefill(min_tokens=2049, stage_tokens=512, cold_only=True)
+    return fleet(trace, 1, None, plan, mode=mode)
+
+
 def test_on_a_busy_engine_each_stage_misses_the_step_formed_at_its_end(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     steps = _steps(monkeypatch)
-    trace = [
-        Arrival(0.0, "conv", 64, 400),  # decodes throughout: the engine never idles
-        Arrival(0.05, "docs", len(DOC), 16, prompt_ids=DOC),
-    ]
-    plan = StagedPrefill(min_tokens=2049, stage_tokens=512, cold_only=True)
-    drv = fleet(trace, 1, None, plan)
+    drv = _staged_beside_a_decoder(FCFS)
     busy, staged = drv.calls
     assert staged.staging is not None and staged.staging.computed == 2560
     assert busy.done_s is not None and staged.first_token_s is not None
@@ -67,12 +73,7 @@ def test_without_the_round_trip_the_stages_go_back_to_back_on_a_busy_engine(
     each stage's successor is in the engine when its next step forms, so a busy
     engine carries the prompt's prefill in consecutive steps, no decode step between."""
     steps = _steps(monkeypatch)
-    trace = [
-        Arrival(0.0, "conv", 64, 400),
-        Arrival(0.05, "docs", len(DOC), 16, prompt_ids=DOC),
-    ]
-    plan = StagedPrefill(min_tokens=2049, stage_tokens=512, cold_only=True)
-    drv = fleet(trace, 1, None, plan, mode=EngineMode(round_trip=False))
+    drv = _staged_beside_a_decoder(EngineMode(round_trip=False))
     busy, staged = drv.calls
     assert staged.staging is not None and staged.staging.computed == 2560
     assert busy.done_s is not None and staged.first_token_s is not None
